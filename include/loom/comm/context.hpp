@@ -1,0 +1,64 @@
+// A rank's view of the mesh of a Parallel configuration on one backend: its rank and coordinates, and a
+// communicator for each group of one or several axes (tp, dp, dp x cp, ...) or the whole world.
+#pragma once
+
+#include <loom/comm/types.hpp>
+#include <loom/config/axis.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+//! Backend is Local, Mpi or Nccl (namespace loom::comm): it names the communicator type and how one rank makes
+//! communicators. The first request for a group's communicator is collective over that group's ranks (Mpi, Nccl).
+template <class Cfg, class Backend>
+class Context {
+ public:
+  using config = Cfg;
+  using backend = Backend;
+  using Comm = typename Backend::Comm;
+  static constexpr int world_size = Cfg::world_size;
+
+  explicit Context(typename Backend::Rank r) : r_(std::move(r)) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return r_.rank; }
+  template <Axis A>
+  int coord() const { return Cfg::template coord<A>(rank()); }
+
+  //! The communicator of this rank's group over the given axes: comm<Axis::tp>(), comm<Axis::dp, Axis::cp>().
+  template <Axis... A>
+  Comm& comm() {
+    static_assert(sizeof...(A) > 0, "loom: comm<...>() needs at least one axis; use world() for all ranks");
+    const auto members = Cfg::template group<A...>(rank());
+    std::string name;
+    ((name += (name.empty() ? "" : "."), name += describe_axis(A)), ...);
+    return get(comm::GroupInfo{name, std::vector<int>(members.begin(), members.end())});
+  }
+
+  //! The communicator over every rank.
+  Comm& world() {
+    std::vector<int> all(world_size);
+    for (int i = 0; i < world_size; ++i) all[i] = i;
+    return get(comm::GroupInfo{"world", all});
+  }
+
+  //! The communicator over an explicit set of global ranks, ascending, including this rank.
+  Comm& get(const comm::GroupInfo& g) {
+    auto& c = comms_[g.ranks];
+    if (!c) c = r_.make(g);
+    return *c;
+  }
+
+  typename Backend::Rank& backend_rank() { return r_; }
+
+ private:
+  typename Backend::Rank r_;
+  std::map<std::vector<int>, std::unique_ptr<Comm>> comms_;
+};
+
+}  // namespace loom

@@ -1,0 +1,602 @@
+// The Local backend: ranks are threads of one process sharing memory. Collectives read peers' buffers directly;
+// all_reduce runs as a ring, by recursive halving and doubling, or directly, chosen by size or by the caller.
+// Every wait is bounded by the timeout, and a rank that fails stops the others with its message.
+#pragma once
+
+#include <loom/comm/communicator.hpp>
+#include <loom/comm/detail/host_reduce.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace loom::comm {
+
+//! Settings of a Local world.
+struct LocalOptions {
+  std::chrono::milliseconds timeout = default_timeout();  //!< how long any rank waits for its peers
+  Algorithm algorithm = Algorithm::automatic;            //!< all_reduce algorithm
+  std::size_t small_bytes = 64 * 1024;                   //!< automatic: halving_doubling at or below, direct above
+};
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+class LocalWorld;
+
+//! State shared by the threads of one group: arrival and completion counters, the posted operations, per-step
+//! progress for the multi-step algorithms, and mailboxes for point-to-point messages.
+struct LocalGroup {
+  struct Member {
+    std::uint64_t arrived = 0;   // sequence number of the last collective entered
+    std::uint64_t done = 0;      // ... and finished
+    std::uint64_t progress = 0;  // (seq << 20) | steps completed, for ring and halving-doubling
+    std::uint64_t next_seq = 0;  // owned by the member's thread
+    const Op* op = nullptr;      // the posted operation of collective `arrived`
+  };
+  struct Msg {
+    const void* data;
+    std::size_t count;
+    DType dtype;
+    std::uint64_t seq;
+    bool consumed = false;
+    std::string error;  // set by the receiver when the message does not fit
+  };
+
+  LocalWorld* world;
+  GroupInfo info;
+  int n;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<Member> mem;
+  std::vector<std::deque<std::shared_ptr<Msg>>> box;  // [src * n + dst]
+  std::vector<std::uint64_t> sent, received;          // per pair, for messages
+
+  LocalGroup(LocalWorld* w, GroupInfo g)
+      : world(w), info(std::move(g)), n(static_cast<int>(info.ranks.size())), mem(n), box(n * n),
+        sent(n * n), received(n * n) {}
+};
+
+class LocalWorld {
+ public:
+  LocalWorld(int size, LocalOptions opt) : size_(size), opt_(opt) {}
+
+  int size() const { return size_; }
+  const LocalOptions& options() const { return opt_; }
+
+  //! The shared state of the group with these global ranks; made by whichever member asks first.
+  std::shared_ptr<LocalGroup> group(const GroupInfo& info) {
+    std::lock_guard lk(m_);
+    auto& g = groups_[info.ranks];
+    if (!g) g = std::make_shared<LocalGroup>(this, info);
+    return g;
+  }
+
+  //! Records the first failure and wakes every waiting rank, which then stops with an AbortedError.
+  void abort(int rank, const std::string& what) {
+    std::vector<std::shared_ptr<LocalGroup>> gs;
+    {
+      std::lock_guard lk(m_);
+      if (aborted_.load()) return;
+      failed_rank_ = rank;
+      reason_ = what;
+      aborted_.store(true);
+      for (auto& [k, g] : groups_) gs.push_back(g);
+    }
+    for (auto& g : gs) {
+      std::lock_guard lk(g->m);
+      g->cv.notify_all();
+    }
+  }
+  bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  std::string abort_message() const {
+    std::lock_guard lk(m_);
+    return loom::detail::cat("rank ", failed_rank_, " failed: ", reason_);
+  }
+
+ private:
+  int size_;
+  LocalOptions opt_;
+  mutable std::mutex m_;
+  std::map<std::vector<int>, std::shared_ptr<LocalGroup>> groups_;
+  std::atomic<bool> aborted_{false};
+  int failed_rank_ = -1;
+  std::string reason_;
+};
+
+inline constexpr std::uint64_t step_key(std::uint64_t seq, std::uint64_t step) { return (seq << 20) | step; }
+
+//! A half-open element range [lo, hi).
+struct Range {
+  std::size_t lo, hi;
+  std::size_t size() const { return hi - lo; }
+};
+inline Range chunk(std::size_t count, int parts, int i) {
+  return {count * i / parts, count * (i + 1) / parts};
+}
+
+}  // namespace detail
+
+//! The Local backend's communicator over one group, held by one rank's thread.
+class LocalComm : public Frontend<LocalComm> {
+ public:
+  LocalComm(std::shared_ptr<detail::LocalGroup> g, int global_rank)
+      : g_(std::move(g)), me_(static_cast<int>(std::find(g_->info.ranks.begin(), g_->info.ranks.end(), global_rank) -
+                                               g_->info.ranks.begin())) {
+    LOOM_CHECK(me_ < g_->n, "global rank ", global_rank, " is not a member of group ", g_->info.describe());
+  }
+  LocalComm(const LocalComm&) = delete;
+  LocalComm& operator=(const LocalComm&) = delete;
+  ~LocalComm() {
+    if (worker_.joinable()) {
+      {
+        std::lock_guard lk(qm_);
+        stop_ = true;
+      }
+      qcv_.notify_all();
+      worker_.join();
+    }
+  }
+
+  int rank() const { return me_; }
+  int size() const { return g_->n; }
+  const GroupInfo& group() const { return g_->info; }
+
+  //! Overrides the world's all_reduce algorithm for this communicator.
+  void set_algorithm(Algorithm a) { algo_ = a; }
+  Algorithm algorithm_for(std::size_t bytes) const {
+    const auto& o = g_->world->options();
+    Algorithm a = algo_ != Algorithm::automatic ? algo_ : o.algorithm;
+    if (a == Algorithm::automatic) a = bytes <= o.small_bytes ? Algorithm::halving_doubling : Algorithm::direct;
+    return a;
+  }
+
+  //! Runs op on this thread, or queues it on this communicator's worker thread when async. Operations keep the
+  //! order in which they were issued.
+  Handle start(Op&& op, bool async) {
+    if (!async && !worker_.joinable()) {
+      try {
+        run(op);
+      } catch (...) {
+        return Handle::ready(std::current_exception());
+      }
+      return Handle::ready();
+    }
+    ensure_worker();
+    auto task = std::make_shared<std::packaged_task<void()>>([this, op = std::move(op)]() mutable { run(op); });
+    Handle h(task->get_future().share());
+    {
+      std::lock_guard lk(qm_);
+      queue_.push_back([task] { (*task)(); });
+    }
+    qcv_.notify_one();
+    return h;
+  }
+
+ private:
+  using Lock = std::unique_lock<std::mutex>;
+
+  // --- waiting -----------------------------------------------------------------------------------------------
+  template <class Pred, class Describe>
+  void wait(Lock& lk, detail::Clock::time_point deadline, Pred pred, Describe describe) {
+    auto& g = *g_;
+    while (!pred()) {
+      if (g.world->aborted())
+        throw AbortedError(loom::detail::cat("loom: ", describe(false), " was abandoned because ",
+                                       g.world->abort_message()));
+      const auto now = detail::Clock::now();
+      if (now >= deadline) throw TimeoutError(loom::detail::cat("loom: ", describe(true)));
+      g.cv.wait_until(lk, std::min(deadline, now + std::chrono::milliseconds(50)));
+    }
+  }
+  std::string timeout_text() const {
+    const auto ms = g_->world->options().timeout.count();
+    return ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s");
+  }
+  std::string where(std::uint64_t seq, const Op& op) const {
+    return loom::detail::cat(name_of(op.kind), " #", seq, " on group ", g_->info.describe(), " (this is global rank ",
+                       g_->info.ranks[me_], ", group rank ", me_, ")");
+  }
+  //! Ranks whose counter `field` is below `target`, for messages.
+  std::string laggards(std::uint64_t detail::LocalGroup::Member::*field, std::uint64_t target, bool steps) const {
+    std::string s;
+    for (int q = 0; q < g_->n; ++q) {
+      const auto v = g_->mem[q].*field;
+      if (v >= target) continue;
+      s += loom::detail::cat(s.empty() ? "" : ", ", "global rank ", g_->info.ranks[q], " (group rank ", q, ", at ");
+      s += steps ? loom::detail::cat("#", v >> 20, " step ", v & 0xfffff, ")")
+                 : (v ? loom::detail::cat("#", v, ")") : std::string("none yet)"));
+    }
+    return s;
+  }
+
+  // --- the worker thread for asynchronous operations -------------------------------------------------------
+  void ensure_worker() {
+    if (worker_.joinable()) return;
+    worker_ = std::thread([this] {
+      for (;;) {
+        std::function<void()> job;
+        {
+          std::unique_lock lk(qm_);
+          qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+          if (queue_.empty()) return;
+          job = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        job();
+      }
+    });
+  }
+
+  // --- one operation ---------------------------------------------------------------------------------------
+  void run(Op& op) {
+    if (op.kind == Collective::send_recv) return run_p2p(op);
+    auto& g = *g_;
+    const auto deadline = detail::Clock::now() + g.world->options().timeout;
+    const std::uint64_t seq = ++g.mem[me_].next_seq;
+    const Algorithm algo = op.kind == Collective::all_reduce ? algorithm_for(op.count * size_of(op.dtype))
+                                                             : Algorithm::direct;
+    if (op.kind == Collective::all_reduce && algo != Algorithm::direct && op.send != op.recv && op.count)
+      std::memcpy(op.recv, op.send, op.count * size_of(op.dtype));
+    {
+      Lock lk(g.m);
+      g.mem[me_].op = &op;
+      g.mem[me_].arrived = seq;
+      g.mem[me_].progress = detail::step_key(seq, 0);
+      g.cv.notify_all();
+      wait(lk, deadline, [&] { return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.arrived >= seq; }); },
+           [&](bool timed_out) {
+             return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
+                                            " waiting for ranks that have not entered it: ",
+                                            laggards(&detail::LocalGroup::Member::arrived, seq, false),
+                                            "; this rank called ", describe(op))
+                              : where(seq, op);
+           });
+    }
+    const std::string mismatch = validate(seq, op);
+    if (mismatch.empty()) {
+      visit_dtype(op.dtype, [&](auto tag) { execute<typename decltype(tag)::type>(seq, op, algo, deadline); });
+    }
+    {
+      Lock lk(g.m);
+      g.mem[me_].done = seq;
+      g.cv.notify_all();
+      wait(lk, deadline, [&] { return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.done >= seq; }); },
+           [&](bool timed_out) {
+             return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
+                                            " waiting for ranks to finish it: ",
+                                            laggards(&detail::LocalGroup::Member::done, seq, false))
+                              : where(seq, op);
+           });
+    }
+    if (!mismatch.empty()) throw MismatchError(mismatch);
+  }
+
+  //! The same text on every member when the posted operations disagree; empty when they agree.
+  std::string validate(std::uint64_t seq, const Op& mine) const {
+    auto& g = *g_;
+    const Op& a = *g.mem[0].op;
+    for (int q = 1; q < g.n; ++q) {
+      const Op& b = *g.mem[q].op;
+      const bool same = a.kind == b.kind && (a.kind == Collective::barrier ||
+                        (a.dtype == b.dtype && (a.kind == Collective::all_to_all_v || a.count == b.count) &&
+                         a.reduce == b.reduce && a.root == b.root));
+      if (!same)
+        return loom::detail::cat("loom: ranks of group ", g.info.describe(), " disagree at collective #", seq,
+                           ": global rank ", g.info.ranks[0], " called ", describe(a), " but global rank ",
+                           g.info.ranks[q], " called ", describe(b));
+    }
+    if (a.kind == Collective::all_to_all_v) {
+      for (int p = 0; p < g.n; ++p)
+        for (int q = 0; q < g.n; ++q) {
+          const auto s = g.mem[p].op->send_counts[q], r = g.mem[q].op->recv_counts[p];
+          if (s != r)
+            return loom::detail::cat("loom: all_to_all_v #", seq, " on group ", g.info.describe(), ": group rank ", p,
+                               " sends ", s, " elements to group rank ", q, ", which expects ", r);
+        }
+    }
+    (void)mine;
+    return {};
+  }
+
+  template <class T>
+  const T* send_of(int q) const { return static_cast<const T*>(g_->mem[q].op->send); }
+  template <class T>
+  T* recv_of(int q) const { return static_cast<T*>(g_->mem[q].op->recv); }
+
+  template <class T>
+  void execute(std::uint64_t seq, const Op& op, Algorithm algo, detail::Clock::time_point deadline) {
+    const int n = g_->n;
+    const std::size_t c = op.count;
+    std::vector<const T*> src(n);
+    switch (op.kind) {
+      case Collective::barrier:
+      case Collective::send_recv:
+        return;
+      case Collective::all_reduce:
+        if (algo == Algorithm::ring) return ring_all_reduce<T>(seq, op, deadline);
+        if (algo == Algorithm::halving_doubling) return rhd_all_reduce<T>(seq, op, deadline);
+        return direct_all_reduce<T>(seq, op, deadline);
+      case Collective::reduce_scatter:
+        for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + me_ * c;
+        detail::reduce_sources(static_cast<T*>(op.recv), src.data(), n, c, op.reduce);
+        detail::finish_avg(static_cast<T*>(op.recv), c, n, op.reduce);
+        return;
+      case Collective::all_gather:
+        for (int q = 0; q < n; ++q)
+          if (static_cast<T*>(op.recv) + q * c != send_of<T>(q))
+            std::memcpy(static_cast<T*>(op.recv) + q * c, send_of<T>(q), c * sizeof(T));
+        return;
+      case Collective::broadcast:
+        if (me_ != op.root && c) std::memcpy(op.recv, recv_of<T>(op.root), c * sizeof(T));
+        return;
+      case Collective::reduce: {
+        // Each rank reduces its slice of the buffer into the root's recv.
+        const auto r = detail::chunk(c, n, me_);
+        for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
+        T* out = recv_of<T>(op.root) + r.lo;
+        detail::reduce_sources(out, src.data(), n, r.size(), op.reduce);
+        detail::finish_avg(out, r.size(), n, op.reduce);
+        return;
+      }
+      case Collective::all_to_all:
+        for (int q = 0; q < n; ++q)
+          std::memcpy(static_cast<T*>(op.recv) + q * c, send_of<T>(q) + me_ * c, c * sizeof(T));
+        return;
+      case Collective::all_to_all_v:
+        for (int q = 0; q < n; ++q) {
+          const auto* peer = g_->mem[q].op;
+          std::memcpy(static_cast<T*>(op.recv) + op.recv_displs[q], send_of<T>(q) + peer->send_displs[me_],
+                      op.recv_counts[q] * sizeof(T));
+        }
+        return;
+    }
+  }
+
+  //! Marks `steps` steps of collective seq done.
+  void advance(std::uint64_t seq, std::uint64_t steps) {
+    Lock lk(g_->m);
+    g_->mem[me_].progress = detail::step_key(seq, steps);
+    g_->cv.notify_all();
+  }
+  //! Waits until group rank q has completed `steps` steps of collective seq.
+  void await(int q, std::uint64_t seq, std::uint64_t steps, const Op& op, detail::Clock::time_point deadline) {
+    Lock lk(g_->m);
+    const auto key = detail::step_key(seq, steps);
+    wait(lk, deadline, [&] { return g_->mem[q].progress >= key; }, [&](bool timed_out) {
+      return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(), " at step ", steps,
+                                     " waiting for ", laggards(&detail::LocalGroup::Member::progress, key, true))
+                       : where(seq, op);
+    });
+  }
+
+  //! Two shots: reduce my slice from every rank's send into my recv, then copy the other slices from their owners.
+  template <class T>
+  void direct_all_reduce(std::uint64_t seq, const Op& op, detail::Clock::time_point deadline) {
+    const int n = g_->n;
+    const auto r = detail::chunk(op.count, n, me_);
+    std::vector<const T*> src(n);
+    for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
+    T* out = static_cast<T*>(op.recv);
+    detail::reduce_sources(out + r.lo, src.data(), n, r.size(), op.reduce);
+    detail::finish_avg(out + r.lo, r.size(), n, op.reduce);
+    advance(seq, 1);
+    for (int k = 1; k < n; ++k) {
+      const int q = (me_ + k) % n;
+      await(q, seq, 1, op, deadline);
+    }
+    // Every slice is reduced, and nobody reads a send buffer any more: gather.
+    for (int k = 1; k < n; ++k) {
+      const int q = (me_ + k) % n;
+      const auto rq = detail::chunk(op.count, n, q);
+      std::memcpy(out + rq.lo, recv_of<T>(q) + rq.lo, rq.size() * sizeof(T));
+    }
+  }
+
+  //! Reduce-scatter then all-gather around the ring, in the recv buffers. Step s reads the left neighbour's chunk
+  //! that it finished at step s-1; an all-gather step also waits for the right neighbour to have read the chunk
+  //! it is about to overwrite.
+  template <class T>
+  void ring_all_reduce(std::uint64_t seq, const Op& op, detail::Clock::time_point deadline) {
+    const int n = g_->n;
+    if (n == 1) return;
+    const int left = (me_ + n - 1) % n, right = (me_ + 1) % n;
+    T* mine = static_cast<T*>(op.recv);
+    const T* theirs = recv_of<T>(left);
+    for (int k = 0; k < n - 1; ++k) {
+      await(left, seq, k, op, deadline);
+      const auto r = detail::chunk(op.count, n, ((me_ - 1 - k) % n + n) % n);
+      detail::reduce_into(mine + r.lo, theirs + r.lo, r.size(), op.reduce);
+      if (k == n - 2) detail::finish_avg(mine + r.lo, r.size(), n, op.reduce);  // chunk me+1 is complete
+      advance(seq, k + 1);
+    }
+    for (int k = 0; k < n - 1; ++k) {
+      const int step = n - 1 + k;
+      await(left, seq, step, op, deadline);
+      await(right, seq, k + 1, op, deadline);
+      const auto r = detail::chunk(op.count, n, ((me_ - k) % n + n) % n);
+      std::memcpy(mine + r.lo, theirs + r.lo, r.size() * sizeof(T));
+      advance(seq, step + 1);
+    }
+  }
+
+  //! Rabenseifner: fold the ranks beyond the largest power of two, recursive halving (reduce-scatter), recursive
+  //! doubling (all-gather), unfold. Only partners of one level touch each other's ranges at that level.
+  template <class T>
+  void rhd_all_reduce(std::uint64_t seq, const Op& op, detail::Clock::time_point deadline) {
+    const int n = g_->n;
+    if (n == 1) return finish_avg_all<T>(op);
+    int m = 1, levels = 0;
+    while (m * 2 <= n) m *= 2, ++levels;
+    T* mine = static_cast<T*>(op.recv);
+    const std::uint64_t last = 1 + 2 * static_cast<std::uint64_t>(levels);
+    if (me_ >= m) {  // an extra rank: its partner me-m adds our data, and we copy the result back
+      await(me_ - m, seq, last, op, deadline);
+      std::memcpy(mine, recv_of<T>(me_ - m), op.count * sizeof(T));
+      advance(seq, last + 1);
+      return;
+    }
+    if (me_ + m < n) detail::reduce_into(mine, static_cast<const T*>(recv_of<T>(me_ + m)), op.count, op.reduce);
+    advance(seq, 1);
+    detail::Range own{0, op.count};
+    std::vector<detail::Range> kept;
+    for (int k = 0, d = m / 2; d >= 1; ++k, d /= 2) {
+      const int partner = me_ ^ d;
+      await(partner, seq, 1 + k, op, deadline);
+      const std::size_t mid = own.lo + own.size() / 2;
+      const detail::Range lo{own.lo, mid}, hi{mid, own.hi};
+      kept.push_back(own);
+      own = (me_ & d) ? hi : lo;
+      detail::reduce_into(mine + own.lo, recv_of<T>(partner) + own.lo, own.size(), op.reduce);
+      if (d == 1) detail::finish_avg(mine + own.lo, own.size(), n, op.reduce);  // `own` is complete
+      advance(seq, 2 + k);
+    }
+    for (int k = 0, d = 1; d < m; ++k, d *= 2) {
+      const int partner = me_ ^ d;
+      const std::uint64_t step = 1 + levels + k;
+      await(partner, seq, step, op, deadline);
+      const detail::Range whole = kept[levels - 1 - k];
+      // The partner owns the other half of `whole`.
+      const detail::Range other = own.lo == whole.lo ? detail::Range{own.hi, whole.hi} : detail::Range{whole.lo, own.lo};
+      std::memcpy(mine + other.lo, recv_of<T>(partner) + other.lo, other.size() * sizeof(T));
+      own = whole;
+      advance(seq, step + 1);
+    }
+  }
+  template <class T>
+  void finish_avg_all(const Op& op) {
+    detail::finish_avg(static_cast<T*>(op.recv), op.count, g_->n, op.reduce);
+  }
+
+  // --- point to point ----------------------------------------------------------------------------------------
+  //! Posts every send, then serves every receive in order, then waits until each send was taken.
+  void run_p2p(const Op& op) {
+    auto& g = *g_;
+    const auto deadline = detail::Clock::now() + g.world->options().timeout;
+    std::vector<std::pair<std::shared_ptr<detail::LocalGroup::Msg>, int>> posted;
+    {
+      Lock lk(g.m);
+      for (const auto& p : op.p2p) {
+        if (p.kind != P2P::Kind::send) continue;
+        const int slot = me_ * g.n + p.peer;
+        auto msg = std::make_shared<detail::LocalGroup::Msg>(
+            detail::LocalGroup::Msg{p.data, p.count, p.dtype, ++g.sent[slot], false, {}});
+        g.box[slot].push_back(msg);
+        posted.emplace_back(std::move(msg), p.peer);
+      }
+      g.cv.notify_all();
+    }
+    auto p2p_where = [&](const char* what, int peer, std::uint64_t seq) {
+      return loom::detail::cat(what, " #", seq, " between global ranks ", g.info.ranks[me_], " and ", g.info.ranks[peer],
+                         " on group ", g.info.describe());
+    };
+    for (const auto& p : op.p2p) {
+      if (p.kind != P2P::Kind::recv) continue;
+      const int slot = p.peer * g.n + me_;
+      Lock lk(g.m);
+      const std::uint64_t seq = g.received[slot] + 1;
+      wait(lk, deadline, [&] { return !g.box[slot].empty(); }, [&](bool timed_out) {
+        return timed_out ? loom::detail::cat(p2p_where("recv", p.peer, seq), " timed out after ", timeout_text(),
+                                       ": global rank ", g.info.ranks[p.peer], " has posted ", g.sent[slot],
+                                       " sends to this rank, this is receive #", seq)
+                         : p2p_where("recv", p.peer, seq);
+      });
+      auto msg = g.box[slot].front();
+      g.box[slot].pop_front();
+      ++g.received[slot];
+      if (msg->dtype != p.dtype || msg->count != p.count) {
+        msg->error = loom::detail::cat("loom: ", p2p_where("send/recv", p.peer, seq), ": global rank ",
+                                 g.info.ranks[p.peer], " sent ", msg->count, " ", name_of(msg->dtype),
+                                 " elements but global rank ", g.info.ranks[me_], " expected ", p.count, " ",
+                                 name_of(p.dtype));
+        msg->consumed = true;
+        g.cv.notify_all();
+        throw MismatchError(msg->error);
+      }
+      lk.unlock();
+      if (p.count) std::memcpy(p.data, msg->data, p.count * size_of(p.dtype));
+      lk.lock();
+      msg->consumed = true;
+      g.cv.notify_all();
+    }
+    Lock lk(g.m);
+    for (auto& [msg, peer] : posted) {
+      wait(lk, deadline, [&] { return msg->consumed; }, [&](bool timed_out) {
+        return timed_out ? loom::detail::cat(p2p_where("send", peer, msg->seq), " timed out after ", timeout_text(),
+                                       ": global rank ", g.info.ranks[peer], " has not received it")
+                         : p2p_where("send", peer, msg->seq);
+      });
+      if (!msg->error.empty()) throw MismatchError(msg->error);
+    }
+  }
+
+  std::shared_ptr<detail::LocalGroup> g_;
+  int me_;
+  Algorithm algo_ = Algorithm::automatic;
+  std::mutex qm_;
+  std::condition_variable qcv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+//! The Local backend: what Context<Cfg, Local> needs to hand out communicators to one rank thread.
+struct Local {
+  using Comm = LocalComm;
+  struct Rank {
+    detail::LocalWorld* world;
+    int rank;
+    std::unique_ptr<Comm> make(const GroupInfo& g) const { return std::make_unique<Comm>(world->group(g), rank); }
+  };
+};
+
+static_assert(Communicator<LocalComm>);
+
+}  // namespace loom::comm
+
+#include <loom/comm/context.hpp>
+
+namespace loom {
+
+//! Runs fn(Context<Cfg, comm::Local>&) on Cfg::world_size threads, one per rank, and waits for them. When a rank
+//! throws, the others stop (their waits end with an AbortedError) and the first failure is rethrown here.
+template <class Cfg, class F>
+  requires std::invocable<F&, Context<Cfg, comm::Local>&>
+void run_local(F&& fn, comm::LocalOptions opt = {}) {
+  comm::detail::LocalWorld world(Cfg::world_size, opt);
+  std::mutex m;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(Cfg::world_size);
+  for (int r = 0; r < Cfg::world_size; ++r) {
+    threads.emplace_back([&, r] {
+      Context<Cfg, comm::Local> ctx(comm::Local::Rank{&world, r});
+      try {
+        fn(ctx);
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard lk(m);
+          if (!first && !world.aborted()) first = std::current_exception();
+        }
+        world.abort(r, e.what());
+      } catch (...) {
+        {
+          std::lock_guard lk(m);
+          if (!first && !world.aborted()) first = std::current_exception();
+        }
+        world.abort(r, "a non-standard exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace loom

@@ -1,0 +1,200 @@
+// The vocabulary every communicator shares: reductions, collective kinds, the type-erased operation a backend
+// executes, point-to-point operations for batches, groups, and the handle an asynchronous operation returns.
+#pragma once
+
+#include <loom/core/dtype.hpp>
+#include <loom/core/error.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::comm {
+
+enum class Reduce : std::uint8_t { sum, avg, max, min, prod };
+
+enum class Collective : std::uint8_t {
+  all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, all_to_all_v, send_recv, barrier
+};
+
+constexpr std::string_view name_of(Reduce r) {
+  switch (r) {
+    case Reduce::sum: return "sum";
+    case Reduce::avg: return "avg";
+    case Reduce::max: return "max";
+    case Reduce::min: return "min";
+    case Reduce::prod: return "prod";
+  }
+  return "?";
+}
+
+constexpr std::string_view name_of(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::reduce: return "reduce";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::all_to_all_v: return "all_to_all_v";
+    case Collective::send_recv: return "send/recv";
+    case Collective::barrier: return "barrier";
+  }
+  return "?";
+}
+
+//! How the Local backend performs all_reduce; the others choose their own.
+enum class Algorithm : std::uint8_t {
+  automatic,         //!< halving_doubling below Options::small_bytes, direct above
+  ring,              //!< reduce-scatter then all-gather around a ring: 2(n-1) steps
+  halving_doubling,  //!< Rabenseifner: recursive halving then doubling, 2 log2(n) steps
+  direct             //!< each rank reduces its slice from every peer's buffer, then gathers: 2 steps
+};
+
+constexpr std::string_view name_of(Algorithm a) {
+  switch (a) {
+    case Algorithm::automatic: return "auto";
+    case Algorithm::ring: return "ring";
+    case Algorithm::halving_doubling: return "halving_doubling";
+    case Algorithm::direct: return "direct";
+  }
+  return "?";
+}
+
+//! A contiguous buffer of loom elements: std::vector, std::array, std::span (over host or device memory).
+template <class R>
+concept Buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+                 Element<std::ranges::range_value_t<R>>;
+
+template <Buffer R>
+using element_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
+
+//! One send or receive of a batch; peers are ranks inside the communicator's group.
+struct P2P {
+  enum class Kind : std::uint8_t { send, recv } kind;
+  int peer;
+  void* data;  // const for sends
+  std::size_t count;
+  DType dtype;
+};
+
+template <Buffer R>
+P2P send_op(const R& data, int peer) {
+  return {P2P::Kind::send, peer, const_cast<void*>(static_cast<const void*>(std::ranges::data(data))),
+          std::ranges::size(data), dtype_of<element_t<R>>};
+}
+template <Buffer R>
+P2P recv_op(R&& data, int peer) {
+  return {P2P::Kind::recv, peer, static_cast<void*>(std::ranges::data(data)), std::ranges::size(data),
+          dtype_of<element_t<R>>};
+}
+
+//! One operation as a backend sees it. `count` is per rank: all_reduce, broadcast, reduce: the buffer's length;
+//! reduce_scatter: the received block (send holds size*count); all_gather: the sent block (recv holds size*count);
+//! all_to_all: the block for one peer. all_to_all_v uses the four count/displacement arrays (one entry per peer).
+struct Op {
+  Collective kind = Collective::barrier;
+  DType dtype = DType::f32;
+  Reduce reduce = Reduce::sum;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  int root = 0;
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+  std::vector<P2P> p2p;
+};
+
+//! Members of a group in global ranks, and the name messages use ("dp", "tp.pp", "world").
+struct GroupInfo {
+  std::string name;
+  std::vector<int> ranks;
+
+  std::string describe() const {
+    std::string s = name + "{";
+    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+    return s + "}";
+  }
+};
+
+//! A pending asynchronous operation. wait() blocks until it completes and rethrows its failure; a handle dropped
+//! without wait() waits in its destructor so that buffers are never freed under a running operation.
+class [[nodiscard]] Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_future<void> done) : done_(std::move(done)) {}
+  Handle(Handle&&) noexcept = default;
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      finish_quietly();
+      done_ = std::move(o.done_);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { finish_quietly(); }
+
+  //! A handle of an operation that already finished (or failed with e).
+  static Handle ready(std::exception_ptr e = nullptr) {
+    std::promise<void> p;
+    if (e) p.set_exception(e); else p.set_value();
+    return Handle(p.get_future().share());
+  }
+
+  void wait() {
+    if (!done_.valid()) return;
+    auto d = std::move(done_);
+    d.get();
+  }
+  //! True when the operation has finished (wait() then returns at once).
+  bool test() const {
+    return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  bool pending() const { return done_.valid(); }
+
+ private:
+  void finish_quietly() noexcept {
+    if (!done_.valid()) return;
+    try {
+      done_.get();
+    } catch (const std::exception& e) {
+      std::cerr << "loom: an operation whose handle was dropped without wait() failed: " << e.what() << "\n";
+    } catch (...) {
+    }
+    done_ = {};
+  }
+  std::shared_future<void> done_;
+};
+
+//! The time a collective may wait for its peers: LOOM_TIMEOUT_S seconds (default 300).
+inline std::chrono::milliseconds default_timeout() {
+  if (const char* s = std::getenv("LOOM_TIMEOUT_S"); s && *s) {
+    char* end = nullptr;
+    double v = std::strtod(s, &end);
+    if (end != s && v > 0) return std::chrono::milliseconds(static_cast<long long>(v * 1000));
+    throw Error(loom::detail::cat("loom: LOOM_TIMEOUT_S='", s, "' is not a positive number of seconds"));
+  }
+  return std::chrono::seconds(300);
+}
+
+//! A short description of an operation for messages: all_reduce(count=8, f32, sum).
+inline std::string describe(const Op& op) {
+  std::string s = std::string(name_of(op.kind));
+  if (op.kind == Collective::barrier) return s;
+  if (op.kind == Collective::send_recv) return s + "(" + std::to_string(op.p2p.size()) + " ops)";
+  s += "(count=" + std::to_string(op.count) + ", " + std::string(name_of(op.dtype));
+  if (op.kind == Collective::all_reduce || op.kind == Collective::reduce_scatter || op.kind == Collective::reduce)
+    s += ", " + std::string(name_of(op.reduce));
+  if (op.kind == Collective::broadcast || op.kind == Collective::reduce) s += ", root=" + std::to_string(op.root);
+  return s + ")";
+}
+
+}  // namespace loom::comm
