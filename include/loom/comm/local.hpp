@@ -5,6 +5,7 @@
 
 #include <loom/comm/communicator.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
+#include <loom/comm/detail/worker.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -134,17 +135,6 @@ class LocalComm : public Frontend<LocalComm> {
   }
   LocalComm(const LocalComm&) = delete;
   LocalComm& operator=(const LocalComm&) = delete;
-  ~LocalComm() {
-    if (worker_.joinable()) {
-      {
-        std::lock_guard lk(qm_);
-        stop_ = true;
-      }
-      qcv_.notify_all();
-      worker_.join();
-    }
-  }
-
   int rank() const { return me_; }
   int size() const { return g_->n; }
   const GroupInfo& group() const { return g_->info; }
@@ -161,23 +151,7 @@ class LocalComm : public Frontend<LocalComm> {
   //! Runs op on this thread, or queues it on this communicator's worker thread when async. Operations keep the
   //! order in which they were issued.
   Handle start(Op&& op, bool async) {
-    if (!async && !worker_.joinable()) {
-      try {
-        run(op);
-      } catch (...) {
-        return Handle::ready(std::current_exception());
-      }
-      return Handle::ready();
-    }
-    ensure_worker();
-    auto task = std::make_shared<std::packaged_task<void()>>([this, op = std::move(op)]() mutable { run(op); });
-    Handle h(task->get_future().share());
-    {
-      std::lock_guard lk(qm_);
-      queue_.push_back([task] { (*task)(); });
-    }
-    qcv_.notify_one();
-    return h;
+    return worker_.run([this, op = std::move(op)]() mutable { run(op); }, async);
   }
 
  private:
@@ -215,24 +189,6 @@ class LocalComm : public Frontend<LocalComm> {
                  : (v ? loom::detail::cat("#", v, ")") : std::string("none yet)"));
     }
     return s;
-  }
-
-  // --- the worker thread for asynchronous operations -------------------------------------------------------
-  void ensure_worker() {
-    if (worker_.joinable()) return;
-    worker_ = std::thread([this] {
-      for (;;) {
-        std::function<void()> job;
-        {
-          std::unique_lock lk(qm_);
-          qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-          if (queue_.empty()) return;
-          job = std::move(queue_.front());
-          queue_.pop_front();
-        }
-        job();
-      }
-    });
   }
 
   // --- one operation ---------------------------------------------------------------------------------------
@@ -540,11 +496,7 @@ class LocalComm : public Frontend<LocalComm> {
   std::shared_ptr<detail::LocalGroup> g_;
   int me_;
   Algorithm algo_ = Algorithm::automatic;
-  std::mutex qm_;
-  std::condition_variable qcv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread worker_;
+  detail::SerialWorker worker_;  // last member: destroyed first, while the rest is still valid
 };
 
 //! The Local backend: what Context<Cfg, Local> needs to hand out communicators to one rank thread.
