@@ -23,7 +23,10 @@ namespace loom::comm {
 struct LocalOptions {
   std::chrono::milliseconds timeout = default_timeout();  //!< how long any rank waits for its peers
   Algorithm algorithm = Algorithm::automatic;            //!< all_reduce algorithm
-  std::size_t small_bytes = 64 * 1024;                   //!< automatic: halving_doubling at or below, direct above
+  //! automatic: direct for groups of at most this many ranks (two synchronisations, each rank reads every peer);
+  //! larger groups, where a slice's fan-in grows, use halving_doubling up to small_bytes and ring above.
+  int direct_max_ranks = 16;
+  std::size_t small_bytes = 64 * 1024;
 };
 
 namespace detail {
@@ -36,9 +39,10 @@ class LocalWorld;
 //! progress for the multi-step algorithms, and mailboxes for point-to-point messages.
 struct LocalGroup {
   struct Member {
-    std::uint64_t arrived = 0;   // sequence number of the last collective entered
-    std::uint64_t done = 0;      // ... and finished
-    std::uint64_t progress = 0;  // (seq << 20) | steps completed, for ring and halving-doubling
+    // Written under the group's mutex (so that waiters are woken), read by spinning waiters without it.
+    std::atomic<std::uint64_t> arrived{0};   // sequence number of the last collective entered
+    std::atomic<std::uint64_t> done{0};      // ... and finished
+    std::atomic<std::uint64_t> progress{0};  // (seq << 20) | steps completed, for ring and halving-doubling
     std::uint64_t next_seq = 0;  // owned by the member's thread
     const Op* op = nullptr;      // the posted operation of collective `arrived`
   };
@@ -144,7 +148,10 @@ class LocalComm : public Frontend<LocalComm> {
   Algorithm algorithm_for(std::size_t bytes) const {
     const auto& o = g_->world->options();
     Algorithm a = algo_ != Algorithm::automatic ? algo_ : o.algorithm;
-    if (a == Algorithm::automatic) a = bytes <= o.small_bytes ? Algorithm::halving_doubling : Algorithm::direct;
+    if (a == Algorithm::automatic)
+      a = g_->n <= o.direct_max_ranks ? Algorithm::direct
+          : bytes <= o.small_bytes    ? Algorithm::halving_doubling
+                                      : Algorithm::ring;
     return a;
   }
 
@@ -158,9 +165,16 @@ class LocalComm : public Frontend<LocalComm> {
   using Lock = std::unique_lock<std::mutex>;
 
   // --- waiting -----------------------------------------------------------------------------------------------
+  //! Waits until pred() holds, the world aborts, or the deadline passes. With `spin`, pred reads only atomics and is
+  //! first polled without the lock, yielding the core: peers are usually microseconds away, a sleep costs more.
   template <class Pred, class Describe>
-  void wait(Lock& lk, detail::Clock::time_point deadline, Pred pred, Describe describe) {
+  void wait(Lock& lk, detail::Clock::time_point deadline, Pred pred, Describe describe, bool spin = false) {
     auto& g = *g_;
+    if (spin && !pred()) {
+      lk.unlock();
+      for (int i = 0; i < 256 && !pred(); ++i) std::this_thread::yield();
+      lk.lock();
+    }
     while (!pred()) {
       if (g.world->aborted())
         throw AbortedError(loom::detail::cat("loom: ", describe(false), " was abandoned because ",
@@ -179,10 +193,11 @@ class LocalComm : public Frontend<LocalComm> {
                        g_->info.ranks[me_], ", group rank ", me_, ")");
   }
   //! Ranks whose counter `field` is below `target`, for messages.
-  std::string laggards(std::uint64_t detail::LocalGroup::Member::*field, std::uint64_t target, bool steps) const {
+  std::string laggards(std::atomic<std::uint64_t> detail::LocalGroup::Member::*field, std::uint64_t target,
+                       bool steps) const {
     std::string s;
     for (int q = 0; q < g_->n; ++q) {
-      const auto v = g_->mem[q].*field;
+      const auto v = (g_->mem[q].*field).load();
       if (v >= target) continue;
       s += loom::detail::cat(s.empty() ? "" : ", ", "global rank ", g_->info.ranks[q], " (group rank ", q, ", at ");
       s += steps ? loom::detail::cat("#", v >> 20, " step ", v & 0xfffff, ")")
@@ -214,7 +229,7 @@ class LocalComm : public Frontend<LocalComm> {
                                             laggards(&detail::LocalGroup::Member::arrived, seq, false),
                                             "; this rank called ", describe(op))
                               : where(seq, op);
-           });
+           }, true);
     }
     const std::string mismatch = validate(seq, op);
     if (mismatch.empty()) {
@@ -230,7 +245,7 @@ class LocalComm : public Frontend<LocalComm> {
                                             " waiting for ranks to finish it: ",
                                             laggards(&detail::LocalGroup::Member::done, seq, false))
                               : where(seq, op);
-           });
+           }, true);
     }
     if (!mismatch.empty()) throw MismatchError(mismatch);
   }
@@ -330,7 +345,7 @@ class LocalComm : public Frontend<LocalComm> {
       return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(), " at step ", steps,
                                      " waiting for ", laggards(&detail::LocalGroup::Member::progress, key, true))
                        : where(seq, op);
-    });
+    }, true);
   }
 
   //! Two shots: reduce my slice from every rank's send into my recv, then copy the other slices from their owners.

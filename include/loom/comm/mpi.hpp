@@ -372,12 +372,12 @@ static_assert(Communicator<MpiComm>);
 
 namespace loom {
 
-//! Runs fn(Context<Cfg, comm::Mpi>&) in this process, one rank of a job started by mpirun or srun, and returns the
-//! exit code for main. A launch with the wrong number of processes makes every rank return 1 after rank 0 prints
-//! one message naming both numbers; a rank whose fn throws prints the failure and aborts the whole job.
-template <class Cfg, class F>
-  requires std::invocable<F&, Context<Cfg, comm::Mpi>&>
-int run_mpi(int& argc, char**& argv, F&& fn) {
+namespace comm::detail {
+
+//! What run_mpi and run_nccl share: MPI start-up, the world-size check, the watchdog, and failure handling around
+//! body(global rank), which makes the rank's Context and runs the user's function.
+template <class Cfg, class Body>
+int mpi_main(int& argc, char**& argv, Body&& body) {
   int provided = 0;
   comm::detail::mpi_check(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   int rank = 0, size = 0;
@@ -398,10 +398,7 @@ int run_mpi(int& argc, char**& argv, F&& fn) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   try {
     comm::detail::MpiWatch::get().start(comm::default_timeout());
-    {
-      Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
-      fn(ctx);
-    }
+    body(rank);
     MPI_Barrier(MPI_COMM_WORLD);
     comm::detail::MpiWatch::get().stop();
   } catch (const std::exception& e) {
@@ -412,6 +409,20 @@ int run_mpi(int& argc, char**& argv, F&& fn) {
   }
   MPI_Finalize();
   return 0;
+}
+
+}  // namespace comm::detail
+
+//! Runs fn(Context<Cfg, comm::Mpi>&) in this process, one rank of a job started by mpirun or srun, and returns the
+//! exit code for main. A launch with the wrong number of processes makes every rank return 1 after rank 0 prints
+//! one message naming both numbers; a rank whose fn throws prints the failure and aborts the whole job.
+template <class Cfg, class F>
+  requires std::invocable<F&, Context<Cfg, comm::Mpi>&>
+int run_mpi(int& argc, char**& argv, F&& fn) {
+  return comm::detail::mpi_main<Cfg>(argc, argv, [&](int rank) {
+    Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
+    fn(ctx);
+  });
 }
 
 }  // namespace loom

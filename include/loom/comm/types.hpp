@@ -53,7 +53,7 @@ constexpr std::string_view name_of(Collective c) {
 
 //! How the Local backend performs all_reduce; the others choose their own.
 enum class Algorithm : std::uint8_t {
-  automatic,         //!< halving_doubling below Options::small_bytes, direct above
+  automatic,         //!< Local: direct for small groups; else halving_doubling for small buffers, ring above
   ring,              //!< reduce-scatter then all-gather around a ring: 2(n-1) steps
   halving_doubling,  //!< Rabenseifner: recursive halving then doubling, 2 log2(n) steps
   direct             //!< each rank reduces its slice from every peer's buffer, then gathers: 2 steps

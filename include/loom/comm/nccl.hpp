@@ -1,0 +1,371 @@
+// The Nccl backend: one process and one GPU per rank, one NCCL communicator and one CUDA stream per group; buffers
+// are device memory (std::span<T> over it). Every operation is bounded by the timeout: on expiry the communicator
+// is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and rank. NCCL and
+// CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with mpirun, one rank per GPU.
+#pragma once
+
+#if !defined(LOOM_HAS_CUDA) || !defined(LOOM_HAS_MPI)
+#error "loom: <loom/comm/nccl.hpp> needs LOOM_HAS_CUDA and LOOM_HAS_MPI: link loom::cuda and loom::mpi (configure with -DLOOM_WITH_CUDA=ON -DLOOM_WITH_MPI=ON)"
+#endif
+
+#include <loom/comm/communicator.hpp>
+#include <loom/comm/context.hpp>
+#include <loom/comm/detail/worker.hpp>
+#include <loom/comm/mpi.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string_view>
+#include <thread>
+
+namespace loom::comm {
+
+namespace detail {
+
+//! The function's name out of a macro's stringified call: "ncclAllReduce(a, b, ...)" -> "ncclAllReduce".
+constexpr std::string_view call_name(std::string_view call) { return call.substr(0, call.find('(')); }
+
+inline void cuda_check(cudaError_t rc, std::string_view call) {
+  if (rc == cudaSuccess) return;
+  throw BackendError(loom::detail::cat("loom: ", call_name(call), " failed: ", cudaGetErrorString(rc), " (",
+                                       cudaGetErrorName(rc), ")"));
+}
+
+inline std::string nccl_text(ncclResult_t rc) {
+  std::string s = ncclGetErrorString(rc);
+  if (const char* last = ncclGetLastError(nullptr); last && *last) s += loom::detail::cat(": ", last);
+  return s;
+}
+
+inline void nccl_check(ncclResult_t rc, std::string_view call) {
+  if (rc == ncclSuccess) return;
+  throw BackendError(loom::detail::cat("loom: ", call_name(call), " failed: ", nccl_text(rc)));
+}
+
+}  // namespace detail
+
+}  // namespace loom::comm
+
+// Guarded: a kernels header may define the same checks.
+#ifndef LOOM_CUDA
+#define LOOM_CUDA(call) ::loom::comm::detail::cuda_check((call), #call)
+#endif
+#ifndef LOOM_NCCL
+#define LOOM_NCCL(call) ::loom::comm::detail::nccl_check((call), #call)
+#endif
+
+namespace loom::comm {
+
+namespace detail {
+
+inline ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  return ncclInt8;
+}
+
+inline ncclRedOp_t nccl_op(Reduce r) {
+  switch (r) {
+    case Reduce::sum: return ncclSum;
+    case Reduce::avg: return ncclAvg;
+    case Reduce::max: return ncclMax;
+    case Reduce::min: return ncclMin;
+    case Reduce::prod: return ncclProd;
+  }
+  return ncclSum;
+}
+
+//! This process's rank on its node, from the launcher (Open MPI, Slurm, MPICH) or else from MPI itself.
+inline int local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+    if (const char* s = std::getenv(var); s && *s) return std::atoi(s);
+  MPI_Comm node;
+  LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int r = 0;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  return r;
+}
+
+//! The GPU of this rank: its local rank modulo the visible devices (so that CUDA_VISIBLE_DEVICES set per rank
+//! works too), made current.
+inline int pick_device(int rank) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess || count == 0)
+    throw BackendError(loom::detail::cat("loom: the Nccl backend needs a CUDA device, but rank ", rank, " sees none",
+                                         rc != cudaSuccess ? loom::detail::cat(" (cudaGetDeviceCount: ",
+                                                                               cudaGetErrorString(rc), ")")
+                                                           : std::string()));
+  const int device = local_rank() % count;
+  LOOM_CUDA(cudaSetDevice(device));
+  return device;
+}
+
+}  // namespace detail
+
+//! The Nccl backend's communicator over one group. Operations run on stream() after the work already enqueued
+//! there; a blocking operation returns once its result is in device memory. To order a caller's kernels before
+//! an operation, make stream() wait on an event of the caller's stream.
+class NcclComm : public Frontend<NcclComm> {
+ public:
+  //! Collective over the group's members; device is this rank's GPU.
+  NcclComm(const GroupInfo& g, int device, std::chrono::milliseconds timeout = default_timeout())
+      : info_(g), device_(device), timeout_(timeout) {
+    try {
+      LOOM_CUDA(cudaSetDevice(device_));
+      // Group rank 0 makes the id; the broadcast runs under the Mpi watchdog, so a member that never comes is
+      // named rather than waited for.
+      std::array<std::int64_t, (sizeof(ncclUniqueId) + 7) / 8> id_words{};
+      {
+        MpiComm host(g);
+        rank_ = host.rank();
+        size_ = host.size();
+        if (rank_ == 0) {
+          ncclUniqueId id;
+          LOOM_NCCL(ncclGetUniqueId(&id));
+          std::memcpy(id_words.data(), &id, sizeof id);
+        }
+        host.broadcast(id_words, 0);
+      }
+      ncclUniqueId id;
+      std::memcpy(&id, id_words.data(), sizeof id);
+      LOOM_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      LOOM_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      LOOM_CUDA(cudaMalloc(&scratch_, sizeof(std::int32_t)));
+      LOOM_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(std::int32_t), stream_));
+      const std::string name = info_.describe();
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 1;
+      config.commName = name.c_str();
+      LOOM_NCCL(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+      LOOM_CUDA(cudaStreamSynchronize(stream_));
+    } catch (...) {
+      release(true);
+      throw;
+    }
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  //! Destroyed while an exception unwinds (this rank failed), the communicator is aborted instead of destroyed, so
+  //! that its end never waits for peers.
+  ~NcclComm() {
+    worker_.reset();  // finish queued operations before the communicator goes
+    release(std::uncaught_exceptions() > 0);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const GroupInfo& group() const { return info_; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  ncclComm_t native() const { return comm_; }
+
+  Handle start(Op&& op, bool async) {
+    return worker_->run([this, op = std::move(op)]() mutable { run(op); }, async);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void run(Op& op) {
+    if (!comm_)
+      throw Error(loom::detail::cat("loom: ", name_of(op.kind), " on group ", info_.describe(), ", global rank ",
+                                    global_rank(), ": the NCCL communicator was aborted by an earlier failure"));
+    LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
+    const std::uint64_t seq = ++seq_;
+    try {
+      enqueue(op);
+      LOOM_CUDA(cudaEventRecord(done_, stream_));
+    } catch (...) {
+      abort_comm();
+      throw;
+    }
+    wait(op, seq);
+  }
+
+  void enqueue(Op& op) {
+    const ncclDataType_t t = detail::nccl_type(op.dtype);
+    const std::size_t es = size_of(op.dtype);
+    const std::size_t c = op.count;
+    auto at = [](const void* p, std::size_t bytes) { return static_cast<const char*>(p) + bytes; };
+    auto at_mut = [](void* p, std::size_t bytes) { return static_cast<char*>(p) + bytes; };
+    switch (op.kind) {
+      case Collective::barrier:
+        LOOM_NCCL(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+        return;
+      case Collective::all_reduce:
+        if (c) LOOM_NCCL(ncclAllReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
+        return;
+      case Collective::reduce_scatter:
+        if (c) LOOM_NCCL(ncclReduceScatter(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
+        return;
+      case Collective::all_gather:
+        if (c) LOOM_NCCL(ncclAllGather(op.send, op.recv, c, t, comm_, stream_));
+        return;
+      case Collective::broadcast:
+        if (c) LOOM_NCCL(ncclBroadcast(op.recv, op.recv, c, t, op.root, comm_, stream_));
+        return;
+      case Collective::reduce:
+        if (c) LOOM_NCCL(ncclReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), op.root, comm_, stream_));
+        return;
+      case Collective::all_to_all:
+        if (c)
+          grouped([&] {
+            for (int q = 0; q < size_; ++q) {
+              LOOM_NCCL(ncclSend(at(op.send, q * c * es), c, t, q, comm_, stream_));
+              LOOM_NCCL(ncclRecv(at_mut(op.recv, q * c * es), c, t, q, comm_, stream_));
+            }
+          });
+        return;
+      case Collective::all_to_all_v:
+        // A zero-length block is skipped on both sides, since counts agree pairwise.
+        grouped([&] {
+          for (int q = 0; q < size_; ++q) {
+            if (op.send_counts[q])
+              LOOM_NCCL(ncclSend(at(op.send, op.send_displs[q] * es), op.send_counts[q], t, q, comm_, stream_));
+            if (op.recv_counts[q])
+              LOOM_NCCL(ncclRecv(at_mut(op.recv, op.recv_displs[q] * es), op.recv_counts[q], t, q, comm_, stream_));
+          }
+        });
+        return;
+      case Collective::send_recv:
+        grouped([&] {
+          for (const auto& p : op.p2p) {
+            if (!p.count) continue;
+            if (p.kind == P2P::Kind::send)
+              LOOM_NCCL(ncclSend(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
+            else
+              LOOM_NCCL(ncclRecv(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
+          }
+        });
+        return;
+    }
+  }
+
+  //! Issues fn's sends and receives as one NCCL group; the group is closed even when one of them fails.
+  template <class F>
+  void grouped(F&& fn) {
+    LOOM_NCCL(ncclGroupStart());
+    try {
+      fn();
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
+    }
+    LOOM_NCCL(ncclGroupEnd());
+  }
+
+  //! Polls the operation's event and the communicator's asynchronous error until it completes or times out.
+  void wait(const Op& op, std::uint64_t seq) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + timeout_;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) {
+        abort_comm();
+        throw BackendError(loom::detail::cat(what_of(op, seq), " failed on global rank ", global_rank(),
+                                             ": cudaEventQuery: ", cudaGetErrorString(q), " (", cudaGetErrorName(q),
+                                             ")"));
+      }
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+      if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+        const std::string text = detail::nccl_text(rc != ncclSuccess ? rc : async);
+        abort_comm();
+        throw BackendError(loom::detail::cat(what_of(op, seq), " failed on global rank ", global_rank(), ": ", text));
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        abort_comm();
+        const auto ms = timeout_.count();
+        throw TimeoutError(loom::detail::cat(
+            what_of(op, seq), " timed out after ",
+            ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s"), " on global rank ",
+            global_rank(), " (", describe(op), "); the NCCL communicator was aborted"));
+      }
+      // Spin briefly for small operations' latency, then stop burning the core.
+      if (now - t0 < std::chrono::milliseconds(2)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  //! "loom: all_reduce #3 on group dp{1,3}", as the Mpi watchdog names an operation.
+  std::string what_of(const Op& op, std::uint64_t seq) const {
+    return loom::detail::cat("loom: ", name_of(op.kind), " #", seq, " on group ", info_.describe());
+  }
+  int global_rank() const { return info_.ranks.empty() ? rank_ : info_.ranks[rank_]; }
+
+  void abort_comm() noexcept {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  void release(bool aborting) noexcept {
+    cudaSetDevice(device_);
+    if (comm_) {
+      if (aborting) ncclCommAbort(comm_);
+      else ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+    scratch_ = nullptr, done_ = nullptr, stream_ = nullptr;
+  }
+
+  GroupInfo info_;
+  int device_ = 0;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, size_ = 1;
+  std::uint64_t seq_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  std::int32_t* scratch_ = nullptr;  // the barrier's one element
+  std::unique_ptr<detail::SerialWorker> worker_ = std::make_unique<detail::SerialWorker>();
+};
+
+//! The Nccl backend for Context<Cfg, Nccl>.
+struct Nccl {
+  using Comm = NcclComm;
+  struct Rank {
+    int rank;
+    int device;  //!< this rank's GPU
+    std::unique_ptr<Comm> make(const GroupInfo& g) const { return std::make_unique<Comm>(g, device); }
+  };
+};
+
+static_assert(Communicator<NcclComm>);
+
+}  // namespace loom::comm
+
+namespace loom {
+
+//! Runs fn(Context<Cfg, comm::Nccl>&) in this process, one rank of a job started by mpirun or srun with one GPU per
+//! rank (the local rank modulo the visible devices), and returns the exit code for main. Launch checks and failure
+//! handling are run_mpi's: a wrong process count makes every rank return 1 after one message; a rank that throws
+//! prints the failure and aborts the whole job.
+template <class Cfg, class F>
+  requires std::invocable<F&, Context<Cfg, comm::Nccl>&>
+int run_nccl(int& argc, char**& argv, F&& fn) {
+  return comm::detail::mpi_main<Cfg>(argc, argv, [&](int rank) {
+    Context<Cfg, comm::Nccl> ctx(comm::Nccl::Rank{rank, comm::detail::pick_device(rank)});
+    fn(ctx);
+  });
+}
+
+}  // namespace loom
