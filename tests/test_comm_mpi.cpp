@@ -22,6 +22,13 @@ int cases(int& argc, char**& argv) {
     h1.wait();
     h2.wait();
     test::expect(b[9] == 1.0, "async avg got ", b[9]);
+    // MPI error codes become exceptions that carry MPI's own text.
+    try {
+      comm::detail::mpi_check(MPI_ERR_COUNT, "MPI_Send");
+      test::expect(false, "mpi_check did not throw");
+    } catch (const BackendError& e) {
+      test::expect(std::string(e.what()).find("loom: MPI_Send failed: MPI_ERR_COUNT") == 0, "message: ", e.what());
+    }
     if (ctx.rank() == 0) std::printf("test_comm_mpi: every collective on every group of %s passed\n",
                                      std::string(Cfg::name()).c_str());
   });
