@@ -121,7 +121,8 @@ inline int pick_device(int rank) {
 //! an operation, make stream() wait on an event of the caller's stream.
 class NcclComm : public Frontend<NcclComm> {
  public:
-  //! Collective over the group's members; device is this rank's GPU.
+  //! Collective over the group's members; device is this rank's GPU. Needs MPI and the Mpi watchdog started, as
+  //! run_nccl does.
   NcclComm(const GroupInfo& g, int device, std::chrono::milliseconds timeout = default_timeout())
       : info_(g), device_(device), timeout_(timeout) {
     try {
@@ -146,10 +147,12 @@ class NcclComm : public Frontend<NcclComm> {
       LOOM_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
       LOOM_CUDA(cudaMalloc(&scratch_, sizeof(std::int32_t)));
       LOOM_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(std::int32_t), stream_));
-      const std::string name = info_.describe();
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 1;
-      config.commName = name.c_str();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      const std::string name = info_.describe();
+      config.commName = name.c_str();  // names the group in NCCL's own logs
+#endif
       LOOM_NCCL(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
       LOOM_CUDA(cudaStreamSynchronize(stream_));
     } catch (...) {
@@ -365,6 +368,9 @@ int run_nccl(int& argc, char**& argv, F&& fn) {
   return comm::detail::mpi_main<Cfg>(argc, argv, [&](int rank) {
     Context<Cfg, comm::Nccl> ctx(comm::Nccl::Rank{rank, comm::detail::pick_device(rank)});
     fn(ctx);
+    // Every rank's operations have finished before any communicator goes, so none is torn down while a peer's
+    // transfers through it are still in flight.
+    LOOM_MPI(MPI_Barrier(MPI_COMM_WORLD));
   });
 }
 

@@ -1,0 +1,301 @@
+// The Nccl backend on GPUs: the collective cases every backend runs (tests/comm_cases.hpp) through an adapter that
+// mirrors the cases' host vectors in device memory, plus what only a device communicator has (its stream, error
+// codes, the timeout). Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
+//   mpirun -np 1 test_comm_nccl cases | timeout      (-np 2, 4, 8 on as many GPUs: every group of a layout)
+#include "comm_cases.hpp"
+
+#include <loom/comm/nccl.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+using namespace loom;
+
+namespace {
+
+constexpr int skip_code = 77;
+
+//! Device copies of host ranges for one operation: a range inside one mapped before shares its device memory, so
+//! in-place calls stay in place. copy_back() returns every range to the host, sends included, so that a send buffer
+//! the operation wrote to shows on the host.
+class Mirror {
+ public:
+  explicit Mirror(cudaStream_t s) : s_(s) {}
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  ~Mirror() {
+    for (auto& r : regions_) cudaFreeAsync(r.dev, s_);
+    cudaStreamSynchronize(s_);
+  }
+
+  template <comm::Buffer R>
+  std::span<comm::element_t<R>> map(R&& r) {
+    using T = comm::element_t<R>;
+    const std::size_t n = std::ranges::size(r);
+    return {static_cast<T*>(raw(std::ranges::data(r), n * sizeof(T))), n};
+  }
+  comm::P2P map(const comm::P2P& p) {
+    comm::P2P d = p;
+    d.data = raw(p.data, p.count * size_of(p.dtype));
+    return d;
+  }
+
+  void copy_back() {
+    for (auto& r : regions_) LOOM_CUDA(cudaMemcpyAsync(r.host, r.dev, r.bytes, cudaMemcpyDeviceToHost, s_));
+    LOOM_CUDA(cudaStreamSynchronize(s_));
+  }
+
+ private:
+  struct Region {
+    char* host;
+    std::size_t bytes;
+    char* dev;
+  };
+  void* raw(const void* host, std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    auto* h = const_cast<char*>(static_cast<const char*>(host));
+    for (auto& r : regions_)
+      if (h >= r.host && h + bytes <= r.host + r.bytes) return r.dev + (h - r.host);
+    void* d = nullptr;
+    LOOM_CUDA(cudaMallocAsync(&d, bytes, s_));
+    regions_.push_back({h, bytes, static_cast<char*>(d)});
+    LOOM_CUDA(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s_));
+    return d;
+  }
+
+  cudaStream_t s_;
+  std::vector<Region> regions_;
+};
+
+//! An NcclComm with the host-vector methods the shared cases call: each copies to the device, runs the operation on
+//! device memory, and copies back.
+class OnDevice {
+ public:
+  explicit OnDevice(comm::NcclComm& c) : c_(c) {}
+
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  const comm::GroupInfo& group() const { return c_.group(); }
+
+  template <comm::Buffer S, comm::Buffer R>
+  void all_reduce(const S& send, R&& recv, comm::Reduce op) {
+    Mirror m(c_.stream());
+    auto r = m.map(recv);
+    c_.all_reduce(m.map(send), r, op);
+    m.copy_back();
+  }
+  //! Waits before returning: the copy back needs the result. The operation itself goes through the async path.
+  template <comm::Buffer B>
+  comm::Handle all_reduce_async(B&& buf, comm::Reduce op) {
+    Mirror m(c_.stream());
+    auto d = m.map(buf);
+    auto h = c_.all_reduce_async(d, op);
+    h.wait();
+    m.copy_back();
+    return comm::Handle::ready();
+  }
+  template <comm::Buffer S, comm::Buffer R>
+  void reduce_scatter(const S& send, R&& recv, comm::Reduce op) {
+    Mirror m(c_.stream());
+    auto s = m.map(send);
+    c_.reduce_scatter(s, m.map(recv), op);
+    m.copy_back();
+  }
+  template <comm::Buffer S, comm::Buffer R>
+  void reduce(const S& send, R&& recv, comm::Reduce op, int root) {
+    Mirror m(c_.stream());
+    auto s = m.map(send);
+    c_.reduce(s, m.map(recv), op, root);
+    m.copy_back();
+  }
+  template <comm::Buffer S, comm::Buffer R>
+  void all_gather(const S& send, R&& recv) {
+    Mirror m(c_.stream());
+    auto r = m.map(recv);  // first: an in-place send lies inside it
+    c_.all_gather(m.map(send), r);
+    m.copy_back();
+  }
+  template <comm::Buffer B>
+  void broadcast(B&& buf, int root) {
+    Mirror m(c_.stream());
+    c_.broadcast(m.map(buf), root);
+    m.copy_back();
+  }
+  template <comm::Buffer S, comm::Buffer R>
+  void all_to_all(const S& send, R&& recv) {
+    Mirror m(c_.stream());
+    auto s = m.map(send);
+    c_.all_to_all(s, m.map(recv));
+    m.copy_back();
+  }
+  template <comm::Buffer S, class C1, class C2, comm::Buffer R, class C3, class C4>
+  void all_to_all_v(const S& send, const C1& sc, const C2& sd, R&& recv, const C3& rc, const C4& rd) {
+    Mirror m(c_.stream());
+    auto r = m.map(recv);
+    c_.all_to_all_v(m.map(send), sc, sd, r, rc, rd);
+    m.copy_back();
+  }
+  void exchange(std::initializer_list<comm::P2P> ops) { run_p2p(ops, false); }
+  template <comm::Buffer S>
+  comm::Handle send_async(const S& data, int peer) {
+    run_p2p({comm::send_op(data, peer)}, true);
+    return comm::Handle::ready();
+  }
+  template <comm::Buffer R>
+  void recv(R&& data, int peer) { run_p2p({comm::recv_op(data, peer)}, false); }
+  void barrier() { c_.barrier(); }
+
+ private:
+  void run_p2p(std::initializer_list<comm::P2P> ops, bool async) {
+    Mirror m(c_.stream());
+    std::vector<comm::P2P> dev;
+    for (const auto& p : ops) dev.push_back(m.map(p));
+    if (async) c_.exchange_async(dev).wait();
+    else c_.exchange(dev);
+    m.copy_back();
+  }
+
+  comm::NcclComm& c_;
+};
+
+//! What the host-vector cases cannot see: operations on device spans order after work already on stream(); a
+//! second communicator over the same group works beside the first and runs blocking operations on the caller's
+//! thread; error codes become BackendError with the call's name and NCCL's or CUDA's text.
+void device_checks(comm::NcclComm& c) {
+  int current = -1;
+  LOOM_CUDA(cudaGetDevice(&current));
+  test::expect(current == c.device(), "the current device is ", current, " but the communicator's is ", c.device());
+
+  const std::size_t n = 1000;
+  std::int32_t *send = nullptr, *recv = nullptr;
+  LOOM_CUDA(cudaMalloc(&send, n * sizeof(std::int32_t)));
+  LOOM_CUDA(cudaMalloc(&recv, n * sizeof(std::int32_t)));
+  LOOM_CUDA(cudaMemsetAsync(send, 1, n * sizeof(std::int32_t), c.stream()));  // every element 0x01010101
+  LOOM_CUDA(cudaMemsetAsync(recv, 0, n * sizeof(std::int32_t), c.stream()));
+  c.all_reduce(std::span<const std::int32_t>(send, n), std::span<std::int32_t>(recv, n), comm::Reduce::max);
+  std::vector<std::int32_t> got(n);
+  LOOM_CUDA(cudaMemcpy(got.data(), recv, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < n; ++i)
+    test::expect(got[i] == 0x01010101, "all_reduce after a memset on stream() got ", got[i], " at ", i);
+
+  comm::NcclComm second(c.group(), c.device());
+  test::expect(second.rank() == c.rank() && second.size() == c.size(), "a second communicator disagrees on rank");
+  test::expect(second.stream() != c.stream(), "two communicators share a stream");
+  LOOM_CUDA(cudaMemsetAsync(recv, 0, n * sizeof(std::int32_t), second.stream()));
+  second.all_reduce(std::span<const std::int32_t>(send, n), std::span<std::int32_t>(recv, n), comm::Reduce::min);
+  LOOM_CUDA(cudaMemcpy(got.data(), recv, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  test::expect(got[0] == 0x01010101 && got[n - 1] == 0x01010101, "the second communicator's all_reduce got ", got[0]);
+  second.barrier();
+
+  try {
+    LOOM_NCCL(ncclAllReduce(send, recv, n, static_cast<ncclDataType_t>(99), ncclSum, second.native(), second.stream()));
+    test::expect(false, "ncclAllReduce with datatype 99 did not fail");
+  } catch (const BackendError& e) {
+    const std::string what = e.what();
+    test::expect(what.starts_with("loom: ncclAllReduce failed: invalid argument"), "NCCL error message: ", what);
+  }
+  try {
+    LOOM_CUDA(cudaSetDevice(-1));
+    test::expect(false, "cudaSetDevice(-1) did not fail");
+  } catch (const BackendError& e) {
+    const std::string what = e.what();
+    test::expect(what.starts_with("loom: cudaSetDevice failed: invalid device ordinal"), "CUDA error message: ", what);
+  }
+  LOOM_CUDA(cudaFree(send));
+  LOOM_CUDA(cudaFree(recv));
+}
+
+template <class T>
+void on_device(comm::NcclComm& c) {
+  OnDevice d(c);
+  test::collective_cases<T>(d);
+}
+
+void all_cases(comm::NcclComm& c) {
+  on_device<float>(c);
+  on_device<double>(c);
+  on_device<bf16>(c);
+  on_device<fp16>(c);
+  on_device<std::int32_t>(c);
+  on_device<std::int64_t>(c);
+}
+
+template <class Cfg>
+int cases(int& argc, char**& argv) {
+  return run_nccl<Cfg>(argc, argv, [](auto& ctx) {
+    // With one rank every group is the world; with more, each group of the layout in turn.
+    all_cases(ctx.template comm<Axis::tp>());
+    all_cases(ctx.template comm<Axis::dp>());
+    all_cases(ctx.template comm<Axis::pp>());
+    all_cases(ctx.template comm<Axis::dp, Axis::cp>());
+    all_cases(ctx.world());
+    device_checks(ctx.world());
+    if (ctx.rank() == 0)
+      std::printf("test_comm_nccl: every collective on every group of %s passed on the device\n",
+                  std::string(Cfg::name()).c_str());
+  });
+}
+
+void block_stream(void* seconds) {
+  std::this_thread::sleep_for(std::chrono::seconds(*static_cast<int*>(seconds)));
+}
+
+//! One rank can still time out: a host function holds the stream longer than the timeout, so the all_reduce
+//! behind it cannot finish. The communicator is then aborted and refuses further operations.
+int timeout_case(int& argc, char**& argv) {
+  return run_nccl<Parallel<>>(argc, argv, [](auto& ctx) {
+    auto& world = ctx.world();
+    comm::NcclComm c(world.group(), world.device(), std::chrono::milliseconds(1000));
+    const std::size_t n = 16;
+    float *send = nullptr, *recv = nullptr;
+    LOOM_CUDA(cudaMalloc(&send, n * sizeof(float)));
+    LOOM_CUDA(cudaMalloc(&recv, n * sizeof(float)));
+    c.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1 completes
+    static int hold = 3;
+    LOOM_CUDA(cudaLaunchHostFunc(c.stream(), block_stream, &hold));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      c.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    test::expect(!what.empty(), "an all_reduce behind a blocked stream did not time out");
+    test::expect(what.starts_with("loom: all_reduce #2 on group world{0} timed out after 1 s on global rank 0"),
+                 "timeout message: ", what);
+    test::expect(waited >= std::chrono::milliseconds(990), "the timeout of 1 s fired after ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms");
+    std::string after;
+    try {
+      c.barrier();
+    } catch (const Error& e) {
+      after = e.what();
+    }
+    test::expect(after.find("aborted by an earlier failure") != std::string::npos,
+                 "an operation on the aborted communicator: '", after, "'");
+    LOOM_CUDA(cudaStreamSynchronize(c.stream()));  // the held stream drains before its buffers go
+    LOOM_CUDA(cudaFree(send));
+    LOOM_CUDA(cudaFree(recv));
+    std::printf("test_comm_nccl: timeout: %s\n", what.c_str());
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return skip_code;
+  }
+  const char* mode = argc > 1 ? argv[1] : "cases";
+  if (std::strcmp(mode, "timeout") == 0) return timeout_case(argc, argv);
+  const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const int size = np ? std::atoi(np) : 1;
+  if (size == 8) return cases<Parallel<TP<2>, PP<2>, DP<2>>>(argc, argv);
+  if (size == 4) return cases<Parallel<TP<2>, DP<2>>>(argc, argv);
+  if (size == 2) return cases<Parallel<DP<2>>>(argc, argv);
+  return cases<Parallel<>>(argc, argv);
+}
