@@ -25,6 +25,11 @@ if(LOOM_WITH_MPI)
             "-DEXPECT=loom: all_reduce #3 on group dp{1,3} timed out after 3 s on global rank 1"
             "-DEXPECT2=ranks that have not entered it: global rank 3 (group rank 1, at #2)" -DMAX_SECONDS=30
             -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+  add_test(NAME test_comm_mpi_group_missing
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;4;$<TARGET_FILE:test_comm_mpi>;no-group"
+            "-DEXPECT=loom: creating the communicator on group dp{1,3} timed out after 3 s on global rank 1"
+            -DMAX_SECONDS=30 -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
   set_tests_properties(test_comm_mpi_wrong_size test_comm_mpi_rank_throws test_comm_mpi_rank_missing
+                       test_comm_mpi_group_missing
                        PROPERTIES LABELS "mpi;comm;failure" ENVIRONMENT "${_mpi_env};LOOM_TIMEOUT_S=3")
 endif()

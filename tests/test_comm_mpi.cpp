@@ -1,6 +1,6 @@
 // The Mpi backend under mpirun: the same collective cases as the Local backend (tests/comm_cases.hpp), on every
 // group of a layout chosen by the process count, plus the failure paths selected by the first argument.
-//   mpirun -np 4 test_comm_mpi cases | wrong-size | throw | missing
+//   mpirun -np 4 test_comm_mpi cases | wrong-size | throw | missing | no-group
 #include "comm_cases.hpp"
 
 #include <loom/comm/mpi.hpp>
@@ -37,6 +37,7 @@ int cases(int& argc, char**& argv) {
 template <class Cfg>
 int failure(int& argc, char**& argv, const char* mode) {
   return run_mpi<Cfg>(argc, argv, [mode](auto& ctx) {
+    if (std::strcmp(mode, "no-group") == 0 && ctx.rank() == 3) std::this_thread::sleep_for(std::chrono::seconds(60));
     auto& dp = ctx.template comm<Axis::dp>();
     std::vector<float> v(16, 1.0f);
     dp.all_reduce(v);
@@ -46,6 +47,8 @@ int failure(int& argc, char**& argv, const char* mode) {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // never enters the third
     }
     dp.all_reduce(v);
+    // Ranks 0 and 2 finish; they wait before the final barrier so that the stalled all_reduce is what times out first.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
   });
 }
 

@@ -148,8 +148,10 @@ class MpiWatch {
 
   //! Marks operation seq of the group in `slot` as entered, visible to the other ranks, and bounds it by the
   //! timeout while the ticket lives.
+  //! slot -1: an operation outside any communicator's sequence (creating one, the final barrier), not tracked
+  //! per rank.
   [[nodiscard]] std::unique_ptr<Ticket> enter(std::string what, const GroupInfo& g, int slot, std::uint64_t seq) {
-    __atomic_store_n(&counters_[slot], seq, __ATOMIC_RELEASE);
+    if (slot >= 0) __atomic_store_n(&counters_[slot], seq, __ATOMIC_RELEASE);
     std::lock_guard lk(m_);
     pending_.push_back({std::move(what), &g, slot, seq, std::chrono::steady_clock::now() + timeout_});
     return std::make_unique<Ticket>(*this, std::prev(pending_.end()));
@@ -177,7 +179,8 @@ class MpiWatch {
     // second is reported as unknown.
     std::string missing;
     auto reader = std::make_shared<std::vector<std::int64_t>>(p.group->ranks.size(), -1);
-    std::thread ask([reader, p, this] {
+    if (p.slot < 0) missing = "not tracked for this operation";
+    else std::thread([reader, p, this] {
       for (std::size_t i = 0; i < p.group->ranks.size(); ++i) {
         std::uint64_t v = 0;
         const int target = p.group->ranks[i];
@@ -186,10 +189,9 @@ class MpiWatch {
         MPI_Win_unlock(target, win_);
         (*reader)[i] = static_cast<std::int64_t>(v);
       }
-    });
-    ask.detach();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    for (std::size_t i = 0; i < p.group->ranks.size(); ++i) {
+    }).detach();
+    if (p.slot >= 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    for (std::size_t i = 0; i < p.group->ranks.size() && p.slot >= 0; ++i) {
       const auto v = (*reader)[i];
       if (v >= 0 && static_cast<std::uint64_t>(v) >= p.seq) continue;
       missing += loom::detail::cat(missing.empty() ? "" : ", ", "global rank ", p.group->ranks[i], " (group rank ", i,
@@ -197,7 +199,7 @@ class MpiWatch {
     }
     const auto ms = timeout_.count();
     std::fprintf(stderr, "%s\n",
-                 loom::detail::cat("loom: ", p.what, " #", p.seq, " on group ", p.group->describe(), " timed out after ",
+                 loom::detail::cat("loom: ", p.what, p.slot >= 0 ? loom::detail::cat(" #", p.seq) : std::string(), " on group ", p.group->describe(), " timed out after ",
                                    ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s"),
                                    " on global rank ", rank_, "; ranks that have not entered it: ",
                                    missing.empty() ? std::string("none (it stalled inside MPI)") : missing,
@@ -219,6 +221,19 @@ class MpiWatch {
   std::thread thread_;
 };
 
+//! MPI_Barrier over every rank, bounded by the watchdog.
+inline void world_barrier(const char* what) {
+  static const GroupInfo world = [] {
+    int n = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    GroupInfo g{"world", {}};
+    for (int i = 0; i < n; ++i) g.ranks.push_back(i);
+    return g;
+  }();
+  auto watched = MpiWatch::get().enter(what, world, -1, 0);
+  LOOM_MPI(MPI_Barrier(MPI_COMM_WORLD));
+}
+
 }  // namespace detail
 
 //! The Mpi backend's communicator over one group.
@@ -226,6 +241,7 @@ class MpiComm : public Frontend<MpiComm> {
  public:
   //! Collective over the group's members.
   explicit MpiComm(const GroupInfo& g) : info_(g) {
+    auto watched = detail::MpiWatch::get().enter("creating the communicator", info_, -1, 0);
     MPI_Group world_group, group;
     LOOM_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
     LOOM_MPI(MPI_Group_incl(world_group, static_cast<int>(g.ranks.size()), g.ranks.data(), &group));
@@ -399,7 +415,7 @@ int mpi_main(int& argc, char**& argv, Body&& body) {
   try {
     comm::detail::MpiWatch::get().start(comm::default_timeout());
     body(rank);
-    MPI_Barrier(MPI_COMM_WORLD);
+    comm::detail::world_barrier("the barrier after the program's work");
     comm::detail::MpiWatch::get().stop();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom: rank %d failed: %s\n", rank, e.what());

@@ -370,7 +370,7 @@ int run_nccl(int& argc, char**& argv, F&& fn) {
     fn(ctx);
     // Every rank's operations have finished before any communicator goes, so none is torn down while a peer's
     // transfers through it are still in flight.
-    LOOM_MPI(MPI_Barrier(MPI_COMM_WORLD));
+    comm::detail::world_barrier("the barrier before the communicators go");
   });
 }
 
