@@ -18,7 +18,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <tuple>
 #include <unistd.h>
 #include <iostream>
 #include <sstream>
@@ -264,24 +266,46 @@ int mpi_child(int argc, char** argv, const BenchOptions& o) {
   std::vector<Row> rows;
   const int rc = run_mpi<Parallel<DP<N>>>(argc, argv, [&](auto& ctx) {
     auto& c = ctx.world();
-    run_rows(c, o, "mpi", "auto", rows);
-    // Raw MPI_Allreduce on the same buffers, as the reference.
+    // all_reduce: the Mpi backend and raw MPI_Allreduce alternate on the same buffers, three rounds each, and the
+    // best round of each is kept, so that drift on a shared machine does not favour either.
+    BenchOptions rest = o;
+    std::erase(rest.ops, std::string("all_reduce"));
+    run_rows(c, rest, "mpi", "auto", rows);
+    if (std::find(o.ops.begin(), o.ops.end(), "all_reduce") == o.ops.end()) return;
     std::vector<float> send(o.max_bytes / sizeof(float)), recv(send.size());
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(c.rank(), i);
+    auto timed = [&](auto&& once, int it) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < it; ++i) once();
+      MPI_Barrier(MPI_COMM_WORLD);
+      return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / it;
+    };
     for (std::size_t bytes : sizes(o)) {
       const std::size_t count = bytes / sizeof(float);
       if (count == 0) continue;
       const int it = iters_for(o, bytes), wu = warmup_for(o, bytes);
-      for (int i = 0; i < wu; ++i) MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = Clock::now();
-      for (int i = 0; i < it; ++i) MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / it;
+      std::span<float> s(send.data(), count), r(recv.data(), count);
+      auto ours = [&] { c.all_reduce(s, r); };
+      auto raw = [&] {
+        MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      };
+      for (int i = 0; i < wu; ++i) ours(), raw();
+      double best_ours = 1e300, best_raw = 1e300;
+      for (int round = 0; round < 3; ++round) {
+        best_ours = std::min(best_ours, timed(ours, it));
+        best_raw = std::min(best_raw, timed(raw, it));
+      }
+      const bool ok = !o.check || verify(c, "all_reduce", send, recv, count);
+      for (std::size_t i = 0; i < count; ++i) send[i] = value(c.rank(), i);
       if (ctx.rank() == 0) {
-        Row r{"all_reduce", "mpi-raw", "MPI_Allreduce", N, count * sizeof(float), us, 0, 0, true};
-        r.algbw_gbps = static_cast<double>(r.bytes) / us / 1e3;
-        r.busbw_gbps = r.algbw_gbps * bus_factor("all_reduce", N);
-        rows.push_back(r);
+        for (auto [backend, algo, us] : {std::tuple{"mpi", "best of 3", best_ours},
+                                         std::tuple{"mpi-raw", "MPI_Allreduce", best_raw}}) {
+          Row row{"all_reduce", backend, algo, N, count * sizeof(float), us, 0, 0, ok};
+          row.algbw_gbps = static_cast<double>(row.bytes) / us / 1e3;
+          row.busbw_gbps = row.algbw_gbps * bus_factor("all_reduce", N);
+          rows.push_back(row);
+        }
       }
     }
     if (ctx.rank() == 0) {
