@@ -41,17 +41,11 @@ class Frontend {
   // --- all_reduce: recv[i] = reduce over ranks of send[i]; send and recv may be the same buffer.
   template <Buffer S, Buffer R>
   Handle all_reduce_async(const S& send, R&& recv, Reduce op = Reduce::sum) {
-    same_type<S, R>("all_reduce");
-    check(std::ranges::size(send) == std::ranges::size(recv), "all_reduce: send has ", std::ranges::size(send),
-          " elements but recv has ", std::ranges::size(recv));
-    return go(make(Collective::all_reduce, send, recv, std::ranges::size(recv), op), true);
+    return go(all_reduce_op(send, recv, op), true);
   }
   template <Buffer S, Buffer R>
   void all_reduce(const S& send, R&& recv, Reduce op = Reduce::sum) {
-    same_type<S, R>("all_reduce");
-    check(std::ranges::size(send) == std::ranges::size(recv), "all_reduce: send has ", std::ranges::size(send),
-          " elements but recv has ", std::ranges::size(recv));
-    go(make(Collective::all_reduce, send, recv, std::ranges::size(recv), op), false).wait();
+    go(all_reduce_op(send, recv, op), false).wait();
   }
   template <Buffer B>
   void all_reduce(B&& buf, Reduce op = Reduce::sum) { all_reduce(buf, buf, op); }
@@ -151,6 +145,13 @@ class Frontend {
   }
   void check_root(const char* what, int root) {
     check(root >= 0 && root < n(), what, ": root ", root, " is outside the group of size ", n());
+  }
+  template <class S, class R>
+  Op all_reduce_op(const S& send, R& recv, Reduce red) {
+    same_type<S, R>("all_reduce");
+    check(std::ranges::size(send) == std::ranges::size(recv), "all_reduce: send has ", std::ranges::size(send),
+          " elements but recv has ", std::ranges::size(recv));
+    return make(Collective::all_reduce, send, recv, std::ranges::size(recv), red);
   }
   template <class S, class R>
   Op reduce_scatter_op(const S& send, R& recv, Reduce red) {
