@@ -42,6 +42,14 @@ struct Row {
   bool ok = true;
 };
 
+//! A row whose bandwidths follow from its time: algbw = S/t, busbw = algbw x nccl-tests' factor.
+Row make_row(std::string collective, std::string backend, std::string algorithm, int ranks, std::size_t bytes,
+             double time_us, double factor, bool ok) {
+  const double algbw = static_cast<double>(bytes) / time_us / 1e3;
+  return {std::move(collective), std::move(backend), std::move(algorithm), ranks, bytes, time_us, algbw,
+          algbw * factor, ok};
+}
+
 void to_json(nlohmann::json& j, const Row& r) {
   j = {{"collective", r.collective}, {"backend", r.backend}, {"algorithm", r.algorithm}, {"ranks", r.ranks},
        {"bytes", r.bytes}, {"time_us", r.time_us}, {"algbw_gbps", r.algbw_gbps}, {"busbw_gbps", r.busbw_gbps},
@@ -218,10 +226,7 @@ void run_rows(Comm& c, const BenchOptions& o, const std::string& backend, const 
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / it;
       const bool ok = !o.check || verify(c, op, send, recv, count);
       if (c.rank() == 0) {
-        Row r{op, backend, algo, n, count * sizeof(float), us, 0, 0, ok};
-        r.algbw_gbps = static_cast<double>(r.bytes) / us / 1e3;
-        r.busbw_gbps = r.algbw_gbps * bus_factor(op, n);
-        rows.push_back(r);
+        rows.push_back(make_row(op, backend, algo, n, count * sizeof(float), us, bus_factor(op, n), ok));
       }
     }
   }
@@ -301,10 +306,8 @@ int mpi_child(int argc, char** argv, const BenchOptions& o) {
       if (ctx.rank() == 0) {
         for (auto [backend, algo, us] : {std::tuple{"mpi", "best of 3", best_ours},
                                          std::tuple{"mpi-raw", "MPI_Allreduce", best_raw}}) {
-          Row row{"all_reduce", backend, algo, N, count * sizeof(float), us, 0, 0, ok};
-          row.algbw_gbps = static_cast<double>(row.bytes) / us / 1e3;
-          row.busbw_gbps = row.algbw_gbps * bus_factor("all_reduce", N);
-          rows.push_back(row);
+          rows.push_back(make_row("all_reduce", backend, algo, N, count * sizeof(float), us,
+                                  bus_factor("all_reduce", N), ok));
         }
       }
     }
@@ -344,10 +347,8 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (std::size_t bytes : sizes(o)) {
       if (bytes < 4096) continue;
-      Row r{"memcpy", "host", "memcpy", 1, bytes, 0, memcpy_gbps(bytes), 0, true};
-      r.busbw_gbps = r.algbw_gbps;
-      r.time_us = static_cast<double>(bytes) / r.algbw_gbps / 1e3;
-      rows.push_back(r);
+      const double gbps = memcpy_gbps(bytes);
+      rows.push_back(make_row("memcpy", "host", "memcpy", 1, bytes, static_cast<double>(bytes) / gbps / 1e3, 1, true));
     }
     for (const auto& b : o.backends) {
       if (b == "local") {

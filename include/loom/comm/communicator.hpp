@@ -128,7 +128,7 @@ class Frontend {
                                      ", rank ", self().rank(), ")"));
   }
   template <class S, class R>
-  static void same_type(const char*) {
+  static void same_type() {
     static_assert(std::is_same_v<element_t<S>, element_t<R>>, "loom: send and recv must have the same element type");
   }
   template <class S, class R>
@@ -148,14 +148,14 @@ class Frontend {
   }
   template <class S, class R>
   Op all_reduce_op(const S& send, R& recv, Reduce red) {
-    same_type<S, R>("all_reduce");
+    same_type<S, R>();
     check(std::ranges::size(send) == std::ranges::size(recv), "all_reduce: send has ", std::ranges::size(send),
           " elements but recv has ", std::ranges::size(recv));
     return make(Collective::all_reduce, send, recv, std::ranges::size(recv), red);
   }
   template <class S, class R>
   Op reduce_scatter_op(const S& send, R& recv, Reduce red) {
-    same_type<S, R>("reduce_scatter");
+    same_type<S, R>();
     const auto c = std::ranges::size(recv);
     check(std::ranges::size(send) == c * n(), "reduce_scatter: send has ", std::ranges::size(send),
           " elements but must hold size()*recv.size() = ", n(), "*", c);
@@ -163,7 +163,7 @@ class Frontend {
   }
   template <class S, class R>
   Op all_gather_op(const S& send, R& recv) {
-    same_type<S, R>("all_gather");
+    same_type<S, R>();
     const auto c = std::ranges::size(send);
     check(std::ranges::size(recv) == c * n(), "all_gather: recv has ", std::ranges::size(recv),
           " elements but must hold size()*send.size() = ", n(), "*", c);
@@ -176,7 +176,7 @@ class Frontend {
   }
   template <class S, class R>
   Op reduce_op(const S& send, R& recv, Reduce red, int root) {
-    same_type<S, R>("reduce");
+    same_type<S, R>();
     check_root("reduce", root);
     if (self().rank() == root)
       check(std::ranges::size(recv) == std::ranges::size(send), "reduce: root's recv has ", std::ranges::size(recv),
@@ -185,7 +185,7 @@ class Frontend {
   }
   template <class S, class R>
   Op all_to_all_op(const S& send, R& recv) {
-    same_type<S, R>("all_to_all");
+    same_type<S, R>();
     const auto total = std::ranges::size(send);
     check(total % n() == 0, "all_to_all: send has ", total, " elements, not a multiple of the group size ", n());
     check(std::ranges::size(recv) == total, "all_to_all: recv has ", std::ranges::size(recv),
@@ -208,7 +208,7 @@ class Frontend {
   }
   template <class S, class C1, class C2, class R, class C3, class C4>
   Op all_to_all_v_op(const S& send, const C1& sc, const C2& sd, R& recv, const C3& rc, const C4& rd) {
-    same_type<S, R>("all_to_all_v");
+    same_type<S, R>();
     Op op = make(Collective::all_to_all_v, send, recv, 0);
     op.send_counts = counts("send_counts", sc);
     op.send_displs = counts("send_displs", sd);

@@ -184,10 +184,7 @@ class LocalComm : public Frontend<LocalComm> {
       g.cv.wait_until(lk, std::min(deadline, now + std::chrono::milliseconds(50)));
     }
   }
-  std::string timeout_text() const {
-    const auto ms = g_->world->options().timeout.count();
-    return ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s");
-  }
+  std::string timeout_text() const { return describe_timeout(g_->world->options().timeout); }
   std::string where(std::uint64_t seq, const Op& op) const {
     return loom::detail::cat(name_of(op.kind), " #", seq, " on group ", g_->info.describe(), " (this is global rank ",
                        g_->info.ranks[me_], ", group rank ", me_, ")");
@@ -231,7 +228,7 @@ class LocalComm : public Frontend<LocalComm> {
                               : where(seq, op);
            }, true);
     }
-    const std::string mismatch = validate(seq, op);
+    const std::string mismatch = validate(seq);
     if (mismatch.empty()) {
       visit_dtype(op.dtype, [&](auto tag) { execute<typename decltype(tag)::type>(seq, op, algo, deadline); });
     }
@@ -251,7 +248,7 @@ class LocalComm : public Frontend<LocalComm> {
   }
 
   //! The same text on every member when the posted operations disagree; empty when they agree.
-  std::string validate(std::uint64_t seq, const Op& mine) const {
+  std::string validate(std::uint64_t seq) const {
     auto& g = *g_;
     const Op& a = *g.mem[0].op;
     for (int q = 1; q < g.n; ++q) {
@@ -273,7 +270,6 @@ class LocalComm : public Frontend<LocalComm> {
                                " sends ", s, " elements to group rank ", q, ", which expects ", r);
         }
     }
-    (void)mine;
     return {};
   }
 

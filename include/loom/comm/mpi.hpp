@@ -197,10 +197,9 @@ class MpiWatch {
       missing += loom::detail::cat(missing.empty() ? "" : ", ", "global rank ", p.group->ranks[i], " (group rank ", i,
                                    v < 0 ? ", did not answer)" : loom::detail::cat(", at #", v, ")"));
     }
-    const auto ms = timeout_.count();
     std::fprintf(stderr, "%s\n",
                  loom::detail::cat("loom: ", p.what, p.slot >= 0 ? loom::detail::cat(" #", p.seq) : std::string(), " on group ", p.group->describe(), " timed out after ",
-                                   ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s"),
+                                   describe_timeout(timeout_),
                                    " on global rank ", rank_, "; ranks that have not entered it: ",
                                    missing.empty() ? std::string("none (it stalled inside MPI)") : missing,
                                    ". Aborting the job.")

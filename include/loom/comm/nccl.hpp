@@ -294,10 +294,8 @@ class NcclComm : public Frontend<NcclComm> {
       const auto now = Clock::now();
       if (now >= deadline) {
         abort_comm();
-        const auto ms = timeout_.count();
         throw TimeoutError(loom::detail::cat(
-            what_of(op, seq), " timed out after ",
-            ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s"), " on global rank ",
+            what_of(op, seq), " timed out after ", describe_timeout(timeout_), " on global rank ",
             global_rank(), " (", describe(op), "); the NCCL communicator was aborted"));
       }
       // Spin briefly for small operations' latency, then stop burning the core.

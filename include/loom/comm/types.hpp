@@ -118,9 +118,14 @@ struct GroupInfo {
   std::vector<int> ranks;
 
   std::string describe() const {
-    std::string s = name + "{";
-    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-    return s + "}";
+    std::string s = name;
+    s += '{';
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(ranks[i]);
+    }
+    s += '}';
+    return s;
   }
 };
 
@@ -183,6 +188,12 @@ inline std::chrono::milliseconds default_timeout() {
     throw Error(loom::detail::cat("loom: LOOM_TIMEOUT_S='", s, "' is not a positive number of seconds"));
   }
   return std::chrono::seconds(300);
+}
+
+//! The timeout as messages print it: "3 s", or "1500 ms" when it is not a whole number of seconds.
+inline std::string describe_timeout(std::chrono::milliseconds t) {
+  const auto ms = t.count();
+  return ms % 1000 ? loom::detail::cat(ms, " ms") : loom::detail::cat(ms / 1000, " s");
 }
 
 //! A short description of an operation for messages: all_reduce(count=8, f32, sum).

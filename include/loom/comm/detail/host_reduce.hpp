@@ -32,12 +32,12 @@ inline void reduce_into(T* __restrict dst, const T* __restrict src, std::size_t 
 template <class T>
 inline void reduce_sources(T* dst, const T* const* srcs, int nsrc, std::size_t n, Reduce op) {
   constexpr std::size_t block = 16384 / sizeof(T);
+  // A source equal to dst must be read before dst is written: start from it.
+  int first = 0;
+  for (int q = 0; q < nsrc; ++q)
+    if (srcs[q] == dst) first = q;
   for (std::size_t at = 0; at < n; at += block) {
     const std::size_t len = std::min(block, n - at);
-    // A source equal to dst must be read before dst is written: start from it.
-    int first = 0;
-    for (int q = 0; q < nsrc; ++q)
-      if (srcs[q] == dst) first = q;
     if (srcs[first] != dst) std::memcpy(dst + at, srcs[first] + at, len * sizeof(T));
     for (int q = 0; q < nsrc; ++q)
       if (q != first) reduce_into(dst + at, srcs[q] + at, len, op);
