@@ -4,11 +4,15 @@
 // this program relaunched under mpirun, so that every row is measured side by side.
 //
 //   collectives [-g ranks] [-b 8] [-e 256M] [-f 2] [-n iters] [-w warmup] [-c 1] [-o all_reduce,all_gather,...]
-//               [--backends local,mpi] [--algos auto|all|ring,...] [--json FILE]
+//               [--backends local,mpi,nccl] [--algos auto|all|ring,...] [--json FILE]
+// nccl needs one GPU per rank (-g 1 on a machine with one GPU).
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #ifdef LOOM_HAS_MPI
 #include <loom/comm/mpi.hpp>
+#endif
+#if defined(LOOM_HAS_MPI) && defined(LOOM_HAS_CUDA)
+#include <loom/comm/nccl.hpp>
 #endif
 
 #include <nlohmann/json.hpp>
@@ -70,7 +74,7 @@ struct BenchOptions {
   std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"};
   std::vector<std::string> backends{"local", "mpi"};
   std::vector<Algorithm> algos{Algorithm::automatic};
-  std::string json, child_out;
+  std::string json, child_out, child_backend = "mpi";
 };
 
 std::size_t parse_size(const std::string& s) {
@@ -122,9 +126,10 @@ BenchOptions parse(int argc, char** argv) {
       else for (auto& s : split(v)) o.algos.push_back(parse_algo(s));
     } else if (a == "--json") o.json = next();
     else if (a == "--child-out") o.child_out = next();
+    else if (a == "--child-backend") o.child_backend = next();
     else if (a == "-h" || a == "--help") {
       std::puts("collectives [-g ranks] [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup] [-c check]\n"
-                "            [-o ops] [--backends local,mpi] [--algos auto|all|ring,...] [--json FILE]");
+                "            [-o ops] [--backends local,mpi,nccl] [--algos auto|all|ring,...] [--json FILE]");
       std::exit(0);
     } else throw Error("loom: unknown flag '" + a + "'");
   }
@@ -162,11 +167,54 @@ std::size_t elems(const std::string& op, std::size_t bytes, int n) {
 
 float value(int rank, std::size_t i) { return static_cast<float>((rank * 3 + i) % 7); }
 
-//! One collective on comm, with buffers of `count` floats for the whole array; returns false on a wrong result.
+//! Send and receive buffers in host memory.
+struct HostBuffers {
+  std::vector<float> s, r;
+  explicit HostBuffers(std::size_t n) : s(n), r(n) {}
+  std::span<float> send() { return s; }
+  std::span<float> recv() { return r; }
+  void put(std::span<const float> send_h, std::span<const float> recv_h) {
+    std::copy(send_h.begin(), send_h.end(), s.begin());
+    std::copy(recv_h.begin(), recv_h.end(), r.begin());
+  }
+  void get_recv(std::span<float> out) { std::copy_n(r.begin(), out.size(), out.begin()); }
+};
+
+#if defined(LOOM_HAS_MPI) && defined(LOOM_HAS_CUDA)
+//! Send and receive buffers in the current GPU's memory, filled and read through host copies.
+struct DeviceBuffers {
+  float* s = nullptr;
+  float* r = nullptr;
+  std::size_t n;
+  explicit DeviceBuffers(std::size_t n_) : n(n_) {
+    LOOM_CUDA(cudaMalloc(&s, n * sizeof(float)));
+    LOOM_CUDA(cudaMalloc(&r, n * sizeof(float)));
+    LOOM_CUDA(cudaMemset(s, 0, n * sizeof(float)));
+    LOOM_CUDA(cudaMemset(r, 0, n * sizeof(float)));
+  }
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    cudaFree(s);
+    cudaFree(r);
+  }
+  std::span<float> send() { return {s, n}; }
+  std::span<float> recv() { return {r, n}; }
+  void put(std::span<const float> send_h, std::span<const float> recv_h) {
+    LOOM_CUDA(cudaMemcpy(s, send_h.data(), send_h.size_bytes(), cudaMemcpyHostToDevice));
+    LOOM_CUDA(cudaMemcpy(r, recv_h.data(), recv_h.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  void get_recv(std::span<float> out) {
+    LOOM_CUDA(cudaMemcpy(out.data(), r, out.size_bytes(), cudaMemcpyDeviceToHost));
+  }
+};
+#endif
+
+//! One collective on comm over the first `count` floats of the buffers (the whole array, as nccl-tests counts).
 template <class Comm>
-void issue(Comm& c, const std::string& op, std::vector<float>& send, std::vector<float>& recv, std::size_t count) {
+void issue(Comm& c, const std::string& op, std::span<float> send, std::span<float> recv, std::size_t count) {
   const int n = c.size();
-  std::span<float> s(send.data(), count), r(recv.data(), count);
+  auto s = send.first(count), r = recv.first(count);
   if (op == "all_reduce") c.all_reduce(s, r);
   else if (op == "reduce_scatter") c.reduce_scatter(s, r.first(count / n));
   else if (op == "all_gather") c.all_gather(s.first(count / n), r);
@@ -176,12 +224,16 @@ void issue(Comm& c, const std::string& op, std::vector<float>& send, std::vector
   else throw Error("loom: unknown collective '" + op + "'");
 }
 
-template <class Comm>
-bool verify(Comm& c, const std::string& op, std::vector<float>& send, std::vector<float>& recv, std::size_t count) {
+//! Runs op once on known data and checks the result on every rank; true when every rank was right.
+template <class Comm, class Buffers>
+bool verify(Comm& c, const std::string& op, Buffers& buf, std::size_t count) {
   const int n = c.size(), me = c.rank();
+  std::vector<float> send(count), recv(count);
   for (std::size_t i = 0; i < count; ++i) send[i] = value(me, i);
   for (std::size_t i = 0; i < count; ++i) recv[i] = op == "broadcast" ? (me == 0 ? value(0, i) : -1.0f) : -1.0f;
-  issue(c, op, send, recv, count);
+  buf.put(send, recv);
+  issue(c, op, buf.send(), buf.recv(), count);
+  buf.get_recv(recv);
   auto sum = [&](std::size_t i) {
     float s = 0;
     for (int q = 0; q < n; ++q) s += value(q, i);
@@ -201,30 +253,31 @@ bool verify(Comm& c, const std::string& op, std::vector<float>& send, std::vecto
     ok = recv[i] == want;
   }
   // Every rank must agree that every rank was right.
-  std::vector<int> flag{ok ? 1 : 0};
-  c.all_reduce(flag, Reduce::min);
-  return flag[0] == 1;
+  std::vector<float> flag(1, ok ? 1.0f : 0.0f), none(1);
+  buf.put(flag, none);
+  c.all_reduce(buf.send().first(1), buf.recv().first(1), Reduce::min);
+  buf.get_recv(flag);
+  return flag[0] == 1.0f;
 }
 
-//! Times op on the world communicator of a context; rank 0 fills rows.
-template <class Comm>
+//! Times each collective of o.ops on comm over buffers made by Buffers(elements); rank 0 fills rows.
+template <class Buffers = HostBuffers, class Comm>
 void run_rows(Comm& c, const BenchOptions& o, const std::string& backend, const std::string& algo, std::vector<Row>& rows) {
   const int n = c.size();
-  std::vector<float> send(o.max_bytes / sizeof(float) + n), recv(o.max_bytes / sizeof(float) + n);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(c.rank(), i);
+  Buffers buf(o.max_bytes / sizeof(float) + n);
   for (const auto& op : o.ops) {
     if (algo != "auto" && op != "all_reduce") continue;
     for (std::size_t bytes : sizes(o)) {
       const std::size_t count = elems(op, bytes, n);
       if (count == 0) continue;
       const int it = iters_for(o, bytes), wu = warmup_for(o, bytes);
-      for (int i = 0; i < wu; ++i) issue(c, op, send, recv, count);
+      for (int i = 0; i < wu; ++i) issue(c, op, buf.send(), buf.recv(), count);
       c.barrier();
       const auto t0 = Clock::now();
-      for (int i = 0; i < it; ++i) issue(c, op, send, recv, count);
+      for (int i = 0; i < it; ++i) issue(c, op, buf.send(), buf.recv(), count);
       c.barrier();
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / it;
-      const bool ok = !o.check || verify(c, op, send, recv, count);
+      const bool ok = !o.check || verify(c, op, buf, count);
       if (c.rank() == 0) {
         rows.push_back(make_row(op, backend, algo, n, count * sizeof(float), us, bus_factor(op, n), ok));
       }
@@ -256,11 +309,12 @@ void run_local_rows(const BenchOptions& o, std::vector<Row>& rows) {
 
 void local_rows(const BenchOptions& o, std::vector<Row>& rows) {
   switch (o.ranks) {
+    case 1: return run_local_rows<1>(o, rows);
     case 2: return run_local_rows<2>(o, rows);
     case 4: return run_local_rows<4>(o, rows);
     case 8: return run_local_rows<8>(o, rows);
     case 16: return run_local_rows<16>(o, rows);
-    default: throw Error("loom: -g must be 2, 4, 8 or 16, got " + std::to_string(o.ranks));
+    default: throw Error("loom: -g must be 1, 2, 4, 8 or 16, got " + std::to_string(o.ranks));
   }
 }
 
@@ -277,7 +331,9 @@ int mpi_child(int argc, char** argv, const BenchOptions& o) {
     std::erase(rest.ops, std::string("all_reduce"));
     run_rows(c, rest, "mpi", "auto", rows);
     if (std::find(o.ops.begin(), o.ops.end(), "all_reduce") == o.ops.end()) return;
-    std::vector<float> send(o.max_bytes / sizeof(float)), recv(send.size());
+    HostBuffers buf(o.max_bytes / sizeof(float));
+    auto& send = buf.s;
+    auto& recv = buf.r;
     for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(c.rank(), i);
     auto timed = [&](auto&& once, int it) {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -301,7 +357,7 @@ int mpi_child(int argc, char** argv, const BenchOptions& o) {
         best_ours = std::min(best_ours, timed(ours, it));
         best_raw = std::min(best_raw, timed(raw, it));
       }
-      const bool ok = !o.check || verify(c, "all_reduce", send, recv, count);
+      const bool ok = !o.check || verify(c, "all_reduce", buf, count);
       for (std::size_t i = 0; i < count; ++i) send[i] = value(c.rank(), i);
       if (ctx.rank() == 0) {
         for (auto [backend, algo, us] : {std::tuple{"mpi", "best of 3", best_ours},
@@ -311,6 +367,23 @@ int mpi_child(int argc, char** argv, const BenchOptions& o) {
         }
       }
     }
+    if (ctx.rank() == 0) {
+      std::ofstream f(o.child_out);
+      f << nlohmann::json(rows).dump();
+    }
+  });
+  return rc;
+}
+#endif
+
+#if defined(LOOM_HAS_MPI) && defined(LOOM_HAS_CUDA)
+//! Under mpirun, one rank per GPU: the Nccl backend's rows over device buffers. Each blocking operation waits for
+//! its completion on the host, so small sizes include that round trip.
+template <int N>
+int nccl_child(int argc, char** argv, const BenchOptions& o) {
+  std::vector<Row> rows;
+  const int rc = run_nccl<Parallel<DP<N>>>(argc, argv, [&](auto& ctx) {
+    run_rows<DeviceBuffers>(ctx.world(), o, "nccl", "auto", rows);
     if (ctx.rank() == 0) {
       std::ofstream f(o.child_out);
       f << nlohmann::json(rows).dump();
@@ -334,13 +407,25 @@ int main(int argc, char** argv) {
   try {
     BenchOptions o = parse(argc, argv);
 #ifdef LOOM_HAS_MPI
-    if (!o.child_out.empty()) {
+    if (!o.child_out.empty() && o.child_backend == "mpi") {
       switch (o.ranks) {
+        case 1: return mpi_child<1>(argc, argv, o);
         case 2: return mpi_child<2>(argc, argv, o);
         case 4: return mpi_child<4>(argc, argv, o);
         case 8: return mpi_child<8>(argc, argv, o);
         case 16: return mpi_child<16>(argc, argv, o);
-        default: throw Error("loom: -g must be 2, 4, 8 or 16");
+        default: throw Error("loom: -g must be 1, 2, 4, 8 or 16");
+      }
+    }
+#endif
+#if defined(LOOM_HAS_MPI) && defined(LOOM_HAS_CUDA)
+    if (!o.child_out.empty() && o.child_backend == "nccl") {
+      switch (o.ranks) {
+        case 1: return nccl_child<1>(argc, argv, o);
+        case 2: return nccl_child<2>(argc, argv, o);
+        case 4: return nccl_child<4>(argc, argv, o);
+        case 8: return nccl_child<8>(argc, argv, o);
+        default: throw Error("loom: -g must be 1, 2, 4 or 8 for nccl");
       }
     }
 #endif
@@ -353,12 +438,16 @@ int main(int argc, char** argv) {
     for (const auto& b : o.backends) {
       if (b == "local") {
         local_rows(o, rows);
-      } else if (b == "mpi") {
+      } else if (b == "mpi" || b == "nccl") {
 #ifdef LOOM_HAS_MPI
-        // Relaunch this program under mpirun for the Mpi rows and raw MPI_Allreduce.
-        const std::string out = "/tmp/loom-collectives-" + std::to_string(::getpid()) + ".json";
+#ifndef LOOM_HAS_CUDA
+        LOOM_CHECK(b != "nccl", "this build has no CUDA (configure with LOOM_WITH_CUDA=ON)");
+#endif
+        // Relaunch this program under mpirun, one process per rank, for these rows.
+        const std::string out = "/tmp/loom-collectives-" + b + "-" + std::to_string(::getpid()) + ".json";
         std::ostringstream cmd;
-        cmd << "mpirun --oversubscribe --bind-to none -np " << o.ranks << " " << argv[0] << " --child-out " << out;
+        cmd << "mpirun --oversubscribe --bind-to none -np " << o.ranks << " " << argv[0] << " --child-out " << out
+            << " --child-backend " << b;
         for (int i = 1; i < argc; ++i) {
           const std::string a = argv[i];
           if (a == "--json" || a == "--backends") { ++i; continue; }
@@ -367,7 +456,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         const int rc = std::system(cmd.str().c_str());
         std::ifstream f(out);
-        LOOM_CHECK(rc == 0 && f, "the Mpi part failed (", cmd.str(), " exited with ", rc, ")");
+        LOOM_CHECK(rc == 0 && f, "the ", b, " part failed (", cmd.str(), " exited with ", rc, ")");
         auto more = nlohmann::json::parse(f).get<std::vector<Row>>();
         rows.insert(rows.end(), more.begin(), more.end());
         std::remove(out.c_str());
@@ -375,7 +464,7 @@ int main(int argc, char** argv) {
         throw Error("loom: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
       } else {
-        throw Error("loom: unknown backend '" + b + "' (local, mpi; nccl: bench/collectives_nccl)");
+        throw Error("loom: unknown backend '" + b + "' (local, mpi, nccl)");
       }
     }
     print(rows);
