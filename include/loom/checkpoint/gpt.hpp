@@ -1,0 +1,93 @@
+// A GPT's checkpoint as Hugging Face writes GPT-2: DIR/model.safetensors with the tensors named and shaped as
+// GPT2Model's (wte.weight, h.0.attn.c_attn.weight [d, 3d], ...) and DIR/config.json with GPT2Config's keys.
+#pragma once
+
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/models/gpt.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace loom::checkpoint {
+
+//! config.json of a GPT shape (n_kv_head only where it differs from n_head).
+inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps = 1e-5f) {
+  nlohmann::ordered_json c = {{"model_type", "gpt2"},         {"architectures", {"GPT2LMHeadModel"}},
+                              {"n_layer", s.layers},          {"n_head", s.heads},
+                              {"n_embd", s.d_model},          {"n_positions", s.max_seq},
+                              {"n_ctx", s.max_seq},           {"vocab_size", s.vocab},
+                              {"layer_norm_epsilon", ln_eps}, {"activation_function", "gelu_new"},
+                              {"tie_word_embeddings", true}};
+  if (s.kv_heads != s.heads) c["n_kv_head"] = s.kv_heads;
+  return c;
+}
+
+//! Writes DIR/model.safetensors and DIR/config.json, each under a temporary name that is then renamed.
+template <models::GptShape S, class T>
+void save_gpt(const std::string& dir, const models::Gpt<S, T>& model) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("loom: cannot create the directory " + dir + ": " + ec.message());
+  std::vector<std::pair<std::string, StoredTensor>> tensors;
+  for (const auto& s : model.specs()) {
+    StoredTensor t;
+    t.dtype = dtype_of<T>;
+    t.shape = s.shape;
+    t.data = model.params().data() + s.offset;
+    t.byte_count = static_cast<std::size_t>(numel_of(s.shape)) * sizeof(T);
+    tensors.emplace_back(s.name, std::move(t));
+  }
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  const std::string cfg = dir + "/config.json", tmp = cfg + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << gpt_config(S, model.options().ln_eps).dump(2) << "\n";
+    if (!f) throw Error("loom: writing " + tmp + " failed");
+  }
+  std::filesystem::rename(tmp, cfg, ec);
+  if (ec) throw Error("loom: cannot rename " + tmp + " to " + cfg + ": " + ec.message());
+}
+
+//! Reads DIR into model. The shape in DIR/config.json must be the model's; every parameter must be present with
+//! its shape (dtypes are converted). Names may carry Hugging Face's "transformer." prefix.
+template <models::GptShape S, class T>
+void load_gpt(const std::string& dir, models::Gpt<S, T>& model) {
+  const std::string cfg_file = dir + "/config.json";
+  std::ifstream cf(cfg_file);
+  if (!cf) throw Error("loom: cannot open " + cfg_file);
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(cf);
+  } catch (const std::exception& e) {
+    throw Error("loom: " + cfg_file + " is not valid JSON: " + e.what());
+  }
+  const int kv = c.contains("n_kv_head") ? c["n_kv_head"].get<int>() : c.value("n_head", -1);
+  const std::array<std::pair<const char*, int>, 6> want{{{"n_layer", S.layers}, {"n_head", S.heads},
+                                                         {"n_embd", S.d_model}, {"n_positions", S.max_seq},
+                                                         {"vocab_size", S.vocab}, {"n_kv_head", S.kv_heads}}};
+  for (const auto& [key, value] : want) {
+    const int got = std::string(key) == "n_kv_head" ? kv : c.value(key, -1);
+    if (got != value)
+      throw Error(loom::detail::cat("loom: ", cfg_file, " has ", key, " = ", got, " but the model has ", value));
+  }
+  auto stored = read_safetensors(dir + "/model.safetensors");
+  for (const auto& s : model.specs()) {
+    auto it = stored.find(s.name);
+    if (it == stored.end()) it = stored.find("transformer." + s.name);
+    if (it == stored.end()) throw Error("loom: " + dir + "/model.safetensors has no tensor " + s.name);
+    const StoredTensor& t = it->second;
+    if (t.shape != s.shape)
+      throw Error("loom: " + dir + "/model.safetensors: " + s.name + " has shape " + to_string(t.shape) +
+                  " but the model needs " + to_string(s.shape));
+    T* dst = model.params().data() + s.offset;
+    visit_dtype(t.dtype, [&](auto tag) {
+      using U = typename decltype(tag)::type;
+      const auto n = static_cast<std::size_t>(numel_of(s.shape));
+      std::vector<U> src(n);
+      std::memcpy(src.data(), t.bytes.data(), n * sizeof(U));
+      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]));
+    });
+  }
+}
+
+}  // namespace loom::checkpoint

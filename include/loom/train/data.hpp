@@ -1,0 +1,98 @@
+// Token data for training: a byte file (each byte one token of a 256-entry vocabulary) or a deterministic built-in
+// corpus, and the batches drawn from it in sequential or seeded-shuffle order, the same whatever the layout.
+#pragma once
+
+#include <loom/core/error.hpp>
+#include <loom/core/random.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace loom::train {
+
+//! Reads a file as tokens, one per byte. An unreadable or empty file, or one too short for a window of seq + 1
+//! tokens, is an error naming the file and the sizes.
+inline std::vector<std::int32_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("loom: cannot open the data file '" + path + "'");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) throw Error("loom: the data file '" + path + "' is empty");
+  std::vector<std::int32_t> tokens(bytes.size());
+  for (std::size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+  return tokens;
+}
+
+//! A deterministic English-like corpus of about `bytes` bytes: sentences drawn from a small grammar by a seeded
+//! counter-based generator, so every machine and every run sees the same text.
+inline std::vector<std::int32_t> builtin_corpus(std::size_t bytes = 1 << 20, std::uint64_t seed = 1) {
+  static const char* subjects[] = {"the weaver", "a small loom", "the old mill", "every thread", "the river",
+                                   "a quiet town", "the north wind", "my grandmother", "the red cloth", "a child"};
+  static const char* verbs[] = {"carries", "remembers", "follows", "pulls", "crosses", "holds", "finds", "turns",
+                                "warms", "watches"};
+  static const char* objects[] = {"the morning light", "a long blue line", "the sound of water", "seven colours",
+                                  "the hill road", "an empty basket", "the market square", "a wooden frame",
+                                  "the winter stars", "a bright pattern"};
+  static const char* endings[] = {".", ".", ".", "!", "?", ", and then it rests.", " again and again.",
+                                  " before the rain.", " without a word.", " all day long."};
+  std::string text;
+  text.reserve(bytes + 128);
+  const auto k = random::key(seed, 0x636f72707573);
+  for (std::uint64_t i = 0; text.size() < bytes; ++i) {
+    auto pick = [&](std::uint64_t j, std::size_t n) {
+      return static_cast<std::size_t>(random::uniform(k, 4 * i + j) * static_cast<double>(n));
+    };
+    std::string s = std::string(subjects[pick(0, 10)]) + " " + verbs[pick(1, 10)] + " " + objects[pick(2, 10)] +
+                    endings[pick(3, 10)];
+    s[0] = static_cast<char>(s[0] - 'a' + 'A');
+    text += s;
+    text += (i % 5 == 4) ? "\n" : " ";
+  }
+  return std::vector<std::int32_t>(text.begin(), text.end());
+}
+
+enum class BatchOrder { sequential, shuffle };
+
+//! Draws batches of B sequences of T tokens (inputs, and targets shifted by one). In sequential order row r of
+//! batch b is the window starting at ((b*B + r)*T) mod (N - T - 1); in shuffle order at a seeded position.
+class Batches {
+ public:
+  Batches(std::vector<std::int32_t> tokens, int B, int T, BatchOrder order = BatchOrder::sequential,
+          std::uint64_t seed = 0)
+      : tokens_(std::move(tokens)), B_(B), T_(T), order_(order), seed_(seed) {
+    LOOM_CHECK(B >= 1 && T >= 1, "batches of ", B, " sequences of ", T, " tokens");
+    LOOM_CHECK(tokens_.size() >= static_cast<std::size_t>(T) + 2, "the data holds ", tokens_.size(),
+               " tokens, too few for one sequence of ", T, " tokens and its targets (", T + 2, " needed)");
+  }
+
+  //! The window start of row r of batch b.
+  std::int64_t start(std::int64_t b, int r) const {
+    const std::int64_t span = static_cast<std::int64_t>(tokens_.size()) - T_ - 1;
+    const std::int64_t i = b * B_ + r;
+    if (order_ == BatchOrder::sequential) return (i * T_) % span;
+    return static_cast<std::int64_t>(random::uniform(random::key(seed_, 0x73687566), static_cast<std::uint64_t>(i)) *
+                                     static_cast<double>(span));
+  }
+
+  //! Rows [r0, r0 + rows) of batch b into inputs and targets (rows*T each).
+  void fill(std::int64_t b, int r0, int rows, std::int32_t* inputs, std::int32_t* targets) const {
+    for (int r = 0; r < rows; ++r) {
+      const auto s = start(b, r0 + r);
+      for (int t = 0; t < T_; ++t) {
+        inputs[r * T_ + t] = tokens_[s + t];
+        targets[r * T_ + t] = tokens_[s + t + 1];
+      }
+    }
+  }
+
+  std::size_t tokens() const { return tokens_.size(); }
+
+ private:
+  std::vector<std::int32_t> tokens_;
+  int B_, T_;
+  BatchOrder order_;
+  std::uint64_t seed_;
+};
+
+}  // namespace loom::train
