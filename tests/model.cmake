@@ -2,3 +2,44 @@
 if(nlohmann_json_FOUND)
   loom_add_test(test_tensor test_tensor.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
 endif()
+if(nlohmann_json_FOUND)
+  loom_add_test(test_gpt test_gpt.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
+endif()
+if(nlohmann_json_FOUND)
+  # The model against PyTorch (Debian's python3-torch); skipped where it is missing.
+  add_executable(test_gpt_torch test_gpt_torch.cpp)
+  target_link_libraries(test_gpt_torch PRIVATE loom::loom nlohmann_json::nlohmann_json)
+  target_compile_definitions(test_gpt_torch PRIVATE LOOM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  add_test(NAME test_gpt_torch COMMAND test_gpt_torch)
+  set_tests_properties(test_gpt_torch PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
+if(TARGET train_gpt)
+  # train_gpt: bad input ends in one clear message and a non-zero exit; a checkpoint saved by one run loads in another.
+  set(_tg $<TARGET_FILE:train_gpt>)
+  set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/empty.txt "")
+  # name | arguments separated by ^ | text the message must contain
+  foreach(case
+      "missing_data|--data^/nonexistent/corpus.txt|loom: cannot open the data file '/nonexistent/corpus.txt'"
+      "empty_data|--data^${CMAKE_CURRENT_BINARY_DIR}/empty.txt|is empty"
+      "seq_too_long|--seq^500|loom: --seq 500 is longer than the model's max_seq 128"
+      "unknown_flag|--colour^red|loom: unknown flag '--colour'"
+      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
+      "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
+      "non_finite_loss|--lr^1e30^--grad-clip^0^--steps^20|loom: the"
+      "too_many_ranks|--parallel^tp2,dp2|loom: --parallel tp2,dp2 needs 4 ranks")
+    string(REPLACE "|" ";" parts "${case}")
+    list(GET parts 0 name)
+    list(GET parts 1 args)
+    list(GET parts 2 expect)
+    string(REPLACE "^" ";" args "${args}")
+    add_test(NAME train_gpt_rejects_${name}
+      COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};--no-progress;${args}" "-DEXPECT=${expect}" -P ${_ef})
+    set_tests_properties(train_gpt_rejects_${name} PROPERTIES LABELS "model;failure")
+  endforeach()
+  add_test(NAME train_gpt_save_and_init_from
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_ckpt
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_checkpoint.cmake)
+  set_tests_properties(train_gpt_save_and_init_from PROPERTIES LABELS model)
+endif()

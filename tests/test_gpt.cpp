@@ -1,0 +1,178 @@
+// The single-rank GPT: its gradient against finite differences in double, recompute and micro-batching that change
+// nothing, the split of backward into input and weight parts, checkpoints in the Hugging Face layout, and training
+// that lowers the loss.
+#include "catch.hpp"
+
+#include <loom/checkpoint/gpt.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/train/data.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+using namespace loom;
+using models::Gpt;
+using models::GptOptions;
+using models::GptShape;
+
+namespace {
+
+constexpr GptShape gqa{2, 4, 2, 16, 13, 8};  // 4 query heads over 2 key/value heads, head_dim 4
+constexpr GptShape mha{1, 2, 2, 8, 11, 6};
+
+struct Batch {
+  std::vector<std::int32_t> ids, targets;
+};
+Batch batch(int B, int T, int vocab, int salt = 0) {
+  Batch b;
+  for (int i = 0; i < B * T; ++i) {
+    b.ids.push_back((i * 7 + salt) % vocab);
+    b.targets.push_back((i * 5 + 3 + salt) % vocab);
+  }
+  return b;
+}
+
+//! The largest element difference relative to the largest element of a.
+double max_rel_diff(const Tensor<double>& a, const Tensor<double>& b) {
+  double m = 0, scale = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    m = std::max(m, std::abs(a.data()[i] - b.data()[i]));
+    scale = std::max(scale, std::abs(a.data()[i]));
+  }
+  return m / scale;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE_SIG("the gradient of the loss matches central finite differences", "[gpt]",
+                       ((GptShape S), S), (gqa), (mha)) {
+  GptOptions o;
+  o.dropout = GENERATE(0.0f, 0.2f);
+  Gpt<S, double> m(42, o);
+  const int B = 2, T = S.max_seq - 1;
+  const auto b = batch(B, T, S.vocab);
+  m.zero_grad();
+  m.forward(b.ids.data(), b.targets.data(), B, T, 3);
+  m.backward();
+  const Tensor<double> g = m.grads().clone();
+  // Probe elements of every parameter: first, last and one in the middle.
+  int probes = 0;
+  for (const auto& s : m.specs()) {
+    const auto n = numel_of(s.shape);
+    for (std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
+      double& w = m.params().data()[s.offset + i];
+      const double keep = w, h = 1e-5;
+      w = keep + h;
+      const double up = m.forward(b.ids.data(), b.targets.data(), B, T, 3);
+      w = keep - h;
+      const double down = m.forward(b.ids.data(), b.targets.data(), B, T, 3);
+      w = keep;
+      const double numeric = (up - down) / (2 * h), analytic = g.data()[s.offset + i];
+      INFO(s.name << "[" << i << "] numeric " << numeric << " analytic " << analytic);
+      CHECK(std::abs(numeric - analytic) <= 1e-8 + 1e-6 * std::abs(analytic));
+      ++probes;
+    }
+  }
+  CHECK(probes == 3 * static_cast<int>(m.specs().size()));
+}
+
+TEST_CASE("recompute, micro-batching and the split backward change nothing", "[gpt]") {
+  const int B = 4, T = 7;
+  const auto b = batch(B, T, gqa.vocab, 1);
+  GptOptions plain, recompute;
+  plain.dropout = recompute.dropout = 0.1f;
+  recompute.recompute = true;
+  Gpt<gqa, double> a(7, plain), r(7, recompute), mb(7, plain);
+  a.zero_grad(), r.zero_grad(), mb.zero_grad();
+  const double la = a.forward(b.ids.data(), b.targets.data(), B, T, 5);
+  a.backward();
+  const double lr = r.forward(b.ids.data(), b.targets.data(), B, T, 5);
+  r.backward();
+  CHECK(la == lr);
+  CHECK(max_rel_diff(a.grads(), r.grads()) == 0.0);
+  // Two micro-batches of two rows: the same loss and gradient, dropout included (keyed by global row).
+  double lm = 0;
+  for (int k = 0; k < 2; ++k) {
+    lm += mb.forward(b.ids.data() + k * 2 * T, b.targets.data() + k * 2 * T, 2, T, 5, k * 2) / 2;
+    mb.backward(0.5);
+  }
+  CHECK(std::abs(lm - la) <= 1e-12 * std::abs(la));
+  CHECK(max_rel_diff(a.grads(), mb.grads()) < 1e-13);
+}
+
+TEST_CASE("a checkpoint round-trips in the Hugging Face GPT-2 layout", "[gpt][checkpoint]") {
+  const auto dir = (std::filesystem::temp_directory_path() / "loom-gpt-ckpt").string();
+  std::filesystem::remove_all(dir);
+  Gpt<gqa, float> a(1), b(2);
+  checkpoint::save_gpt(dir, a);
+  CHECK(std::filesystem::exists(dir + "/model.safetensors"));
+  CHECK(!std::filesystem::exists(dir + "/model.safetensors.tmp"));
+  const auto stored = checkpoint::read_safetensors(dir + "/model.safetensors");
+  CHECK(stored.at("h.1.attn.c_attn.weight").shape == std::vector<std::int64_t>{16, (4 + 2 * 2) * 4});
+  CHECK(stored.at("h.0.mlp.c_proj.weight").shape == std::vector<std::int64_t>{64, 16});
+  CHECK(stored.at("wte.weight").shape == std::vector<std::int64_t>{13, 16});
+  std::ifstream cfg(dir + "/config.json");
+  const auto c = nlohmann::json::parse(cfg);
+  CHECK(c["n_layer"] == 2);
+  CHECK(c["n_kv_head"] == 2);
+  CHECK(c["vocab_size"] == 13);
+  checkpoint::load_gpt(dir, b);
+  CHECK(std::equal(a.params().data(), a.params().data() + a.params().numel(), b.params().data()));
+  // Into another precision.
+  Gpt<gqa, double> d(3);
+  checkpoint::load_gpt(dir, d);
+  CHECK(d.params().data()[17] == static_cast<double>(a.params().data()[17]));
+  // Into another shape: an error naming the mismatch.
+  Gpt<mha, float> other(1);
+  CHECK_THROWS_WITH(checkpoint::load_gpt(dir, other),
+                    "loom: " + dir + "/config.json has n_layer = 2 but the model has 1");
+}
+
+TEST_CASE("bad input to the model is reported", "[gpt]") {
+  Gpt<mha, float> m(1);
+  auto b = batch(1, 7, mha.vocab);
+  CHECK_THROWS_WITH(m.forward(b.ids.data(), b.targets.data(), 1, 7),
+                    "loom: sequence length 7 is outside 1..6 (the model's max_seq)");
+  b.ids[2] = 11;
+  CHECK_THROWS_WITH(m.forward(b.ids.data(), b.targets.data(), 1, 6),
+                    "loom: token 11 at position 2 is outside the vocabulary 0..10");
+  CHECK_THROWS_WITH(m.backward(), "loom: backward() before forward()");
+  CHECK_THROWS_WITH(m.param("h.9.ln_1.weight"), "loom: the model has no parameter named 'h.9.ln_1.weight'");
+  CHECK(m.param("h.0.attn.c_attn.weight").shape() == Shape{8, 24});
+}
+
+TEST_CASE("initialisation does not depend on anything but the seed", "[gpt]") {
+  Gpt<gqa, double> a(5), b(5), c(6);
+  CHECK(std::equal(a.params().data(), a.params().data() + a.params().numel(), b.params().data()));
+  CHECK(a.params().data()[100] != c.params().data()[100]);
+  CHECK(a.param("h.0.ln_1.weight")(3) == 1.0);
+  CHECK(a.param("h.1.mlp.c_fc.bias")(5) == 0.0);
+  // std 0.02 for c_attn
+  const auto w = a.param("h.0.attn.c_attn.weight");
+  double ss = 0;
+  for (std::int64_t i = 0; i < w.numel(); ++i) ss += w.data()[i] * w.data()[i];
+  CHECK(std::sqrt(ss / w.numel()) == Approx(0.02).epsilon(0.15));
+}
+
+TEST_CASE("training lowers the loss on the built-in corpus", "[gpt][train]") {
+  constexpr GptShape s{2, 2, 2, 32, 256, 32};
+  Gpt<s, float> m(1);
+  optim::AdamW<float> opt(m.specs(), s.params(), {0.9f, 0.999f, 1e-8f, 0.0f});
+  train::Batches data(train::builtin_corpus(1 << 16), 8, 32);
+  std::vector<std::int32_t> in(8 * 32), tg(8 * 32);
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    data.fill(step, 0, 8, in.data(), tg.data());
+    m.zero_grad();
+    last = m.forward(in.data(), tg.data(), 8, 32);
+    if (step == 0) first = last;
+    m.backward();
+    optim::clip_grad_norm(m.grads(), 1.0);
+    opt.step(m.params(), m.grads(), 1e-2f);
+  }
+  INFO("first " << first << " last " << last);
+  CHECK(first == Approx(std::log(256.0)).epsilon(0.02));
+  CHECK(last < first - 1.5);
+}
