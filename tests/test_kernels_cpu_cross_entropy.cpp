@@ -1,0 +1,131 @@
+// Cross-entropy: the whole-vocabulary forms against a direct log-softmax and finite differences; vocabulary
+// slices combined through their partials against one slice; float, bf16 and fp16 against double.
+#include "catch.hpp"
+#include "test_kernels_cpu_support.hpp"
+
+#include <limits>
+
+using namespace kt;
+
+namespace {
+
+struct CeResult {
+  std::vector<double> losses, dlogits;
+};
+
+//! One slice: cross_entropy_forward, then ce_backward with dloss.
+CeResult ce_full(const std::vector<double>& logits, const std::vector<std::int32_t>& targets,
+                 const std::vector<double>& dloss, int R, int V) {
+  CeResult res{std::vector<double>(R), std::vector<double>(logits.size())};
+  std::vector<double> mx(R), se(R);
+  k::cross_entropy_forward(logits.data(), targets.data(), res.losses.data(), mx.data(), se.data(), R, V);
+  k::ce_backward(logits.data(), targets.data(), mx.data(), se.data(), dloss.data(), res.dlogits.data(), R, V, 0);
+  return res;
+}
+
+//! Slices of the given widths, combined as the header describes (the all-reduces done by hand).
+CeResult ce_sharded(const std::vector<double>& logits, const std::vector<std::int32_t>& targets,
+                    const std::vector<double>& dloss, int R, int V, const std::vector<int>& widths) {
+  const std::size_t S = widths.size();
+  std::vector<std::vector<double>> slices(S), local_max(S, std::vector<double>(R)), sumexp(S, std::vector<double>(R)),
+      target(S, std::vector<double>(R));
+  std::vector<int> v0(S);
+  for (std::size_t s = 0, start = 0; s < S; start += std::size_t(widths[s]), ++s) {
+    v0[s] = int(start);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < widths[s]; ++v) slices[s].push_back(logits[std::size_t(r) * V + start + v]);
+    k::ce_partials(slices[s].data(), local_max[s].data(), sumexp[s].data(), R, widths[s]);
+    k::ce_target_logit(slices[s].data(), targets.data(), target[s].data(), R, widths[s], v0[s]);
+  }
+  std::vector<double> gmax(R, -std::numeric_limits<double>::infinity()), gsum(R, 0.0), gtarget(R, 0.0);
+  for (std::size_t s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) gmax[r] = std::max(gmax[r], local_max[s][r]);
+  for (std::size_t s = 0; s < S; ++s) {
+    k::ce_rescale<double>(local_max[s].data(), gmax.data(), sumexp[s].data(), R);
+    for (int r = 0; r < R; ++r) {
+      gsum[r] += sumexp[s][r];
+      gtarget[r] += target[s][r];
+    }
+  }
+  CeResult res{std::vector<double>(R), std::vector<double>(logits.size())};
+  k::ce_losses<double>(gmax.data(), gsum.data(), gtarget.data(), res.losses.data(), R);
+  for (std::size_t s = 0; s < S; ++s) {
+    std::vector<double> d(slices[s].size());
+    k::ce_backward(slices[s].data(), targets.data(), gmax.data(), gsum.data(), dloss.data(), d.data(), R, widths[s],
+                   v0[s]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < widths[s]; ++v)
+        res.dlogits[std::size_t(r) * V + v0[s] + v] = d[std::size_t(r) * widths[s] + v];
+  }
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("cross-entropy equals -log softmax and its backward matches finite differences",
+          "[kernels][cross_entropy][backward]") {
+  const int R = 5, V = 11;
+  auto logits = random_vector(R * V, 1, -4, 4);
+  for (int v = 0; v < V; ++v) logits[V + v] += 700;  // a row whose naive exp overflows
+  const std::vector<std::int32_t> targets = {0, 10, 3, 3, 7};
+  const auto dloss = random_vector(R, 2);
+  const auto res = ce_full(logits, targets, dloss, R, V);
+  for (int r = 0; r < R; ++r) {
+    double mx = -1e300, s = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[r * V + v]);
+    for (int v = 0; v < V; ++v) s += std::exp(logits[r * V + v] - mx);
+    REQUIRE(std::abs(res.losses[r] - (std::log(s) + mx - logits[r * V + targets[r]])) < 1e-15 * (1 + std::abs(mx)));
+  }
+  // Finite differences on the unshifted logits (a shift leaves the gradient alone, but costs digits in the loss).
+  auto plain = logits;
+  for (int v = 0; v < V; ++v) plain[V + v] -= 700;
+  auto loss = [&](const std::vector<double>& l) { return dot(ce_full(l, targets, dloss, R, V).losses, dloss); };
+  REQUIRE(rel_err(ce_full(plain, targets, dloss, R, V).dlogits, res.dlogits) < 1e-12);
+  REQUIRE(fd_error(loss, plain, res.dlogits) < 1e-8);
+
+  // In place: dlogits over logits.
+  std::vector<double> mx(R), se(R), losses(R);
+  auto inplace = logits;
+  k::cross_entropy_forward(inplace.data(), targets.data(), losses.data(), mx.data(), se.data(), R, V);
+  k::ce_backward(inplace.data(), targets.data(), mx.data(), se.data(), dloss.data(), inplace.data(), R, V, 0);
+  REQUIRE(inplace == res.dlogits);
+}
+
+TEST_CASE("cross-entropy over vocabulary slices equals one slice", "[kernels][cross_entropy]") {
+  const int R = 7, V = 23;
+  auto logits = random_vector(R * V, 3, -5, 5);
+  logits[2 * V + 20] = 30;  // one row's max in the last slice
+  const std::vector<std::int32_t> targets = {0, 7, 8, 15, 22, 16, 5};  // in every slice, on the boundaries
+  const auto dloss = random_vector(R, 4);
+  const auto full = ce_full(logits, targets, dloss, R, V);
+  const auto three = ce_sharded(logits, targets, dloss, R, V, {8, 8, 7});
+  REQUIRE(rel_err(three.losses, full.losses) < 1e-12);
+  REQUIRE(rel_err(three.dlogits, full.dlogits) < 1e-12);
+  const auto with_empty = ce_sharded(logits, targets, dloss, R, V, {5, 0, 17, 1});
+  REQUIRE(rel_err(with_empty.losses, full.losses) < 1e-12);
+  REQUIRE(rel_err(with_empty.dlogits, full.dlogits) < 1e-12);
+
+  auto loss = [&](const std::vector<double>& l) {
+    return dot(ce_sharded(l, targets, dloss, R, V, {8, 8, 7}).losses, dloss);
+  };
+  REQUIRE(fd_error(loss, logits, three.dlogits) < 1e-8);
+}
+
+TEMPLATE_TEST_CASE("cross-entropy in float, bf16 and fp16 against double", "[kernels][cross_entropy][dtype]", float,
+                   bf16, fp16) {
+  const int R = 8, V = 1000;
+  const auto logits = rounded<TestType>(random_vector(R * V, 5, -8, 8));
+  std::vector<std::int32_t> targets(R);
+  for (int r = 0; r < R; ++r) targets[r] = (r * 337) % V;
+  const auto dloss = rounded<TestType>(random_vector(R, 6, 0.5, 1.5));
+  const auto ref = ce_full(logits, targets, dloss, R, V);
+
+  const auto lt = convert<TestType>(logits), dt = convert<TestType>(dloss);
+  std::vector<TestType> losses(R), dlogits(R * V);
+  std::vector<float> mx(R), se(R);
+  k::cross_entropy_forward(lt.data(), targets.data(), losses.data(), mx.data(), se.data(), R, V);
+  k::ce_backward(lt.data(), targets.data(), mx.data(), se.data(), dt.data(), dlogits.data(), R, V, 0);
+  const double tol = std::is_same_v<TestType, float> ? 1e-5 : 2 * unit_roundoff<TestType>();
+  REQUIRE(rel_err(losses, ref.losses) < tol);
+  REQUIRE(rel_err(dlogits, ref.dlogits) < tol);
+}
