@@ -1,0 +1,536 @@
+// Causal self-attention on the device, FlashAttention-2 style: a block holds a tile of queries (or keys) in shared
+// memory and streams the other side through in tiles, with an online softmax; the T x T matrix is never formed and
+// the per-row log-sum-exp is kept for backward. GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
+//
+// Tile products go through a policy: Wmma (bf16/fp16 with D a multiple of 16: tensor cores through WMMA, 64 x 64
+// tiles, fp32 accumulation) or Simt (float, double, and the other head sizes: plain FMAs in the accumulation type).
+// Both keep accumulators in shared memory, so the softmax and the masks are written once for both.
+// Backward is deterministic: one kernel per key tile sums dK and dV over the query tiles (and, for GQA, the query
+// heads of its group), another per query tile sums dQ over the key tiles; no atomics.
+#pragma once
+
+#include <loom/kernels/cuda/device.cuh>
+
+#include <mma.h>
+
+namespace loom::kernels::cuda {
+
+namespace detail::attn {
+
+//! FMAs in the accumulation type; operand tiles are kept widened.
+template <class T>
+struct Simt {
+  using A = acc_t<T>;
+  using S = A;  //!< element type of operand tiles in shared memory
+  static constexpr int tile = std::is_same_v<A, double> ? 16 : 32;  //!< queries and keys per tile
+  static constexpr int threads = 256;
+  static constexpr int pad_s = 1, pad_f = 1;  //!< row padding of operand and accumulator tiles (odd strides)
+
+  //! C[M x N] (+)= A[M x K] * B, with B stored K x N, or N x K when TransB.
+  template <bool TransB, bool Accumulate>
+  __device__ static void gemm(const S* a, int lda, const S* b, int ldb, A* c, int ldc, int M, int N, int K) {
+    for (int e = threadIdx.x; e < M * N; e += threads) {
+      const int m = e / N, n = e % N;
+      A sum = Accumulate ? c[m * ldc + n] : A(0);
+      const S* ar = a + m * lda;
+      if constexpr (TransB) {
+        const S* br = b + n * ldb;
+        for (int k = 0; k < K; ++k) sum += ar[k] * br[k];
+      } else {
+        for (int k = 0; k < K; ++k) sum += ar[k] * b[k * ldb + n];
+      }
+      c[m * ldc + n] = sum;
+    }
+  }
+};
+
+//! Tensor cores through WMMA (16 x 16 x 16, fp32 accumulators); warp w computes rows [16w, 16w + 16).
+template <class T>
+struct Wmma {
+  using A = float;
+  using S = T;
+  static constexpr int tile = 64;
+  static constexpr int threads = 128;  // 4 warps x 16 rows = one tile
+  static constexpr int pad_s = 8, pad_f = 4;  // strides stay multiples of 16 bytes, as WMMA needs; fewer conflicts
+
+  template <bool TransB, bool Accumulate>
+  __device__ static void gemm(const S* a, int lda, const S* b, int ldb, A* c, int ldc, int M, int N, int K) {
+    using namespace nvcuda;
+    (void)M;  // always `tile`: one 16-row strip per warp
+    const int row0 = (threadIdx.x / 32) * 16;
+    for (int n0 = 0; n0 < N; n0 += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      if constexpr (Accumulate) wmma::load_matrix_sync(acc, c + row0 * ldc + n0, ldc, wmma::mem_row_major);
+      else wmma::fill_fragment(acc, 0.0f);
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, a + row0 * lda + k0, lda);
+        if constexpr (TransB) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;  // (k, n) at b[n * ldb + k]
+          wmma::load_matrix_sync(fb, b + n0 * ldb + k0, ldb);
+          wmma::mma_sync(acc, fa, fb, acc);
+        } else {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, b + k0 * ldb + n0, ldb);
+          wmma::mma_sync(acc, fa, fb, acc);
+        }
+      }
+      wmma::store_matrix_sync(c + row0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+    }
+  }
+};
+
+//! Carves dynamic shared memory into regions that start on 128 bytes; the same code sizes it on the host.
+struct Carve {
+  std::size_t bytes = 0;
+  template <class X>
+  __host__ __device__ std::size_t take(std::size_t n) {
+    bytes = (bytes + 127) / 128 * 128;
+    const std::size_t at = bytes;
+    bytes += n * sizeof(X);
+    return at;
+  }
+};
+
+//! Row strides of the tiles for head size D.
+template <class P>
+struct Strides {
+  int s, st, f, o;  //!< operand D wide, operand tile wide, accumulator tile wide, accumulator D wide
+  __host__ __device__ explicit Strides(int D)
+      : s(D + P::pad_s), st(P::tile + P::pad_s), f(P::tile + P::pad_f), o(D + P::pad_f) {}
+};
+
+template <class P>
+struct ForwardSmem {
+  using S = typename P::S;
+  using A = typename P::A;
+  Strides<P> ld;
+  std::size_t q, k, v, s, p, o, row, bytes;
+  __host__ __device__ explicit ForwardSmem(int D) : ld(D) {
+    constexpr int n = P::tile;
+    Carve c;
+    q = c.take<S>(n * ld.s);
+    k = c.take<S>(n * ld.s);
+    v = c.take<S>(n * ld.s);
+    s = c.take<A>(n * ld.f);
+    p = c.take<S>(n * ld.st);
+    o = c.take<A>(n * ld.o);
+    row = c.take<A>(2 * n);
+    bytes = c.bytes;
+  }
+};
+
+template <class P>
+struct BackwardSmem {  // both backward kernels: four operand tiles, two score tiles, two probability tiles, two
+                       // accumulators (dK and dV, or dQ alone), and per-row lse and delta
+  using S = typename P::S;
+  using A = typename P::A;
+  Strides<P> ld;
+  std::size_t x0, x1, y0, y1, s, dp, p, ds, acc0, acc1, lse, delta, bytes;
+  __host__ __device__ BackwardSmem(int D, bool two_accumulators) : ld(D) {
+    constexpr int n = P::tile;
+    Carve c;
+    x0 = c.take<S>(n * ld.s);
+    x1 = c.take<S>(n * ld.s);
+    y0 = c.take<S>(n * ld.s);
+    y1 = c.take<S>(n * ld.s);
+    s = c.take<A>(n * ld.f);
+    dp = c.take<A>(n * ld.f);
+    p = c.take<S>(n * ld.st);
+    ds = c.take<S>(n * ld.st);
+    acc0 = c.take<A>(n * ld.o);
+    acc1 = two_accumulators ? c.take<A>(n * ld.o) : acc0;
+    lse = c.take<A>(n);
+    delta = c.take<A>(n);
+    bytes = c.bytes;
+  }
+};
+
+template <class X>
+__device__ __forceinline__ X* at(unsigned char* base, std::size_t offset) {
+  return reinterpret_cast<X*>(base + offset);
+}
+
+template <int G, class A>
+__device__ __forceinline__ A group_max(A x) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <int G, class A>
+__device__ __forceinline__ A group_sum(A x) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+//! `tile` rows of D elements from global memory (rows ld apart) into shared memory (rows lds apart); rows from
+//! `valid` on are zero.
+template <class P, class T>
+__device__ void load_tile(typename P::S* dst, int lds, const T* src, std::ptrdiff_t ld, int valid, int D) {
+  using S = typename P::S;
+  constexpr int n = P::tile;
+  if constexpr (std::is_same_v<S, T>) {
+    constexpr int V = 16 / sizeof(T);
+    if (D % V == 0 && ld % V == 0 && lds % V == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0) {
+      const int per_row = D / V;
+      for (int e = threadIdx.x; e < n * per_row; e += P::threads) {
+        const int r = e / per_row, c = (e % per_row) * V;
+        Pack<T, V> x;
+        if (r < valid) {
+          x = load_pack<V>(src + r * ld + c);
+        } else {
+#pragma unroll
+          for (int j = 0; j < V; ++j) x.v[j] = narrow<T>(0.0f);
+        }
+        store_pack(dst + r * lds + c, x);
+      }
+      return;
+    }
+  }
+  for (int e = threadIdx.x; e < n * D; e += P::threads) {
+    const int r = e / D, c = e % D;
+    dst[r * lds + c] = r < valid ? narrow<S>(widen(src[r * ld + c])) : narrow<S>(0.0f);
+  }
+}
+
+template <class A>
+__device__ void zero_tile(A* dst, int lds, int rows, int cols, int threads) {
+  for (int e = threadIdx.x; e < rows * cols; e += threads) dst[(e / cols) * lds + e % cols] = A(0);
+}
+
+// --- forward -----------------------------------------------------------------------------------------------------
+
+template <class P, class T>
+__global__ void __launch_bounds__(P::threads)
+    forward_kernel(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, AttentionShape s) {
+  using S = typename P::S;
+  using A = typename P::A;
+  constexpr int n = P::tile, G = P::threads / n;  // G threads share a query row in the softmax
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int D = s.D;
+  const ForwardSmem<P> L(D);
+  S* Qs = at<S>(smem, L.q);
+  S* Ks = at<S>(smem, L.k);
+  S* Vs = at<S>(smem, L.v);
+  A* Sf = at<A>(smem, L.s);
+  S* Ps = at<S>(smem, L.p);
+  A* Of = at<A>(smem, L.o);
+  A* row_inv = at<A>(smem, L.row);  // 1 / l per row, then lse per row
+  A* row_lse = row_inv + n;
+
+  const int qb = gridDim.x - 1 - blockIdx.x;  // the last query tiles have the most keys: start them first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (s.Hq / s.Hkv);
+  const int q0 = qb * n, q_valid = min(n, s.T - q0);
+  load_tile<P>(Qs, L.ld.s, q + (std::size_t(b) * s.T + q0) * s.ldq + std::size_t(h) * D, s.ldq, q_valid, D);
+  zero_tile(Of, L.ld.o, n, D, P::threads);
+
+  const int r = threadIdx.x / G, g = threadIdx.x % G, t = q0 + r;
+  const A scale = A(s.scale);
+  A m_i = neg_inf<A>(), l_i = A(0);
+  const int key_tiles = (min(s.T, q0 + n) - 1) / n + 1;
+  for (int kb = 0; kb < key_tiles; ++kb) {
+    const int k0 = kb * n, k_valid = min(n, s.T - k0);
+    const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+    __syncthreads();  // the previous tile's readers of Ks, Vs and Ps are done
+    load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
+    load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
+    __syncthreads();
+    P::template gemm<true, false>(Qs, L.ld.s, Ks, L.ld.s, Sf, L.ld.f, n, n, D);  // S = Q K^T
+    __syncthreads();
+    // Online softmax of row r over this tile; masked entries (future or padding keys) are -inf.
+    A* srow = Sf + r * L.ld.f;
+    A mx = neg_inf<A>();
+    for (int c = g; c < n; c += G) {
+      const int j = k0 + c;
+      const A x = (j <= t && j < s.T) ? srow[c] * scale : neg_inf<A>();
+      srow[c] = x;
+      mx = max(mx, x);
+    }
+    mx = group_max<G>(mx);
+    const A m_new = max(m_i, mx);
+    const A base = m_new == neg_inf<A>() ? A(0) : m_new;  // a row with no key yet stays at zero
+    const A corr = exp_(m_i - base);                       // 0 on the first tile (m_i = -inf)
+    A sum = 0;
+    S* prow = Ps + r * L.ld.st;
+    for (int c = g; c < n; c += G) {
+      const A p = exp_(srow[c] - base);
+      prow[c] = narrow<S>(p);
+      sum += p;
+    }
+    sum = group_sum<G>(sum);
+    l_i = l_i * corr + sum;
+    m_i = m_new;
+    A* orow = Of + r * L.ld.o;
+    for (int d = g; d < D; d += G) orow[d] *= corr;
+    __syncthreads();
+    P::template gemm<false, true>(Ps, L.ld.st, Vs, L.ld.s, Of, L.ld.o, n, D, n);  // O += P V
+  }
+  if (g == 0) {
+    row_inv[r] = A(1) / l_i;
+    row_lse[r] = m_i + log_(l_i);
+  }
+  __syncthreads();
+  T* ob = out + (std::size_t(b) * s.T + q0) * s.ldo + std::size_t(h) * D;
+  for (int e = threadIdx.x; e < q_valid * D; e += P::threads) {
+    const int rr = e / D, d = e % D;
+    ob[rr * s.ldo + d] = narrow<T>(Of[rr * L.ld.o + d] * row_inv[rr]);
+  }
+  acc_t<T>* lb = lse + (std::size_t(b) * s.Hq + h) * s.T + q0;
+  for (int rr = threadIdx.x; rr < q_valid; rr += P::threads) lb[rr] = row_lse[rr];
+}
+
+// --- backward ----------------------------------------------------------------------------------------------------
+
+//! delta[b, h, t] = sum over d of dout * out (one warp per row), laid out as lse.
+template <class T>
+__global__ void delta_kernel(const T* dout, const T* out, acc_t<T>* delta, AttentionShape s) {
+  using A = acc_t<T>;
+  const std::size_t row = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const std::size_t rows = std::size_t(s.B) * s.T * s.Hq;
+  if (row >= rows) return;  // whole warps leave together: rows are warp-uniform
+  const int h = static_cast<int>(row % s.Hq);
+  const std::size_t bt = row / s.Hq;
+  const int t = static_cast<int>(bt % s.T), b = static_cast<int>(bt / s.T);
+  const T* o = out + bt * s.ldo + std::size_t(h) * s.D;
+  const T* g = dout + bt * s.ldo + std::size_t(h) * s.D;
+  A sum = 0;
+  for (int d = lane; d < s.D; d += 32) sum += widen(g[d]) * widen(o[d]);
+  sum = group_sum<32>(sum);
+  if (lane == 0) delta[(std::size_t(b) * s.Hq + h) * s.T + t] = sum;
+}
+
+//! Per key tile: dV = sum P^T dO and dK = scale sum dS^T Q over the query tiles at or after it, and over the query
+//! heads that share the key/value head.
+template <class P, class T>
+__global__ void __launch_bounds__(P::threads)
+    backward_kv_kernel(const T* dout, const T* q, const T* k, const T* v, const acc_t<T>* lse,
+                       const acc_t<T>* delta, T* dk, T* dv, AttentionShape s) {
+  using S = typename P::S;
+  using A = typename P::A;
+  constexpr int n = P::tile;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int D = s.D;
+  const BackwardSmem<P> L(D, true);
+  S* Ks = at<S>(smem, L.x0);
+  S* Vs = at<S>(smem, L.x1);
+  S* Qs = at<S>(smem, L.y0);
+  S* dOs = at<S>(smem, L.y1);
+  A* Sf = at<A>(smem, L.s);
+  A* dPf = at<A>(smem, L.dp);
+  S* Ps = at<S>(smem, L.p);
+  S* dSs = at<S>(smem, L.ds);
+  A* dKf = at<A>(smem, L.acc0);
+  A* dVf = at<A>(smem, L.acc1);
+  A* lse_s = at<A>(smem, L.lse);
+  A* delta_s = at<A>(smem, L.delta);
+
+  const int kb = blockIdx.x;  // the first key tiles see the most queries: they start first
+  const int hk = blockIdx.y, b = blockIdx.z, group = s.Hq / s.Hkv;
+  const int k0 = kb * n, k_valid = min(n, s.T - k0);
+  const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+  load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
+  load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
+  zero_tile(dKf, L.ld.o, n, D, P::threads);
+  zero_tile(dVf, L.ld.o, n, D, P::threads);
+  const A scale = A(s.scale);
+  const int query_tiles = (s.T + n - 1) / n;
+  for (int h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int qb = kb; qb < query_tiles; ++qb) {  // query tiles before kb see none of these keys
+      const int q0 = qb * n, q_valid = min(n, s.T - q0);
+      __syncthreads();
+      load_tile<P>(Qs, L.ld.s, q + (std::size_t(b) * s.T + q0) * s.ldq + std::size_t(h) * D, s.ldq, q_valid, D);
+      load_tile<P>(dOs, L.ld.s, dout + (std::size_t(b) * s.T + q0) * s.ldo + std::size_t(h) * D, s.ldo, q_valid, D);
+      const std::size_t row0 = (std::size_t(b) * s.Hq + h) * s.T + q0;
+      for (int i = threadIdx.x; i < n; i += P::threads) {
+        lse_s[i] = i < q_valid ? A(lse[row0 + i]) : A(0);
+        delta_s[i] = i < q_valid ? A(delta[row0 + i]) : A(0);
+      }
+      __syncthreads();
+      P::template gemm<true, false>(Ks, L.ld.s, Qs, L.ld.s, Sf, L.ld.f, n, n, D);    // S^T = K Q^T
+      P::template gemm<true, false>(Vs, L.ld.s, dOs, L.ld.s, dPf, L.ld.f, n, n, D);  // dP^T = V dO^T
+      __syncthreads();
+      for (int e = threadIdx.x; e < n * n; e += P::threads) {
+        const int c = e / n, rq = e % n;  // key c, query rq
+        const int j = k0 + c, t = q0 + rq;
+        A p = 0;
+        if (j <= t && t < s.T && j < s.T) p = exp_(Sf[c * L.ld.f + rq] * scale - lse_s[rq]);
+        Ps[c * L.ld.st + rq] = narrow<S>(p);
+        dSs[c * L.ld.st + rq] = narrow<S>(p * (dPf[c * L.ld.f + rq] - delta_s[rq]));
+      }
+      __syncthreads();
+      P::template gemm<false, true>(Ps, L.ld.st, dOs, L.ld.s, dVf, L.ld.o, n, D, n);  // dV += P^T dO
+      P::template gemm<false, true>(dSs, L.ld.st, Qs, L.ld.s, dKf, L.ld.o, n, D, n);  // dK += dS^T Q
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < k_valid * D; e += P::threads) {
+    const int c = e / D, d = e % D;
+    dk[kv + c * s.ldkv + d] = narrow<T>(dKf[c * L.ld.o + d] * scale);
+    dv[kv + c * s.ldkv + d] = narrow<T>(dVf[c * L.ld.o + d]);
+  }
+}
+
+//! Per query tile: dQ = scale sum dS K over the key tiles up to it.
+template <class P, class T>
+__global__ void __launch_bounds__(P::threads)
+    backward_q_kernel(const T* dout, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
+                      T* dq, AttentionShape s) {
+  using S = typename P::S;
+  using A = typename P::A;
+  constexpr int n = P::tile;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int D = s.D;
+  const BackwardSmem<P> L(D, false);
+  S* Qs = at<S>(smem, L.x0);
+  S* dOs = at<S>(smem, L.x1);
+  S* Ks = at<S>(smem, L.y0);
+  S* Vs = at<S>(smem, L.y1);
+  A* Sf = at<A>(smem, L.s);
+  A* dPf = at<A>(smem, L.dp);
+  S* dSs = at<S>(smem, L.ds);
+  A* dQf = at<A>(smem, L.acc0);
+  A* lse_s = at<A>(smem, L.lse);
+  A* delta_s = at<A>(smem, L.delta);
+
+  const int qb = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (s.Hq / s.Hkv);
+  const int q0 = qb * n, q_valid = min(n, s.T - q0);
+  load_tile<P>(Qs, L.ld.s, q + (std::size_t(b) * s.T + q0) * s.ldq + std::size_t(h) * D, s.ldq, q_valid, D);
+  load_tile<P>(dOs, L.ld.s, dout + (std::size_t(b) * s.T + q0) * s.ldo + std::size_t(h) * D, s.ldo, q_valid, D);
+  const std::size_t row0 = (std::size_t(b) * s.Hq + h) * s.T + q0;
+  for (int i = threadIdx.x; i < n; i += P::threads) {
+    lse_s[i] = i < q_valid ? A(lse[row0 + i]) : A(0);
+    delta_s[i] = i < q_valid ? A(delta[row0 + i]) : A(0);
+  }
+  zero_tile(dQf, L.ld.o, n, D, P::threads);
+  const A scale = A(s.scale);
+  const int key_tiles = (min(s.T, q0 + n) - 1) / n + 1;
+  for (int kb = 0; kb < key_tiles; ++kb) {
+    const int k0 = kb * n, k_valid = min(n, s.T - k0);
+    const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+    __syncthreads();
+    load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
+    load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
+    __syncthreads();
+    P::template gemm<true, false>(Qs, L.ld.s, Ks, L.ld.s, Sf, L.ld.f, n, n, D);    // S = Q K^T
+    P::template gemm<true, false>(dOs, L.ld.s, Vs, L.ld.s, dPf, L.ld.f, n, n, D);  // dP = dO V^T
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * n; e += P::threads) {
+      const int rq = e / n, c = e % n;
+      const int t = q0 + rq, j = k0 + c;
+      A p = 0;
+      if (j <= t && t < s.T && j < s.T) p = exp_(Sf[rq * L.ld.f + c] * scale - lse_s[rq]);
+      dSs[rq * L.ld.st + c] = narrow<S>(p * (dPf[rq * L.ld.f + c] - delta_s[rq]));
+    }
+    __syncthreads();
+    P::template gemm<false, true>(dSs, L.ld.st, Ks, L.ld.s, dQf, L.ld.o, n, D, n);  // dQ += dS K
+  }
+  __syncthreads();
+  T* qg = dq + (std::size_t(b) * s.T + q0) * s.ldq + std::size_t(h) * D;
+  for (int e = threadIdx.x; e < q_valid * D; e += P::threads) {
+    const int rq = e / D, d = e % D;
+    qg[rq * s.ldq + d] = narrow<T>(dQf[rq * L.ld.o + d] * scale);
+  }
+}
+
+// --- launch ------------------------------------------------------------------------------------------------------
+
+inline void check_shape(const AttentionShape& s) {
+  LOOM_CHECK(s.B >= 0 && s.T >= 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0,
+             "attention needs Hq divisible by Hkv and positive sizes (B=", s.B, " T=", s.T, " Hq=", s.Hq,
+             " Hkv=", s.Hkv, " D=", s.D, ")");
+  LOOM_CHECK(s.ldq >= std::ptrdiff_t(s.Hq) * s.D && s.ldkv >= std::ptrdiff_t(s.Hkv) * s.D &&
+                 s.ldo >= std::ptrdiff_t(s.Hq) * s.D,
+             "attention row strides must hold all heads (ldq=", s.ldq, " ldkv=", s.ldkv, " ldo=", s.ldo, ")");
+  LOOM_CHECK(s.B <= 65535 && s.Hq <= 65535, "attention on the device takes at most 65535 sequences and heads (B=",
+             s.B, " Hq=", s.Hq, ")");
+}
+
+//! Raises the kernel's dynamic shared memory limit to `bytes`, or says why the device cannot run it.
+template <class Kernel>
+void prepare(Kernel kernel, std::size_t bytes, const AttentionShape& s, const char* name) {
+  const int limit = max_shared_per_block();
+  LOOM_CHECK(bytes <= static_cast<std::size_t>(limit), name, " with head size D=", s.D, " needs ", bytes,
+             " bytes of shared memory per block; the device offers ", limit);
+  if (bytes > 48 * 1024)
+    LOOM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+//! Calls f(Policy{}) with the policy for element type T and head size D: tensor cores for bf16/fp16 when D is a
+//! multiple of 16 and the tiles fit in shared memory, FMAs otherwise.
+template <class T, class F>
+void with_policy(int D, F&& f) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+    if (D % 16 == 0 && BackwardSmem<Wmma<T>>(D, true).bytes <= static_cast<std::size_t>(max_shared_per_block())) {
+      f(Wmma<T>{});
+      return;
+    }
+  }
+  f(Simt<T>{});
+}
+
+template <class T>
+void forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s, cudaStream_t stream) {
+  check_shape(s);
+  if (s.B == 0 || s.T == 0) return;
+  with_policy<T>(s.D, [&](auto policy) {
+    using P = decltype(policy);
+    const std::size_t bytes = ForwardSmem<P>(s.D).bytes;
+    auto kernel = forward_kernel<P, T>;
+    prepare(kernel, bytes, s, "attention_forward");
+    const dim3 grid((s.T + P::tile - 1) / P::tile, s.Hq, s.B);
+    kernel<<<grid, P::threads, bytes, stream>>>(q, k, v, out, lse, s);
+    check_launch("attention_forward");
+  });
+}
+
+template <class T>
+void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq, T* dk,
+              T* dv, const AttentionShape& s, cudaStream_t stream) {
+  check_shape(s);
+  if (s.B == 0 || s.T == 0) return;
+  const std::size_t rows = std::size_t(s.B) * s.T * s.Hq;
+  CudaBuffer<acc_t<T>> delta(rows, stream);
+  delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(dout, out, delta.data(), s);
+  check_launch("attention_backward");
+  with_policy<T>(s.D, [&](auto policy) {
+    using P = decltype(policy);
+    const int tiles = (s.T + P::tile - 1) / P::tile;
+    const std::size_t kv_bytes = BackwardSmem<P>(s.D, true).bytes;
+    auto kv_kernel = backward_kv_kernel<P, T>;
+    prepare(kv_kernel, kv_bytes, s, "attention_backward");
+    kv_kernel<<<dim3(tiles, s.Hkv, s.B), P::threads, kv_bytes, stream>>>(dout, q, k, v, lse, delta.data(), dk, dv,
+                                                                           s);
+    check_launch("attention_backward");
+    const std::size_t q_bytes = BackwardSmem<P>(s.D, false).bytes;
+    auto q_kernel = backward_q_kernel<P, T>;
+    prepare(q_kernel, q_bytes, s, "attention_backward");
+    q_kernel<<<dim3(tiles, s.Hq, s.B), P::threads, q_bytes, stream>>>(dout, q, k, v, lse, delta.data(), dq, s);
+    check_launch("attention_backward");
+  });
+}
+
+}  // namespace detail::attn
+
+//! Causal self-attention in tiles with an online softmax; the T x T matrix is never materialised.
+//! q: B x T x Hq x D with row stride ldq (elements between consecutive (b, t)); k, v: B x T x Hkv x D with stride
+//! ldkv; out: B x T x Hq x D with stride ldo; lse: B x Hq x T, the per-row log-sum-exp kept for backward.
+//! Query head h reads key/value head h / (Hq / Hkv). scale is usually 1/sqrt(D). q, k, v may point into one fused
+//! qkv buffer.
+template <Floating T>
+void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s,
+                       cudaStream_t stream) {
+  detail::attn::forward(detail::dev(q), detail::dev(k), detail::dev(v), detail::dev(out), lse, s, stream);
+}
+
+//! dq, dk, dv (written; strides as q, k, v) from dout (stride ldo), using out and lse from forward.
+template <Floating T>
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
+                        T* dk, T* dv, const AttentionShape& s, cudaStream_t stream) {
+  detail::attn::backward(detail::dev(dout), detail::dev(q), detail::dev(k), detail::dev(v), detail::dev(out), lse,
+                         detail::dev(dq), detail::dev(dk), detail::dev(dv), s, stream);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,182 @@
+// Cross-entropy over a slice [v0, v0 + V_local) of the vocabulary on the device: per-row max and sum-exp partials
+// (one block per row, cub::BlockReduce), their rescaling to a global max, the target logit, the losses and the
+// gradient of the logits. The caller combines partials across vocabulary shards as on the CPU.
+#pragma once
+
+#include <loom/kernels/cuda/layernorm.cuh>
+
+#include <cub/block/block_reduce.cuh>
+
+namespace loom::kernels::cuda {
+
+namespace detail {
+
+struct MaxOp {
+  template <class A>
+  __device__ A operator()(A a, A b) const {
+    return a < b ? b : a;
+  }
+};
+
+//! Max and sum of exp(logit - max) over one row, shared by every thread of the block.
+template <class T, int Block>
+__device__ void row_max_sumexp(const T* lr, int V, acc_t<T>& m_out, acc_t<T>& s_out) {
+  using A = acc_t<T>;
+  using Reduce = cub::BlockReduce<A, Block>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ A s_m, s_s;
+  A m = neg_inf<A>();
+  for (int v = threadIdx.x; v < V; v += Block) m = MaxOp{}(m, widen(lr[v]));
+  m = Reduce(tmp).Reduce(m, MaxOp{});
+  if (threadIdx.x == 0) s_m = m;
+  __syncthreads();
+  m = s_m;
+  A s = 0;
+  for (int v = threadIdx.x; v < V; v += Block) s += exp_(widen(lr[v]) - m);
+  s = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) s_s = s;
+  __syncthreads();
+  m_out = m;
+  s_out = s_s;
+}
+
+template <class T, int Block>
+__global__ void __launch_bounds__(Block)
+    ce_partials_kernel(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int V) {
+  const std::size_t row = blockIdx.x;
+  acc_t<T> m, s;
+  row_max_sumexp<T, Block>(logits + row * V, V, m, s);
+  if (threadIdx.x == 0) {
+    row_max[row] = m;
+    row_sumexp[row] = s;
+  }
+}
+
+template <class T, int Block>
+__global__ void __launch_bounds__(Block)
+    cross_entropy_forward_kernel(const T* logits, const std::int32_t* targets, T* losses, acc_t<T>* row_max,
+                                 acc_t<T>* row_sumexp, int V) {
+  using A = acc_t<T>;
+  const std::size_t row = blockIdx.x;
+  A m, s;
+  row_max_sumexp<T, Block>(logits + row * V, V, m, s);
+  if (threadIdx.x == 0) {
+    const std::int32_t t = targets[row];
+    const A target = (t >= 0 && t < V) ? widen(logits[row * V + t]) : A(0);
+    row_max[row] = m;
+    row_sumexp[row] = s;
+    losses[row] = narrow<T>(log_(s) + m - target);
+  }
+}
+
+template <class A>
+__global__ void ce_rescale_kernel(const A* local_max, const A* global_max, A* sumexp, int R) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= R) return;
+  // A slice without entries (max -inf) contributes nothing, also when the global max is -inf.
+  sumexp[r] = local_max[r] == neg_inf<A>() ? A(0) : sumexp[r] * exp_(local_max[r] - global_max[r]);
+}
+
+template <class T>
+__global__ void ce_target_logit_kernel(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R,
+                                       int V, int v0) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= R) return;
+  const long long t = static_cast<long long>(targets[r]) - v0;
+  target_logit[r] = (t >= 0 && t < V) ? widen(logits[std::size_t(r) * V + t]) : acc_t<T>(0);
+}
+
+template <class T>
+__global__ void ce_losses_kernel(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit,
+                                 T* losses, int R) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= R) return;
+  losses[r] = narrow<T>(log_(row_sumexp[r]) + row_max[r] - target_logit[r]);
+}
+
+// dlogits may be logits: each element is read, then written, by one thread.
+template <class T, int Block>
+__global__ void __launch_bounds__(Block)
+    ce_backward_kernel(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max,
+                       const acc_t<T>* row_sumexp, const T* dloss, T* dlogits, int V, int v0) {
+  using A = acc_t<T>;
+  const std::size_t row = blockIdx.x;
+  const A m = row_max[row], inv = A(1) / row_sumexp[row], g = widen(dloss[row]);
+  const long long t = static_cast<long long>(targets[row]) - v0;
+  const T* lr = logits + row * V;
+  T* dr = dlogits + row * V;
+  for (int v = threadIdx.x; v < V; v += Block) {
+    const A p = exp_(widen(lr[v]) - m) * inv;
+    dr[v] = narrow<T>(g * (p - (v == t ? A(1) : A(0))));
+  }
+}
+
+inline unsigned blocks_for(int n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace detail
+
+//! Per row: max over the slice, and sum of exp(logit - max) over the slice.
+template <Floating T>
+void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local, cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::with_row_block(V_local, [&](auto block) {
+    detail::ce_partials_kernel<device_t<T>, block()>
+        <<<R, block(), 0, stream>>>(detail::dev(logits), row_max, row_sumexp, V_local);
+  });
+  detail::check_launch("ce_partials");
+}
+
+//! Rescales local partials to a new (global) max: sumexp *= exp(local_max - global_max).
+template <Floating T>
+void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R, cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::ce_rescale_kernel<<<detail::blocks_for(R, 256), 256, 0, stream>>>(local_max, global_max, sumexp, R);
+  detail::check_launch("ce_rescale");
+}
+
+//! Per row: the logit of targets[r] when it lies in this slice, else 0.
+template <Floating T>
+void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local, int v0,
+                     cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::ce_target_logit_kernel<<<detail::blocks_for(R, 256), 256, 0, stream>>>(detail::dev(logits), targets,
+                                                                                 target_logit, R, V_local, v0);
+  detail::check_launch("ce_target_logit");
+}
+
+//! losses[r] = log(sumexp[r]) + max[r] - target_logit[r], from global partials.
+template <Floating T>
+void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses, int R,
+               cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::ce_losses_kernel<<<detail::blocks_for(R, 256), 256, 0, stream>>>(row_max, row_sumexp, target_logit,
+                                                                           detail::dev(losses), R);
+  detail::check_launch("ce_losses");
+}
+
+//! dlogits[r, v] = dloss[r] * (exp(logit - max[r]) / sumexp[r] - [v0 + v == targets[r]]), with global partials;
+//! dlogits may be logits.
+template <Floating T>
+void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::with_row_block(V_local, [&](auto block) {
+    detail::ce_backward_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
+        detail::dev(logits), targets, row_max, row_sumexp, detail::dev(dloss), detail::dev(dlogits), V_local, v0);
+  });
+  detail::check_launch("ce_backward");
+}
+
+//! The whole single-slice cross-entropy: losses[r] and the partials (R each) for ce_backward.
+template <Floating T>
+void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses, acc_t<T>* row_max,
+                           acc_t<T>* row_sumexp, int R, int V, cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::with_row_block(V, [&](auto block) {
+    detail::cross_entropy_forward_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
+        detail::dev(logits), targets, detail::dev(losses), row_max, row_sumexp, V);
+  });
+  detail::check_launch("cross_entropy_forward");
+}
+
+}  // namespace loom::kernels::cuda

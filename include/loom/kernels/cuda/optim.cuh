@@ -1,0 +1,115 @@
+// AdamW and SGD with momentum on the device, element for element as torch.optim (and the CPU kernels) compute
+// them: the bias corrections and step size in double on the host, the element-wise arithmetic in acc_t<T> and in
+// torch's order.
+#pragma once
+
+#include <loom/kernels/cuda/elementwise.cuh>
+
+#include <cmath>
+
+namespace loom::kernels::cuda {
+
+namespace detail {
+
+template <class T>
+struct AdamW {
+  using A = acc_t<T>;
+  static constexpr int width = vec_width<T>;
+  T* param;
+  const T* grad;
+  A* m;
+  A* v;
+  A decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, step, eps;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    auto p = load_pack<N>(param + i);
+    const auto g = load_pack<N>(grad + i);
+    auto mm = load_pack<N>(m + i);
+    auto vv = load_pack<N>(v + i);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const A G = widen(g.v[j]);
+      A P = widen(p.v[j]) * decay;
+      const A M = mm.v[j] * b1 + G * one_minus_b1;
+      const A V = vv.v[j] * b2 + one_minus_b2 * G * G;
+      P += step * M / (sqrt_(V) / bc2_sqrt + eps);
+      mm.v[j] = M;
+      vv.v[j] = V;
+      p.v[j] = narrow<T>(P);
+    }
+    store_pack(param + i, p);
+    store_pack(m + i, mm);
+    store_pack(v + i, vv);
+  }
+};
+
+template <class T>
+struct Sgd {
+  using A = acc_t<T>;
+  static constexpr int width = vec_width<T>;
+  T* param;
+  const T* grad;
+  A* buf;  // null when momentum is 0 and the caller keeps none
+  A wd, mom, step;
+  bool use_wd, use_momentum, first;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    auto p = load_pack<N>(param + i);
+    const auto g = load_pack<N>(grad + i);
+    Pack<A, N> b;
+    if (buf != nullptr) b = load_pack<N>(buf + i);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const A P = widen(p.v[j]);
+      A G = use_wd ? widen(g.v[j]) + wd * P : widen(g.v[j]);
+      if (use_momentum && !first) G = b.v[j] * mom + G;
+      b.v[j] = G;
+      p.v[j] = narrow<T>(P + step * G);
+    }
+    store_pack(param + i, p);
+    if (buf != nullptr) store_pack(buf + i, b);
+  }
+};
+
+}  // namespace detail
+
+//! torch.optim.AdamW's update for step t (1-based): p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//! p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). m and v in acc_t<T>.
+template <Floating T>
+void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int t, cudaStream_t stream) {
+  using D = device_t<T>;
+  using A = acc_t<T>;
+  const detail::AdamW<D> op{detail::dev(param),
+                            detail::dev(grad),
+                            m,
+                            v,
+                            A(1.0 - lr * weight_decay),
+                            A(beta1),
+                            A(1.0 - beta1),
+                            A(beta2),
+                            A(1.0 - beta2),
+                            A(std::sqrt(1.0 - std::pow(beta2, t))),
+                            A(-lr / (1.0 - std::pow(beta1, t))),
+                            A(eps)};
+  // m and v go in packs of as many elements as param's 16 bytes: 32 bytes of float for bf16/fp16.
+  constexpr std::size_t acc_pack = detail::vec_width<D> * sizeof(A);
+  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(m, acc_pack) && detail::aligned(v, acc_pack);
+  detail::launch_map(op, n, vec, stream, "adamw_step");
+}
+
+//! torch.optim.SGD with momentum (dampening 0, no Nesterov): g += wd*p; buf = first ? g : momentum*buf + g;
+//! p -= lr*buf. With momentum 0 the buffer is unused by the update (it may be null).
+template <Floating T>
+void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
+              bool first, cudaStream_t stream) {
+  using D = device_t<T>;
+  using A = acc_t<T>;
+  const detail::Sgd<D> op{detail::dev(param), detail::dev(grad), buf,           A(weight_decay), A(momentum),
+                          A(-lr),             weight_decay != 0.0, momentum != 0.0, first};
+  constexpr std::size_t acc_pack = detail::vec_width<D> * sizeof(A);
+  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(buf, acc_pack);
+  detail::launch_map(op, n, vec, stream, "sgd_step");
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,809 @@
+// The CUDA kernels against the CPU kernels on seeded random data, for float, double, bf16 and fp16: each case runs
+// the device kernel on values of its type and the CPU kernel in double on the very same values, and compares on the
+// scale of the reference (max |got - want| <= tol * max |want|): float ~1e-5, bf16 ~1e-2, fp16 ~3e-3, double
+// ~1e-12. Dropout must give the CPU's mask bit for bit. Attention runs over lengths on and off the tile sizes, head
+// counts, GQA/MQA ratios, head sizes on both kernel paths, and a fused qkv layout. Also the caching allocator's
+// accounting and the error messages. Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
+#include "catch.hpp"
+
+#include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/cuda/ops.cuh>
+#include <loom/tensor/cuda_allocator.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cpu = loom::kernels::cpu;
+namespace gpu = loom::kernels::cuda;
+using loom::CudaAllocator;
+using loom::CudaBuffer;
+
+namespace {
+
+// Without a device every case would fail: leave before Catch2's main runs, with the code ctest reads as skipped.
+[[maybe_unused]] const bool device_present = [] {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return true;
+}();
+
+// --- element types -----------------------------------------------------------------------------------------------
+
+template <class T>
+T from_double(double x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(x));
+  else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+template <class T>
+double to_double(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return static_cast<double>(x);
+}
+
+//! Tolerance on the scale of the reference for results stored as T.
+template <class T>
+constexpr double tol() {
+  if constexpr (std::is_same_v<T, double>) return 1e-12;
+  else if constexpr (std::is_same_v<T, float>) return 1e-5;
+  else if constexpr (std::is_same_v<T, __half>) return 3e-3;
+  else return 1e-2;
+}
+//! For results kept in acc_t<T> (layer-norm statistics, cross-entropy partials): float arithmetic on T's values.
+template <class T>
+constexpr double tol_acc() {
+  return std::is_same_v<T, double> ? 1e-12 : 1e-5;
+}
+
+//! The CPU kernels' name for T's bytes (for the cases compared bit for bit).
+template <class T>
+using cpu_t = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, loom::bf16,
+                                 std::conditional_t<std::is_same_v<T, __half>, loom::fp16, T>>;
+
+// --- data --------------------------------------------------------------------------------------------------------
+
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t x = nullptr;
+    LOOM_CUDA(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+    return x;
+  }();
+  return s;
+}
+
+//! Values of T, and the same values exactly as double for the CPU reference.
+template <class T>
+struct Values {
+  std::vector<T> t;
+  std::vector<double> d;
+};
+
+template <class T>
+Values<T> rounded(const std::vector<double>& x) {
+  Values<T> v;
+  v.t.resize(x.size());
+  v.d.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    v.t[i] = from_double<T>(x[i]);
+    v.d[i] = to_double(v.t[i]);
+  }
+  return v;
+}
+
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(std::uint64_t seed) : gen(seed) {}
+  std::vector<double> uniform(std::size_t n, double lo = -1.0, double hi = 1.0) {
+    std::uniform_real_distribution<double> dist(lo, hi);
+    std::vector<double> v(n);
+    for (auto& x : v) x = dist(gen);
+    return v;
+  }
+  template <class T>
+  Values<T> values(std::size_t n, double lo = -1.0, double hi = 1.0) {
+    return rounded<T>(uniform(n, lo, hi));
+  }
+  std::vector<std::int32_t> ints(std::size_t n, int lo, int hi) {  // [lo, hi]
+    std::uniform_int_distribution<int> dist(lo, hi);
+    std::vector<std::int32_t> v(n);
+    for (auto& x : v) x = dist(gen);
+    return v;
+  }
+};
+
+//! A device copy of a host vector, from the caching allocator, on the test stream.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(std::size_t n) : buf_(n, stream()) {}
+  explicit Dev(const std::vector<T>& h) : buf_(h.size(), stream()) {
+    if (!h.empty())
+      LOOM_CUDA(cudaMemcpyAsync(buf_.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, stream()));
+    LOOM_CUDA(cudaStreamSynchronize(stream()));
+  }
+  T* get() const { return buf_.data(); }
+  std::vector<T> host() const {
+    std::vector<T> h(buf_.size());
+    if (!h.empty())
+      LOOM_CUDA(cudaMemcpyAsync(h.data(), buf_.data(), h.size() * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+    LOOM_CUDA(cudaStreamSynchronize(stream()));
+    return h;
+  }
+
+ private:
+  CudaBuffer<T> buf_;
+};
+
+template <class T>
+std::vector<double> doubles(const std::vector<T>& v) {
+  std::vector<double> d(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) d[i] = to_double(v[i]);
+  return d;
+}
+
+//! max |got - want| <= tol * max |want| (NaN fails).
+template <class T>
+void check_close(const std::vector<T>& got, const std::vector<double>& want, double tolerance,
+                 const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0, err = 0;
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    double e = std::abs(to_double(got[i]) - want[i]);
+    if (std::isnan(e)) e = INFINITY;
+    if (e > err) {
+      err = e;
+      worst = i;
+    }
+  }
+  INFO(what << ": worst element " << worst << " of " << want.size() << ": got "
+            << (want.empty() ? 0.0 : to_double(got[worst])) << ", want " << (want.empty() ? 0.0 : want[worst])
+            << "; error " << err << " against tolerance " << tolerance << " x scale " << scale);
+  CHECK(err <= tolerance * std::max(scale, 1e-300));
+}
+
+template <class A, class T>
+std::vector<A> cast(const std::vector<T>& v) {
+  std::vector<A> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<A>(to_double(v[i]));
+  return out;
+}
+
+//! f() throws E whose message contains `text`.
+template <class E, class F>
+void check_error(F&& f, const std::string& text) {
+  try {
+    f();
+    FAIL("no exception; expected one saying: " << text);
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.rfind("loom: ", 0) == 0);
+    CHECK(msg.find(text) != std::string::npos);
+  }
+}
+
+#define LOOM_TYPES float, double, __nv_bfloat16, __half
+
+}  // namespace
+
+// --- matrix products ---------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off the tile sizes", "[cuda][matmul]",
+                   LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(1);
+  struct Shape {
+    int M, N, K;
+  };
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{64, 128, 96}, Shape{130, 7, 257}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const auto a = rng.values<T>(std::size_t(sh.M) * sh.K);
+        const auto b = rng.values<T>(std::size_t(sh.K) * sh.N);
+        const auto c = rng.values<T>(std::size_t(sh.M) * sh.N);
+        const float alpha = 0.75f, beta = 0.5f;
+        std::vector<double> want = c.d;
+        cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, tb, alpha, beta);
+        Dev<T> da(a.t), db(b.t), dc(c.t);
+        gpu::matmul(da.get(), db.get(), dc.get(), sh.M, sh.N, sh.K, ta, tb, alpha, beta, stream());
+        check_close(dc.host(), want, tol<T>(),
+                    "matmul M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
+                        std::to_string(sh.K) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("matmul: batches by strides, a shared operand (stride 0), odd alignment, K = 0",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(2);
+  const int M = 19, N = 24, K = 33, batch = 3;
+  // Strides with 5 spare elements: every batch after the first starts off the 16-byte alignment of the first.
+  const std::ptrdiff_t sa = std::ptrdiff_t(M) * K + 5, sc = std::ptrdiff_t(M) * N + 5;
+  for (const bool tb : {false, true}) {
+    const auto a = rng.values<T>(std::size_t(sa) * batch);
+    const auto b = rng.values<T>(std::size_t(K) * N);  // one B for every batch: stride 0
+    const auto c = rng.values<T>(std::size_t(sc) * batch);
+    std::vector<double> want = c.d;
+    cpu::matmul(a.d.data(), b.d.data(), want.data(), M, N, K, false, tb, 1.0f, 1.0f, batch, sa, 0, sc);
+    Dev<T> da(a.t), db(b.t), dc(c.t);
+    gpu::matmul(da.get(), db.get(), dc.get(), M, N, K, false, tb, 1.0f, 1.0f, batch, sa, 0, sc, stream());
+    check_close(dc.host(), want, tol<T>(), "batched matmul, tb=" + std::to_string(tb));
+  }
+  // K = 0: C = beta C.
+  const auto c = rng.values<T>(std::size_t(M) * N);
+  Dev<T> dc(c.t);
+  gpu::matmul(dc.get(), dc.get(), dc.get(), M, N, 0, false, false, 1.0f, 0.5f, stream());
+  std::vector<double> want = c.d;
+  for (auto& x : want) x *= 0.5;
+  check_close(dc.host(), want, tol<T>(), "matmul with K = 0");
+}
+
+// --- element-wise ------------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("bias, sums and GELU match the CPU", "[cuda][elementwise]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(3);
+  for (const int C : {64, 77}) {  // packs of 16 bytes, and one element at a time
+    const int R = 33;
+    const auto x = rng.values<T>(std::size_t(R) * C), bias = rng.values<T>(C);
+    std::vector<double> want(x.d.size());
+    cpu::bias_add(x.d.data(), bias.d.data(), want.data(), R, C);
+    Dev<T> dx(x.t), db(bias.t);
+    gpu::bias_add(dx.get(), db.get(), dx.get(), R, C, stream());  // in place
+    check_close(dx.host(), want, tol<T>(), "bias_add C=" + std::to_string(C));
+  }
+  for (const int R : {5, 3000}) {  // one chunk of rows, and partial sums over several
+    const int C = 77;
+    const auto dout = rng.values<T>(std::size_t(R) * C), dbias = rng.values<T>(C);
+    std::vector<double> want = dbias.d;
+    cpu::bias_backward(dout.d.data(), want.data(), R, C);
+    Dev<T> dd(dout.t), db(dbias.t);
+    gpu::bias_backward(dd.get(), db.get(), R, C, stream());
+    check_close(db.host(), want, tol<T>(), "bias_backward R=" + std::to_string(R));
+  }
+  for (const std::size_t n : {std::size_t{1}, std::size_t{10007}}) {
+    const auto a = rng.values<T>(n), b = rng.values<T>(n);
+    std::vector<double> sum(n), acc = b.d;
+    cpu::add(a.d.data(), b.d.data(), sum.data(), n);
+    cpu::accumulate(a.d.data(), acc.data(), n);
+    Dev<T> da(a.t), db(b.t), ds(n);
+    gpu::add(da.get(), db.get(), ds.get(), n, stream());
+    check_close(ds.host(), sum, tol<T>(), "add");
+    gpu::accumulate(da.get(), db.get(), n, stream());
+    check_close(db.host(), acc, tol<T>(), "accumulate");
+
+    const auto x = rng.values<T>(n, -4.0, 4.0), g = rng.values<T>(n);
+    std::vector<double> y(n), dx(n);
+    cpu::gelu_forward(x.d.data(), y.data(), n);
+    cpu::gelu_backward(x.d.data(), g.d.data(), dx.data(), n);
+    Dev<T> dxv(x.t), dg(g.t), dy(n), ddx(n);
+    gpu::gelu_forward(dxv.get(), dy.get(), n, stream());
+    gpu::gelu_backward(dxv.get(), dg.get(), ddx.get(), n, stream());
+    check_close(dy.host(), y, tol<T>(), "gelu_forward");
+    check_close(ddx.host(), dx, tol<T>(), "gelu_backward");
+  }
+  // An offset pointer takes the one-element path.
+  const std::size_t n = 1001;
+  const auto a = rng.values<T>(n + 1), b = rng.values<T>(n + 1);
+  std::vector<double> sum(n);
+  cpu::add(a.d.data() + 1, b.d.data() + 1, sum.data(), n);
+  Dev<T> da(a.t), db(b.t), ds(n);
+  gpu::add(da.get() + 1, db.get() + 1, ds.get(), n, stream());
+  check_close(ds.host(), sum, tol<T>(), "add, unaligned");
+}
+
+// --- layer norm --------------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("layer norm forward and backward match the CPU", "[cuda][layernorm]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(4);
+  struct Shape {
+    int R, C;
+  };
+  for (const Shape sh : {Shape{7, 64}, Shape{33, 769}, Shape{5, 5000}, Shape{300, 48}}) {  // every block size
+    const std::size_t n = std::size_t(sh.R) * sh.C;
+    const auto x = rng.values<T>(n, -2.0, 3.0), w = rng.values<T>(sh.C, 0.5, 1.5), b = rng.values<T>(sh.C);
+    std::vector<double> out(n), mean(sh.R), rstd(sh.R);
+    cpu::layernorm_forward(x.d.data(), w.d.data(), b.d.data(), out.data(), mean.data(), rstd.data(), sh.R, sh.C);
+    Dev<T> dx(x.t), dw(w.t), db(b.t), dout(n);
+    Dev<A> dmean(sh.R), drstd(sh.R);
+    gpu::layernorm_forward(dx.get(), dw.get(), db.get(), dout.get(), dmean.get(), drstd.get(), sh.R, sh.C, 1e-5f,
+                           stream());
+    const std::string what = " R=" + std::to_string(sh.R) + " C=" + std::to_string(sh.C);
+    check_close(dout.host(), out, tol<T>(), "layernorm_forward out" + what);
+    check_close(dmean.host(), mean, tol_acc<T>(), "layernorm_forward mean" + what);
+    check_close(drstd.host(), rstd, tol_acc<T>(), "layernorm_forward rstd" + what);
+
+    // Backward from the reference statistics as the device type holds them.
+    const auto m = rounded<A>(mean), r = rounded<A>(rstd);
+    const auto g = rng.values<T>(n), dw0 = rng.values<T>(sh.C), db0 = rng.values<T>(sh.C);
+    std::vector<double> dxr(n), dwr = dw0.d, dbr = db0.d;
+    cpu::layernorm_backward_input(g.d.data(), x.d.data(), w.d.data(), m.d.data(), r.d.data(), dxr.data(), sh.R, sh.C);
+    cpu::layernorm_backward_weight(g.d.data(), x.d.data(), m.d.data(), r.d.data(), dwr.data(), dbr.data(), sh.R,
+                                   sh.C);
+    Dev<T> dg(g.t), ddx(n), ddw(dw0.t), ddb(db0.t);
+    Dev<A> dm(m.t), dr(r.t);
+    gpu::layernorm_backward_input(dg.get(), dx.get(), dw.get(), dm.get(), dr.get(), ddx.get(), sh.R, sh.C, stream());
+    gpu::layernorm_backward_weight(dg.get(), dx.get(), dm.get(), dr.get(), ddw.get(), ddb.get(), sh.R, sh.C,
+                                   stream());
+    check_close(ddx.host(), dxr, tol<T>(), "layernorm_backward_input" + what);
+    check_close(ddw.host(), dwr, tol<T>(), "layernorm_backward_weight dw" + what);
+    check_close(ddb.host(), dbr, tol<T>(), "layernorm_backward_weight db" + what);
+  }
+}
+
+// --- cross-entropy -----------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary slices", "[cuda][cross_entropy]",
+                   LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(5);
+  const int R = 37, V = 5003, split = 2500;
+  const auto logits = rng.values<T>(std::size_t(R) * V, -5.0, 5.0);
+  const auto targets = rng.ints(R, 0, V - 1);
+  const Dev<std::int32_t> dtargets(targets);
+
+  // The whole vocabulary in one call.
+  std::vector<double> losses(R), mx(R), se(R);
+  cpu::cross_entropy_forward(logits.d.data(), targets.data(), losses.data(), mx.data(), se.data(), R, V);
+  Dev<T> dlogits(logits.t), dlosses(R);
+  Dev<A> dmx(R), dse(R);
+  gpu::cross_entropy_forward(dlogits.get(), dtargets.get(), dlosses.get(), dmx.get(), dse.get(), R, V, stream());
+  check_close(dlosses.host(), losses, tol<T>(), "cross_entropy_forward losses");
+  check_close(dmx.host(), mx, tol_acc<T>(), "cross_entropy_forward max");
+  check_close(dse.host(), se, tol_acc<T>(), "cross_entropy_forward sumexp");
+
+  // Two slices [0, split) and [split, V): each function against the CPU on the same inputs, and the combination
+  // (as the vocabulary-parallel layer does it across ranks) against the whole.
+  const int widths[2] = {split, V - split}, starts[2] = {0, split};
+  std::vector<Values<T>> slices;
+  std::vector<std::vector<double>> smax(2, std::vector<double>(R)), ssum(2, std::vector<double>(R)),
+      stgt(2, std::vector<double>(R));
+  std::vector<Dev<A>> dsmax, dssum, dstgt;
+  std::vector<Dev<T>> dslices;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<double> part(std::size_t(R) * widths[s]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < widths[s]; ++v)
+        part[std::size_t(r) * widths[s] + v] = logits.d[std::size_t(r) * V + starts[s] + v];
+    slices.push_back(rounded<T>(part));
+    const auto& sl = slices.back();
+    cpu::ce_partials(sl.d.data(), smax[s].data(), ssum[s].data(), R, widths[s]);
+    cpu::ce_target_logit(sl.d.data(), targets.data(), stgt[s].data(), R, widths[s], starts[s]);
+    dslices.emplace_back(sl.t);
+    dsmax.emplace_back(R);
+    dssum.emplace_back(R);
+    dstgt.emplace_back(R);
+    gpu::ce_partials(dslices[s].get(), dsmax[s].get(), dssum[s].get(), R, widths[s], stream());
+    gpu::ce_target_logit(dslices[s].get(), dtargets.get(), dstgt[s].get(), R, widths[s], starts[s], stream());
+    check_close(dsmax[s].host(), smax[s], tol_acc<T>(), "ce_partials max, slice " + std::to_string(s));
+    check_close(dssum[s].host(), ssum[s], tol_acc<T>(), "ce_partials sumexp, slice " + std::to_string(s));
+    check_close(dstgt[s].host(), stgt[s], tol_acc<T>(), "ce_target_logit, slice " + std::to_string(s));
+  }
+  // The combination: global max, rescaled sums, summed target logits (from the reference partials, as A).
+  std::vector<double> gmax(R), gsum(R, 0.0), gtgt(R);
+  for (int r = 0; r < R; ++r) {
+    gmax[r] = std::max(smax[0][r], smax[1][r]);
+    gtgt[r] = stgt[0][r] + stgt[1][r];
+  }
+  const auto gmax_a = rounded<A>(gmax);
+  Dev<A> dgmax(gmax_a.t);
+  for (int s = 0; s < 2; ++s) {
+    const auto lm = rounded<A>(smax[s]), ls = rounded<A>(ssum[s]);
+    std::vector<double> want = ls.d;
+    cpu::ce_rescale<double>(lm.d.data(), gmax_a.d.data(), want.data(), R);
+    Dev<A> dlm(lm.t), dls(ls.t);
+    gpu::ce_rescale<T>(dlm.get(), dgmax.get(), dls.get(), R, stream());
+    check_close(dls.host(), want, tol_acc<T>(), "ce_rescale, slice " + std::to_string(s));
+    for (int r = 0; r < R; ++r) gsum[r] += want[r];
+  }
+  const auto gsum_a = rounded<A>(gsum), gtgt_a = rounded<A>(gtgt);
+  std::vector<double> combined(R);
+  cpu::ce_losses(gmax_a.d.data(), gsum_a.d.data(), gtgt_a.d.data(), combined.data(), R);
+  Dev<A> dgsum(gsum_a.t), dgtgt(gtgt_a.t);
+  Dev<T> dcombined(R);
+  gpu::ce_losses(dgmax.get(), dgsum.get(), dgtgt.get(), dcombined.get(), R, stream());
+  check_close(dcombined.host(), combined, tol<T>(), "ce_losses");
+  check_close(dcombined.host(), losses, tol<T>(), "ce_losses over two slices against the whole");
+
+  // Backward on each slice with the global partials, written over the logits (dlogits == logits).
+  const auto dloss = rng.values<T>(R);
+  const Dev<T> ddloss(dloss.t);
+  for (int s = 0; s < 2; ++s) {
+    std::vector<double> want(slices[s].d.size());
+    cpu::ce_backward(slices[s].d.data(), targets.data(), gmax_a.d.data(), gsum_a.d.data(), dloss.d.data(),
+                     want.data(), R, widths[s], starts[s]);
+    gpu::ce_backward(dslices[s].get(), dtargets.get(), dgmax.get(), dgsum.get(), ddloss.get(), dslices[s].get(), R,
+                     widths[s], starts[s], stream());
+    check_close(dslices[s].host(), want, tol<T>(), "ce_backward in place, slice " + std::to_string(s));
+  }
+}
+
+// --- embeddings --------------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("embeddings and positions match the CPU", "[cuda][embedding]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(6);
+  const int v0 = 10, V_local = 40;
+  for (const int C : {24, 37}) {
+    const int n = 300;
+    // Ids below, inside and above the slice; many repeats inside, so the scatter-add adds into shared rows.
+    const auto ids = rng.ints(n, v0 - 3, v0 + V_local + 2);
+    const auto table = rng.values<T>(std::size_t(V_local) * C);
+    std::vector<double> out(std::size_t(n) * C);
+    cpu::embedding_forward(ids.data(), table.d.data(), out.data(), n, C, v0, V_local);
+    const Dev<std::int32_t> dids(ids);
+    Dev<T> dtable(table.t), dout(std::size_t(n) * C);
+    gpu::embedding_forward(dids.get(), dtable.get(), dout.get(), n, C, v0, V_local, stream());
+    check_close(dout.host(), out, tol<T>(), "embedding_forward C=" + std::to_string(C));
+
+    const auto g = rng.values<T>(std::size_t(n) * C, -0.1, 0.1);
+    std::vector<double> dtab = table.d;
+    cpu::embedding_backward(ids.data(), g.d.data(), dtab.data(), n, C, v0, V_local);
+    Dev<T> dg(g.t);
+    gpu::embedding_backward(dids.get(), dg.get(), dtable.get(), n, C, v0, V_local, stream());
+    // Low precision: each atomic add rounds, about 8 adds per row: a few roundings on the table's scale.
+    check_close(dtable.host(), dtab, 2 * tol<T>(), "embedding_backward C=" + std::to_string(C));
+
+    const int B = 3, T_ = 11, t0 = 5;
+    const auto wpe = rng.values<T>(std::size_t(t0 + T_) * C), x = rng.values<T>(std::size_t(B) * T_ * C);
+    std::vector<double> y = x.d;
+    cpu::add_positions(wpe.d.data(), y.data(), B, T_, C, t0);
+    Dev<T> dwpe(wpe.t), dy(x.t);
+    gpu::add_positions(dwpe.get(), dy.get(), B, T_, C, t0, stream());
+    check_close(dy.host(), y, tol<T>(), "add_positions C=" + std::to_string(C));
+
+    std::vector<double> dw = wpe.d;
+    cpu::positions_backward(x.d.data(), dw.data(), B, T_, C, t0);
+    Dev<T> dx(x.t);
+    gpu::positions_backward(dx.get(), dwpe.get(), B, T_, C, t0, stream());
+    check_close(dwpe.host(), dw, tol<T>(), "positions_backward C=" + std::to_string(C));
+  }
+}
+
+// --- dropout -----------------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("dropout gives the CPU's mask and values bit for bit", "[cuda][dropout]", LOOM_TYPES) {
+  using T = TestType;
+  using C = cpu_t<T>;
+  Rng rng(7);
+  for (std::uint64_t i = 0; i < 100000; i += 7)
+    REQUIRE(gpu::dropout_uniform(42, i) == cpu::dropout_uniform(42, i));
+
+  const std::size_t n = 10007;
+  const std::uint64_t seed = 1234, index0 = 77;
+  const auto x = rng.values<T>(n);
+  std::vector<C> xc(n);
+  std::memcpy(static_cast<void*>(xc.data()), x.t.data(), n * sizeof(T));
+  for (const float p : {0.0f, 0.3f, 1.0f}) {
+    std::vector<C> want(n), back(n);
+    cpu::dropout_forward(xc.data(), want.data(), n, p, seed, index0);
+    cpu::dropout_backward(xc.data(), back.data(), n, p, seed, index0);
+    Dev<T> dx(x.t), dy(n), dback(n);
+    gpu::dropout_forward(dx.get(), dy.get(), n, p, seed, index0, stream());
+    gpu::dropout_backward(dx.get(), dback.get(), n, p, seed, index0, stream());
+    const auto got = dy.host(), got_back = dback.host();
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < n; ++i) kept += to_double(got[i]) != 0.0;
+    INFO("p = " << p << ", kept " << kept << " of " << n);
+    CHECK(std::memcmp(got.data(), want.data(), n * sizeof(T)) == 0);
+    CHECK(std::memcmp(got_back.data(), back.data(), n * sizeof(T)) == 0);
+    if (p == 0.3f) CHECK(std::abs(double(kept) / n - 0.7) < 0.03);
+  }
+  // In place, on a slice that starts elsewhere in the global index space.
+  Dev<T> dx(x.t);
+  gpu::dropout_forward(dx.get() + 1, dx.get() + 1, n - 1, 0.5f, seed, index0 + 1, stream());
+  std::vector<C> want(xc);
+  cpu::dropout_forward(xc.data() + 1, want.data() + 1, n - 1, 0.5f, seed, index0 + 1);
+  const auto got = dx.host();
+  CHECK(std::memcmp(got.data(), want.data(), n * sizeof(T)) == 0);
+}
+
+// --- attention ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct AttnCase {
+  int B, T, Hq, Hkv, D;
+  bool fused;  // q, k, v (and dq, dk, dv) in one buffer, rows of (Hq + 2 Hkv) D
+};
+
+template <class T>
+void attention_case(const AttnCase& c, Rng& rng) {
+  using A = gpu::acc_t<T>;
+  cpu::AttentionShape s{c.B, c.T, c.Hq, c.Hkv, c.D, 0, 0, 0, float(1.0 / std::sqrt(double(c.D)))};
+  const std::size_t rows = std::size_t(c.B) * c.T;
+  std::size_t q_at = 0, k_at = 0, v_at = 0, size = 0;
+  if (c.fused) {
+    s.ldq = s.ldkv = std::ptrdiff_t(c.Hq + 2 * c.Hkv) * c.D;
+    k_at = std::size_t(c.Hq) * c.D;
+    v_at = std::size_t(c.Hq + c.Hkv) * c.D;
+    size = rows * s.ldq;
+  } else {
+    s.ldq = std::ptrdiff_t(c.Hq) * c.D;
+    s.ldkv = std::ptrdiff_t(c.Hkv) * c.D;
+    k_at = rows * s.ldq;
+    v_at = k_at + rows * s.ldkv;
+    size = v_at + rows * s.ldkv;
+  }
+  s.ldo = std::ptrdiff_t(c.Hq) * c.D + 8;  // 8 spare elements per row: they must stay as they are
+  const std::size_t out_size = rows * s.ldo, lse_size = std::size_t(c.B) * c.Hq * c.T;
+  const std::string what = " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Hq=" + std::to_string(c.Hq) +
+                           " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
+                           (c.fused ? " fused" : "");
+
+  const auto in = rng.values<T>(size, -2.0, 2.0);
+  const auto out0 = rng.values<T>(out_size);
+  std::vector<double> out = out0.d, lse(lse_size);
+  cpu::attention_forward(in.d.data() + q_at, in.d.data() + k_at, in.d.data() + v_at, out.data(), lse.data(), s);
+  Dev<T> din(in.t), dout(out0.t);
+  Dev<A> dlse(lse_size);
+  gpu::attention_forward(din.get() + q_at, din.get() + k_at, din.get() + v_at, dout.get(), dlse.get(), s, stream());
+  // At low precision the probabilities go through T before they weight V.
+  check_close(dout.host(), out, 2 * tol<T>(), "attention_forward out" + what);
+  // lse: float arithmetic on T's values (the rounding of P does not enter it).
+  check_close(dlse.host(), lse, std::is_same_v<A, T> ? 2 * tol<T>() : 1e-4, "attention_forward lse" + what);
+
+  // Backward, both sides from the reference forward as T (out) and acc_t<T> (lse) hold it.
+  const auto o = rounded<T>(out);
+  const auto l = rounded<A>(lse);
+  const auto g = rng.values<T>(out_size);
+  const auto grad0 = rng.values<T>(size);  // what the gradients overwrite
+  std::vector<double> grad = grad0.d;
+  cpu::attention_backward(g.d.data(), in.d.data() + q_at, in.d.data() + k_at, in.d.data() + v_at, o.d.data(),
+                          l.d.data(), grad.data() + q_at, grad.data() + k_at, grad.data() + v_at, s);
+  Dev<T> dg(g.t), dgrad(grad0.t), dobuf(o.t);
+  Dev<A> dl(l.t);
+  gpu::attention_backward(dg.get(), din.get() + q_at, din.get() + k_at, din.get() + v_at, dobuf.get(), dl.get(),
+                          dgrad.get() + q_at, dgrad.get() + k_at, dgrad.get() + v_at, s, stream());
+  // dS goes through T too before it multiplies K and Q: twice the forward's tolerance at low precision.
+  check_close(dgrad.host(), grad, 2 * tol<T>(), "attention_backward dq, dk, dv" + what);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads, GQA/MQA, head sizes, fused qkv",
+                   "[cuda][attention]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(8);
+  const AttnCase cases[] = {
+      {2, 1, 2, 2, 16, false},   {2, 17, 4, 2, 16, false},  {2, 64, 4, 1, 64, false}, {1, 100, 4, 4, 64, true},
+      {2, 130, 6, 2, 32, true},  {1, 130, 2, 1, 24, false}, {1, 70, 2, 2, 128, false}, {1, 200, 8, 1, 64, true},
+      {3, 33, 3, 1, 48, false},  {1, 65, 2, 2, 40, true},
+  };
+  for (const AttnCase& c : cases) attention_case<T>(c, rng);
+}
+
+TEST_CASE("attention rejects shapes it cannot run, naming the values", "[cuda][attention]") {
+  cpu::AttentionShape s{1, 8, 3, 2, 16, 48, 32, 48, 0.25f};
+  float* p = nullptr;
+  check_error<loom::Error>([&] { gpu::attention_forward(p, p, p, p, p, s, stream()); },
+                           "(B=1 T=8 Hq=3 Hkv=2 D=16)");
+  s = {1, 8, 1, 1, 2048, 2048, 2048, 2048, 0.1f};
+  double* d = nullptr;
+  check_error<loom::Error>([&] { gpu::attention_forward(d, d, d, d, d, s, stream()); }, "D=2048 needs");
+}
+
+// --- optimizers --------------------------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(9);
+  const std::size_t n = 1001;
+  // Each step starts both sides from the device's state, so that rounding of bf16 parameters does not compound.
+  auto p = rng.values<T>(n);
+  auto m = rounded<A>(std::vector<double>(n, 0.0)), v = m;
+  Dev<T> dp(p.t);
+  Dev<A> dm(m.t), dv(v.t);
+  for (int t = 1; t <= 3; ++t) {
+    const auto g = rng.values<T>(n);
+    std::vector<double> pr = p.d, mr = m.d, vr = v.d;
+    cpu::adamw_step(pr.data(), g.d.data(), mr.data(), vr.data(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t);
+    Dev<T> dg(g.t);
+    gpu::adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t, stream());
+    const auto ph = dp.host();
+    const auto mh = dm.host(), vh = dv.host();
+    check_close(ph, pr, tol<T>(), "adamw param, step " + std::to_string(t));
+    check_close(mh, mr, tol_acc<T>(), "adamw m, step " + std::to_string(t));
+    check_close(vh, vr, tol_acc<T>(), "adamw v, step " + std::to_string(t));
+    p = rounded<T>(doubles(ph));
+    m = rounded<A>(doubles(mh));
+    v = rounded<A>(doubles(vh));
+  }
+
+  for (const double momentum : {0.0, 0.9}) {
+    auto q = rng.values<T>(n);
+    auto buf = rounded<A>(std::vector<double>(n, 0.0));
+    Dev<T> dq(q.t);
+    Dev<A> dbuf(buf.t);
+    for (int step = 0; step < 3; ++step) {
+      const auto g = rng.values<T>(n);
+      std::vector<double> qr = q.d, br = buf.d;
+      cpu::sgd_step(qr.data(), g.d.data(), br.data(), n, 0.05, momentum, 0.01, step == 0);
+      Dev<T> dg(g.t);
+      gpu::sgd_step(dq.get(), dg.get(), dbuf.get(), n, 0.05, momentum, 0.01, step == 0, stream());
+      const auto qh = dq.host();
+      const auto bh = dbuf.host();
+      const std::string what = " momentum " + std::to_string(momentum) + ", step " + std::to_string(step);
+      check_close(qh, qr, tol<T>(), "sgd param" + what);
+      check_close(bh, br, tol_acc<T>(), "sgd buffer" + what);
+      q = rounded<T>(doubles(qh));
+      buf = rounded<A>(doubles(bh));
+    }
+  }
+  // Momentum 0 needs no buffer.
+  const auto q = rng.values<T>(n), g = rng.values<T>(n);
+  std::vector<double> qr = q.d;
+  cpu::sgd_step<double>(qr.data(), g.d.data(), nullptr, n, 0.05, 0.0, 0.0, true);
+  Dev<T> dq(q.t), dg(g.t);
+  gpu::sgd_step(dq.get(), dg.get(), static_cast<A*>(nullptr), n, 0.05, 0.0, 0.0, true, stream());
+  check_close(dq.host(), qr, tol<T>(), "sgd without a buffer");
+}
+
+TEST_CASE("loom::bf16 and loom::fp16 pointers go to the same kernels", "[cuda][elementwise]") {
+  Rng rng(10);
+  const std::size_t n = 100;
+  const auto a = rng.values<__nv_bfloat16>(n), b = rng.values<__nv_bfloat16>(n);
+  Dev<__nv_bfloat16> da(a.t), db(b.t), ds(n);
+  gpu::add(reinterpret_cast<const loom::bf16*>(da.get()), reinterpret_cast<const loom::bf16*>(db.get()),
+           reinterpret_cast<loom::bf16*>(ds.get()), n, stream());
+  std::vector<double> want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = a.d[i] + b.d[i];
+  check_close(ds.host(), want, tol<__nv_bfloat16>(), "add on loom::bf16");
+}
+
+// --- the caching allocator ---------------------------------------------------------------------------------------
+
+static_assert(CudaAllocator::size_class(0) == 0);
+static_assert(CudaAllocator::size_class(1) == 512);
+static_assert(CudaAllocator::size_class(513) == 1024);
+static_assert(CudaAllocator::size_class(4097) == 4608);
+static_assert(CudaAllocator::size_class(8193) == 9216);
+static_assert(CudaAllocator::size_class(std::size_t{1} << 20) == std::size_t{1} << 20);
+static_assert(CudaAllocator::size_class((std::size_t{1} << 20) + 1) == (std::size_t{1} << 20) + (std::size_t{1} << 17));
+static_assert(CudaAllocator::size_class((std::size_t{3} << 30) - 1) == std::size_t{3} << 30);
+
+TEST_CASE("the allocator counts bytes in use, the peak and the cache, and reuses blocks per stream",
+          "[cuda][allocator]") {
+  CudaAllocator& alloc = CudaAllocator::instance();
+  LOOM_CUDA(cudaDeviceSynchronize());
+  const auto base = alloc.stats();
+  alloc.reset_peak();
+
+  void* p = alloc.allocate(1000, stream());
+  auto s = alloc.stats();
+  CHECK(s.in_use == base.in_use + 1024);
+  CHECK(s.requested == base.requested + 1000);
+  CHECK(s.peak == s.in_use);
+  alloc.deallocate(p);
+  s = alloc.stats();
+  CHECK(s.in_use == base.in_use);
+  CHECK(s.peak == base.in_use + 1024);
+  CHECK(s.cached >= 1024);
+  CHECK(s.reserved == s.in_use + s.cached);
+
+  // The same size class on the same stream takes the block back without cudaMalloc.
+  const auto mallocs = alloc.stats().mallocs;
+  void* again = alloc.allocate(700, stream());
+  CHECK(again == p);
+  CHECK(alloc.stats().mallocs == mallocs);
+  // Another stream does not take a block the first may still be using.
+  cudaStream_t other = nullptr;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  alloc.deallocate(again);
+  void* elsewhere = alloc.allocate(700, other);
+  CHECK(elsewhere != p);
+  alloc.deallocate(elsewhere);
+  LOOM_CUDA(cudaStreamSynchronize(other));
+  LOOM_CUDA(cudaStreamDestroy(other));
+
+  // A large block: counted at its size class, and the peak stays after it is freed.
+  alloc.reset_peak();
+  {
+    CudaBuffer<float> big((std::size_t{5} << 20) + 3, stream());
+    CudaBuffer<float> moved = std::move(big);
+    CHECK(big.data() == nullptr);
+    CHECK(moved.size() == (std::size_t{5} << 20) + 3);
+    CHECK(alloc.stats().in_use ==
+          base.in_use + CudaAllocator::size_class(((std::size_t{5} << 20) + 3) * sizeof(float)));
+  }
+  CHECK(alloc.stats().in_use == base.in_use);
+  CHECK(alloc.stats().peak >= base.in_use + (std::size_t{20} << 20));
+
+  LOOM_CUDA(cudaStreamSynchronize(stream()));
+  alloc.empty_cache();
+  s = alloc.stats();
+  CHECK(s.cached == 0);
+  CHECK(s.reserved == s.in_use);
+  CHECK(s.frees > base.frees);
+}
+
+TEST_CASE("the allocator is thread-safe and returns to its starting counts", "[cuda][allocator]") {
+  CudaAllocator& alloc = CudaAllocator::instance();
+  const auto base = alloc.stats();
+  const auto live = alloc.live_blocks();
+  int device = 0;
+  LOOM_CUDA(cudaGetDevice(&device));
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 8; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        LOOM_CUDA(cudaSetDevice(device));
+        std::mt19937 gen(w);
+        std::uniform_int_distribution<std::size_t> size(1, 3 << 18);
+        std::vector<void*> held;
+        for (int i = 0; i < 500; ++i) {
+          held.push_back(alloc.allocate(size(gen), stream()));
+          if (held.size() > 4) {
+            alloc.deallocate(held.front());
+            held.erase(held.begin());
+          }
+        }
+        for (void* p : held) alloc.deallocate(p);
+      } catch (...) {
+        ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors == 0);
+  CHECK(alloc.live_blocks() == live);
+  CHECK(alloc.stats().in_use == base.in_use);
+  CHECK(alloc.stats().requested == base.requested);
+}
+
+TEST_CASE("a training-like step reaches a steady state without cudaMalloc", "[cuda][allocator]") {
+  CudaAllocator& alloc = CudaAllocator::instance();
+  Rng rng(11);
+  const int R = 4096, C = 256;  // bias_backward over several chunks takes scratch memory; matmul a workspace
+  const auto x = rng.values<float>(std::size_t(R) * C), w = rng.values<float>(std::size_t(C) * C);
+  Dev<float> dx(x.t), dw(w.t), dy(std::size_t(R) * C), db(C);
+  auto step = [&] {
+    gpu::matmul(dx.get(), dw.get(), dy.get(), R, C, C, false, true, stream());
+    gpu::bias_backward(dy.get(), db.get(), R, C, stream());
+    cpu::AttentionShape s{2, 128, 4, 2, 64, 4 * 64, 2 * 64, 4 * 64, 0.125f};
+    Dev<float> lse(2 * 4 * 128);
+    LOOM_CUDA(cudaMemsetAsync(lse.get(), 0, 2 * 4 * 128 * sizeof(float), stream()));
+    gpu::attention_backward(dx.get(), dx.get(), dx.get(), dx.get(), dx.get(), lse.get(), dy.get(), dy.get(),
+                            dy.get(), s, stream());
+  };
+  step();
+  LOOM_CUDA(cudaStreamSynchronize(stream()));
+  const auto mallocs = alloc.stats().mallocs;
+  for (int i = 0; i < 3; ++i) step();
+  LOOM_CUDA(cudaStreamSynchronize(stream()));
+  CHECK(alloc.stats().mallocs == mallocs);
+}
+
+TEST_CASE("errors name the call, the library's text and the code", "[cuda][errors]") {
+  check_error<loom::BackendError>([] { LOOM_CUDA(cudaSetDevice(1 << 20)); }, "cudaSetDevice failed: ");
+  check_error<loom::BackendError>([] { LOOM_CUDA(cudaSetDevice(1 << 20)); }, "(cudaErrorInvalidDevice)");
+  (void)cudaGetLastError();
+  const auto unsupported = [] { return CUBLAS_STATUS_NOT_SUPPORTED; };
+  check_error<loom::BackendError>([&] { LOOM_CUBLAS(unsupported()); }, "unsupported failed: ");
+  check_error<loom::BackendError>([&] { LOOM_CUBLAS(unsupported()); }, "(CUBLAS_STATUS_NOT_SUPPORTED)");
+  check_error<loom::BackendError>([] { (void)CudaAllocator::instance().allocate(std::size_t{1} << 52, stream()); },
+                                  "out of device memory");
+}
