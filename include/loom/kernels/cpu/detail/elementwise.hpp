@@ -74,10 +74,11 @@ template <class T>
 void bias_backward(const T* dout, T* dbias, int R, int C) {
   detail::check_type<T>();
   using A = acc_t<T>;
-  std::vector<A> sum(std::size_t(C), A(0)), row;
-  auto s = detail::arr(sum.data(), std::size_t(C));
-  for (int r = 0; r < R; ++r) s += detail::arr(detail::load(dout + std::ptrdiff_t(r) * C, std::size_t(C), row), std::size_t(C));
-  for (int c = 0; c < C; ++c) dbias[c] = static_cast<T>(static_cast<A>(dbias[c]) + sum[std::size_t(c)]);
+  const std::size_t n = std::size_t(C);
+  std::vector<A> sum(n, A(0)), row;
+  auto s = detail::arr(sum.data(), n);
+  for (int r = 0; r < R; ++r) s += detail::arr(detail::load(dout + std::ptrdiff_t(r) * C, n, row), n);
+  for (std::size_t c = 0; c < n; ++c) dbias[c] = static_cast<T>(static_cast<A>(dbias[c]) + sum[c]);
 }
 
 template <class T>

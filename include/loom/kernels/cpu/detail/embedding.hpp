@@ -38,7 +38,8 @@ template <class T>
 void positions_backward(const T* dout, T* dwpe, int B, int T_, int C, int t0) {
   detail::check_type<T>();
   const std::size_t n = std::size_t(T_) * std::size_t(C);
-  for (int b = 0; b < B; ++b) accumulate(dout + std::ptrdiff_t(b) * std::ptrdiff_t(n), dwpe + std::ptrdiff_t(t0) * C, n);
+  for (int b = 0; b < B; ++b)
+    accumulate(dout + std::ptrdiff_t(b) * std::ptrdiff_t(n), dwpe + std::ptrdiff_t(t0) * C, n);
 }
 
 }  // namespace loom::kernels::cpu
