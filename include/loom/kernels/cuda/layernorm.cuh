@@ -121,6 +121,12 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mea
   });
   detail::check_launch("layernorm_forward");
 }
+//! With the CPU's default eps = 1e-5.
+template <Floating T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
+                       cudaStream_t stream) {
+  layernorm_forward(x, w, b, out, mean, rstd, R, C, 1e-5f, stream);
+}
 
 //! dx = gradient of the input (written).
 template <Floating T>
