@@ -18,7 +18,7 @@ struct Layout {
   k::AttentionShape shape() const {
     const std::ptrdiff_t row = std::ptrdiff_t(Hq + 2 * Hkv) * D;
     return {B, T, Hq, Hkv, D, fused ? row : Hq * D, fused ? row : Hkv * D, Hq * D + pad_out,
-            float(1 / std::sqrt(double(D)))};
+            1 / std::sqrt(double(D))};
   }
   std::size_t q_size() const { return std::size_t(B) * T * (fused ? (Hq + 2 * Hkv) * D : Hq * D); }
   std::size_t kv_size() const { return fused ? 0 : std::size_t(B) * T * Hkv * D; }
@@ -69,7 +69,7 @@ Reference naive_attention(const Layout& L, const Inputs<double>& in, const std::
         for (int j = 0; j <= i; ++j) {
           double dotp = 0;
           for (int d = 0; d < D; ++d) dotp += qrow(i)[d] * krow(j)[d];
-          p[j] = double(s.scale) * dotp;
+          p[j] = s.scale * dotp;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
@@ -88,7 +88,7 @@ Reference naive_attention(const Layout& L, const Inputs<double>& in, const std::
           pdp += p[j] * dp[j];
         }
         for (int j = 0; j <= i; ++j) {
-          const double ds = p[j] * (dp[j] - pdp) * double(s.scale);
+          const double ds = p[j] * (dp[j] - pdp) * s.scale;
           const std::ptrdiff_t kj = (std::ptrdiff_t(b) * L.T + j) * s.ldkv + kh * D;
           for (int d = 0; d < D; ++d) {
             ref.dq[(std::ptrdiff_t(b) * L.T + i) * s.ldq + h * D + d] += ds * krow(j)[d];
@@ -172,6 +172,6 @@ TEMPLATE_TEST_CASE("attention in float and bf16 against double", "[kernels][atte
 
 TEST_CASE("attention rejects query heads not divisible by kv heads", "[kernels][attention]") {
   std::vector<double> x(3 * 8), out(3 * 8), lse(3);
-  const k::AttentionShape s{1, 1, 3, 2, 8, 24, 16, 24, 1.0f};
+  const k::AttentionShape s{1, 1, 3, 2, 8, 24, 16, 24, 1.0};
   REQUIRE_THROWS_AS(k::attention_forward(x.data(), x.data(), x.data(), out.data(), lse.data(), s), loom::Error);
 }

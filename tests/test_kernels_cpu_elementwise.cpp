@@ -120,14 +120,14 @@ TEST_CASE("layernorm normalises each row", "[kernels][layernorm]") {
     for (int i = 0; i < c.C; ++i) mu += c.x[r * c.C + i] / c.C;
     for (int i = 0; i < c.C; ++i) var += (c.x[r * c.C + i] - mu) * (c.x[r * c.C + i] - mu) / c.C;
     REQUIRE(std::abs(mean[r] - mu) < 1e-14);
-    REQUIRE(std::abs(rstd[r] - 1 / std::sqrt(var + double(1e-5f))) < 1e-13);
+    REQUIRE(std::abs(rstd[r] - 1 / std::sqrt(var + 1e-5)) < 1e-13);
     double s = 0, s2 = 0;
     for (int i = 0; i < c.C; ++i) {
       s += out[r * c.C + i];
       s2 += out[r * c.C + i] * out[r * c.C + i];
     }
     REQUIRE(std::abs(s) < 1e-13);
-    REQUIRE(std::abs(s2 / c.C - var / (var + double(1e-5f))) < 1e-13);
+    REQUIRE(std::abs(s2 / c.C - var / (var + 1e-5)) < 1e-13);
   }
 }
 

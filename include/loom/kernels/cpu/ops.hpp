@@ -49,10 +49,11 @@ template <class T>
 void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n);
 
 // --- layer norm -----------------------------------------------------------------------------------------------
-//! out[r] = (x[r] - mean) * rstd * w + b over C columns; mean[r] and rstd[r] are kept for backward.
+//! out[r] = (x[r] - mean) * rstd * w + b over C columns; mean[r] and rstd[r] are kept for backward. eps is
+//! double as torch's (a float model rounds it to float).
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
-                       float eps = 1e-5f);
+                       double eps = 1e-5);
 //! dx = gradient of the input (written).
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
@@ -118,11 +119,12 @@ void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_
 //! q: B x T x Hq x D with row stride ldq (elements between consecutive (b, t)); k, v: B x T x Hkv x D with stride
 //! ldkv; out: B x T x Hq x D with stride ldo; lse: B x Hq x T, the per-row log-sum-exp kept for backward.
 //! Query head h reads key/value head h / (Hq / Hkv) (multi-head: Hkv = Hq; GQA; MQA: Hkv = 1). scale is usually
-//! 1/sqrt(D). q, k, v may point into one fused qkv buffer.
+//! 1/sqrt(D); it is double so that a double model scales exactly as PyTorch's (float models round it to float).
+//! q, k, v may point into one fused qkv buffer.
 struct AttentionShape {
   int B, T, Hq, Hkv, D;
   std::ptrdiff_t ldq, ldkv, ldo;
-  float scale;
+  double scale;
 };
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s);

@@ -10,7 +10,7 @@ namespace loom::kernels::cpu {
 
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
-                       float eps) {
+                       double eps) {
   detail::check_type<T>();
   using A = acc_t<T>;
   const std::size_t n = std::size_t(C);
