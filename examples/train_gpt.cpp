@@ -154,8 +154,8 @@ int train(const Args& a) {
 
   std::optional<optim::AdamW<T>> adamw;
   std::optional<optim::Sgd<T>> sgd;
-  if (a.optimizer == "adamw") adamw.emplace(model.specs(), S.params(), optim::AdamWConfig{0.9f, 0.999f, 1e-8f, a.weight_decay});
-  else sgd.emplace(model.specs(), S.params(), optim::SgdConfig{0.9f, a.weight_decay});
+  if (a.optimizer == "adamw") adamw.emplace(model.specs(), S.params(), optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
+  else sgd.emplace(model.specs(), S.params(), optim::SgdConfig{0.9, a.weight_decay});
 
   std::ofstream log;
   if (!a.log_json.empty()) {

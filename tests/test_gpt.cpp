@@ -159,7 +159,7 @@ TEST_CASE("initialisation does not depend on anything but the seed", "[gpt]") {
 TEST_CASE("training lowers the loss on the built-in corpus", "[gpt][train]") {
   constexpr GptShape s{2, 2, 2, 32, 256, 32};
   Gpt<s, float> m(1);
-  optim::AdamW<float> opt(m.specs(), s.params(), {0.9f, 0.999f, 1e-8f, 0.0f});
+  optim::AdamW<float> opt(m.specs(), s.params(), {0.9, 0.999, 1e-8, 0.0});
   train::Batches data(train::builtin_corpus(1 << 16), 8, 32);
   std::vector<std::int32_t> in(8 * 32), tg(8 * 32);
   double first = 0, last = 0;

@@ -271,7 +271,7 @@ class Gpt {
   kernels::cpu::AttentionShape attention_shape() const {
     const std::ptrdiff_t q = S.qkv_width();
     return {B_, T_, S.heads, S.kv_heads, S.head_dim(), q, q, S.d_model,
-            static_cast<float>(1.0 / std::sqrt(static_cast<double>(S.head_dim())))};
+            1.0 / std::sqrt(static_cast<double>(S.head_dim()))};
   }
 
   //! Block l's input: block 0 reads the embedding output; block l > 0 the output of block l-1.

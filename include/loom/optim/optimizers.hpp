@@ -12,8 +12,8 @@
 namespace loom::optim {
 
 struct AdamWConfig {
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  //!< torch.optim.AdamW's defaults
-  float weight_decay = 0.01f;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  //!< torch.optim.AdamW's defaults
+  double weight_decay = 0.01;
 };
 
 //! AdamW over the parameters described by specs (decay where ParamSpec::decay).
@@ -24,13 +24,13 @@ class AdamW {
   AdamW(std::vector<models::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {})
       : specs_(std::move(specs)), cfg_(cfg), m_(Tensor<acc>::zeros({n})), v_(Tensor<acc>::zeros({n})) {}
 
-  void step(const Tensor<T>& params, const Tensor<T>& grads, float lr) {
+  void step(const Tensor<T>& params, const Tensor<T>& grads, double lr) {
     ++t_;
     for (const auto& s : specs_) {
       const auto n = static_cast<std::size_t>(numel_of(s.shape));
       kernels::cpu::adamw_step(params.data() + s.offset, grads.data() + s.offset, m_.data() + s.offset,
                                v_.data() + s.offset, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                               s.decay ? cfg_.weight_decay : 0.0f, t_);
+                               s.decay ? cfg_.weight_decay : 0.0, t_);
     }
   }
   int steps() const { return t_; }
@@ -45,8 +45,8 @@ class AdamW {
 };
 
 struct SgdConfig {
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
 };
 
 //! SGD with momentum (torch.optim.SGD, dampening 0, no Nesterov).
@@ -57,11 +57,11 @@ class Sgd {
   Sgd(std::vector<models::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {})
       : specs_(std::move(specs)), cfg_(cfg), buf_(Tensor<acc>::zeros({n})) {}
 
-  void step(const Tensor<T>& params, const Tensor<T>& grads, float lr) {
+  void step(const Tensor<T>& params, const Tensor<T>& grads, double lr) {
     for (const auto& s : specs_)
       kernels::cpu::sgd_step(params.data() + s.offset, grads.data() + s.offset, buf_.data() + s.offset,
                              static_cast<std::size_t>(numel_of(s.shape)), lr, cfg_.momentum,
-                             s.decay ? cfg_.weight_decay : 0.0f, first_);
+                             s.decay ? cfg_.weight_decay : 0.0, first_);
     first_ = false;
   }
 
