@@ -40,7 +40,7 @@ int compare(const char* label) {
   m.backward();
   int bad = 0;
   const double want = ref.at("loss");
-  if (std::abs(loss - want) > 1e-10 * std::abs(want)) {
+  if (std::abs(loss - want) > 1e-13 * std::abs(want)) {
     std::fprintf(stderr, "%s: loss %.15g, PyTorch %.15g\n", label, loss, want);
     ++bad;
   }
@@ -53,7 +53,7 @@ int compare(const char* label) {
     for (std::size_t i = 0; i < g.size(); ++i) {
       const double err = std::abs(mine[i] - g[i].template get<double>()) / (scale + 1e-30);
       worst = std::max(worst, err);
-      if (err > 1e-9) {
+      if (err > 1e-12) {
         if (bad < 10) std::fprintf(stderr, "%s: %s[%zu] = %.15g, PyTorch %.15g\n", label, s.name.c_str(), i, mine[i],
                                    g[i].template get<double>());
         ++bad;
