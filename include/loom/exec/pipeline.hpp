@@ -1,0 +1,212 @@
+// Overlap of communication and computation as typed stages. A resource (Compute, Comm, P2p) is a type; Stage<R, Op>
+// binds an operation to one; Pipeline<Stage...> runs chunks 0..n-1 through the stages so that stage k of chunk i
+// runs while stage k+1 of chunk i-1 runs on another resource. Dependencies are per (stage, chunk), never a barrier.
+// On the CPU each resource is a worker thread that lives for one run(). Stage 0's operation receives the chunk index;
+// stage k+1's receives what stage k returned (or the chunk index when stage k returns nothing). A stage that cannot
+// take its predecessor's output does not compile.
+#pragma once
+
+#include <loom/core/error.hpp>
+#include <loom/exec/trace.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom::exec {
+
+//! The rank's computation (on CUDA: its compute stream).
+struct Compute {
+  static constexpr const char* name = "compute";
+};
+//! Collectives (on CUDA: a communication stream).
+struct Comm {
+  static constexpr const char* name = "comm";
+};
+//! Point-to-point transfers, beside Comm (pipeline send/recv, ring attention).
+struct P2p {
+  static constexpr const char* name = "p2p";
+};
+
+template <class R>
+concept Resource = requires {
+  { R::name } -> std::convertible_to<const char*>;
+};
+
+//! Operation Op_ on resource Resource_.
+template <class Resource_, class Op_>
+struct Stage {
+  static_assert(Resource<Resource_>, "loom: the first argument of Stage is a resource type (Compute, Comm, P2p)");
+  using resource = Resource_;
+  using op = Op_;
+};
+
+namespace detail {
+
+template <class T>
+using stored_t = std::conditional_t<std::is_void_v<T>, std::size_t, T>;
+
+//! The type stage K receives, and the type it returns, for the stages S...
+template <std::size_t K, class... S>
+struct StageTypes;
+template <class... S>
+struct StageTypes<0, S...> {
+  using first = std::tuple_element_t<0, std::tuple<S...>>;
+  using input = std::size_t;
+  static_assert(std::is_invocable_v<typename first::op&, input>,
+                "loom: stage 0's operation must be callable with the chunk index (std::size_t)");
+  using output = std::invoke_result_t<typename first::op&, input>;
+};
+template <std::size_t K, class... S>
+struct StageTypes {
+  using stage = std::tuple_element_t<K, std::tuple<S...>>;
+  using input = stored_t<typename StageTypes<K - 1, S...>::output>;
+  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input>;
+  static_assert(accepts, "loom: a stage's operation cannot take what the stage before it produces");
+  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input>, void>;
+};
+
+template <class Op>
+const char* op_name(std::size_t k, std::string& buf) {
+  if constexpr (requires { Op::name; }) {
+    return Op::name;
+  } else {
+    buf = "stage " + std::to_string(k);
+    return buf.c_str();
+  }
+}
+
+}  // namespace detail
+
+template <class... S>
+class Pipeline {
+  static_assert(sizeof...(S) >= 1, "loom: a Pipeline needs at least one stage");
+  static constexpr std::size_t K = sizeof...(S);
+  template <std::size_t k>
+  using types = detail::StageTypes<k, S...>;
+  template <std::size_t k>
+  using out_t = detail::stored_t<typename types<k>::output>;
+
+ public:
+  explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {}
+
+  //! Runs chunks 0..n-1 through every stage and returns when all are done; rethrows the first failure, after every
+  //! worker has stopped. No thread outlives the call.
+  void run(std::size_t chunks) {
+    n_ = chunks;
+    done_.assign(K * chunks, 0);
+    failure_ = nullptr;
+    init_results(std::make_index_sequence<K>{});
+    if (chunks == 0) return;
+    // One worker per distinct resource.
+    std::vector<const char*> resources;
+    (add_resource<typename S::resource>(resources), ...);
+    const int rank = trace::rank();
+    std::vector<std::thread> workers;
+    workers.reserve(resources.size());
+    for (const char* r : resources)
+      workers.emplace_back([this, r, rank] {
+        trace::set_rank(rank);
+        work(r);
+      });
+    for (auto& w : workers) w.join();
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+  //! What stage k returned for chunk i in the last run().
+  template <std::size_t k>
+  const out_t<k>& result(std::size_t i) const {
+    return *std::get<k>(results_)[i];
+  }
+
+ private:
+  template <std::size_t... I>
+  void init_results(std::index_sequence<I...>) {
+    ((std::get<I>(results_).assign(n_, std::nullopt)), ...);
+  }
+  template <class R>
+  static void add_resource(std::vector<const char*>& v) {
+    if (std::find(v.begin(), v.end(), R::name) == v.end()) v.push_back(R::name);
+  }
+
+  //! The tasks of resource r, in the order that cannot deadlock: by diagonal i + k, then by stage.
+  void work(const char* r) {
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk)
+    std::size_t k = 0;
+    ((std::string_view(S::resource::name) == r ? add_tasks(tasks, k++) : void(++k)), ...);
+    std::sort(tasks.begin(), tasks.end(), [](auto a, auto b) {
+      return a.first + a.second != b.first + b.second ? a.first + a.second < b.first + b.second : a.first < b.first;
+    });
+    for (auto [stage, chunk] : tasks) {
+      {
+        std::unique_lock lk(m_);
+        cv_.wait(lk, [&] { return failure_ || stage == 0 || done_[(stage - 1) * n_ + chunk]; });
+        if (failure_) return;
+      }
+      try {
+        run_task(stage, chunk, std::make_index_sequence<K>{});
+      } catch (...) {
+        std::lock_guard lk(m_);
+        if (!failure_) failure_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
+      std::lock_guard lk(m_);
+      done_[stage * n_ + chunk] = 1;
+      cv_.notify_all();
+    }
+  }
+  void add_tasks(std::vector<std::pair<std::size_t, std::size_t>>& tasks, std::size_t stage) const {
+    for (std::size_t i = 0; i < n_; ++i) tasks.emplace_back(stage, i);
+  }
+
+  template <std::size_t... I>
+  void run_task(std::size_t stage, std::size_t chunk, std::index_sequence<I...>) {
+    ((stage == I ? run_stage<I>(chunk) : void()), ...);
+  }
+  template <std::size_t k>
+  void run_stage(std::size_t chunk) {
+    using stage = std::tuple_element_t<k, std::tuple<S...>>;
+    auto& op = std::get<k>(ops_);
+    const double t0 = trace::enabled() ? trace::now_us() : 0;
+    auto call = [&](auto&& input) {
+      if constexpr (std::is_void_v<typename types<k>::output>) {
+        op(input);
+        std::get<k>(results_)[chunk] = chunk;
+      } else {
+        std::get<k>(results_)[chunk].emplace(op(input));
+      }
+    };
+    if constexpr (k == 0) {
+      call(chunk);
+    } else {
+      call(*std::get<k - 1>(results_)[chunk]);
+    }
+    if (trace::enabled()) {
+      std::string buf;
+      trace::record(detail::op_name<typename stage::op>(k, buf), stage::resource::name, t0, trace::now_us());
+    }
+  }
+
+  std::tuple<typename S::op...> ops_;
+  std::size_t n_ = 0;
+  std::vector<char> done_;
+  std::exception_ptr failure_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  template <std::size_t... I>
+  static auto results_type(std::index_sequence<I...>) -> std::tuple<std::vector<std::optional<out_t<I>>>...>;
+  decltype(results_type(std::make_index_sequence<K>{})) results_;
+};
+
+}  // namespace loom::exec

@@ -1,0 +1,122 @@
+// Typed stages: a pipeline of chunks over two resources overlaps them, records a trace that shows it, reports a
+// stage's failure to the caller, and leaves no thread behind.
+#include "catch.hpp"
+
+#include <loom/exec/pipeline.hpp>
+
+#include <chrono>
+#include <dirent.h>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+using namespace loom;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct ComputeChunk {
+  static constexpr const char* name = "compute chunk";
+  std::chrono::milliseconds cost;
+  double operator()(std::size_t i) const {
+    std::this_thread::sleep_for(cost);
+    return static_cast<double>(i) * 2;
+  }
+};
+struct ReduceChunk {
+  static constexpr const char* name = "reduce chunk";
+  std::chrono::milliseconds cost;
+  std::vector<double>* out;
+  void operator()(double x) const {
+    std::this_thread::sleep_for(cost);
+    out->push_back(x);
+  }
+};
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n - 2;  // . and ..
+}
+
+}  // namespace
+
+TEST_CASE("two stages on two resources overlap: fill + n * max(stage), not n * sum", "[exec]") {
+  std::vector<double> got;
+  using P = exec::Pipeline<exec::Stage<exec::Compute, ComputeChunk>, exec::Stage<exec::Comm, ReduceChunk>>;
+  P p(ComputeChunk{40ms}, ReduceChunk{40ms, &got});
+  const int n = 8;
+  const auto t0 = Clock::now();
+  p.run(n);
+  const auto elapsed = Clock::now() - t0;
+  // Serial: 8 * 80 = 640 ms. Overlapped: 40 + 8 * 40 = 360 ms.
+  CHECK(elapsed < 520ms);
+  CHECK(elapsed >= 360ms);
+  REQUIRE(got.size() == n);
+  for (int i = 0; i < n; ++i) CHECK(got[i] == 2.0 * i);  // chunks keep their order on a resource
+  CHECK(p.result<0>(5) == 10.0);
+}
+
+TEST_CASE("stages on one resource run one at a time, in order", "[exec]") {
+  std::vector<double> got;
+  exec::Pipeline<exec::Stage<exec::Compute, ComputeChunk>, exec::Stage<exec::Compute, ReduceChunk>> p(
+      ComputeChunk{20ms}, ReduceChunk{20ms, &got});
+  const auto t0 = Clock::now();
+  p.run(5);
+  CHECK(Clock::now() - t0 >= 200ms);  // 5 * (20 + 20): nothing overlaps on one resource
+  CHECK(got == std::vector<double>{0, 2, 4, 6, 8});
+}
+
+TEST_CASE("the trace shows the stages of two resources running at once", "[exec][trace]") {
+  trace::clear();
+  trace::start("/dev/null");
+  trace::set_rank(3);
+  std::vector<double> got;
+  exec::Pipeline<exec::Stage<exec::Compute, ComputeChunk>, exec::Stage<exec::Comm, ReduceChunk>> p(
+      ComputeChunk{15ms}, ReduceChunk{15ms, &got});
+  p.run(4);
+  trace::stop();
+  const auto spans = trace::spans();
+  REQUIRE(spans.size() == 8);
+  int overlaps = 0;
+  for (const auto& a : spans)
+    for (const auto& b : spans)
+      if (a.resource == "compute" && b.resource == "comm" && a.begin_us < b.end_us && b.begin_us < a.end_us) ++overlaps;
+  CHECK(overlaps >= 2);
+  for (const auto& s : spans) {
+    CHECK(s.rank == 3);
+    CHECK((s.name == "compute chunk" || s.name == "reduce chunk"));
+  }
+  const std::string file = "/tmp/loom-trace-test.json";
+  trace::write(file);
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"traceEvents\"") != std::string::npos);
+  CHECK(text.find("\"name\": \"reduce chunk\", \"cat\": \"comm\", \"pid\": 3") != std::string::npos);
+  CHECK(text.find("\"thread_name\", \"pid\": 3") != std::string::npos);
+  trace::clear();
+}
+
+struct Throws {
+  void operator()(std::size_t i) const {
+    if (i == 2) throw std::runtime_error("chunk 2 is broken");
+  }
+};
+struct Slow {
+  void operator()(std::size_t) const { std::this_thread::sleep_for(5ms); }
+};
+
+TEST_CASE("a stage's exception reaches the caller and no worker outlives the pipeline", "[exec]") {
+  const int before = thread_count();
+  {
+    exec::Pipeline<exec::Stage<exec::Compute, Throws>, exec::Stage<exec::Comm, Slow>> p(Throws{}, Slow{});
+    CHECK_THROWS_WITH(p.run(10), "chunk 2 is broken");
+    CHECK(thread_count() == before);
+    p.run(2);  // usable again
+  }
+  CHECK(thread_count() == before);
+}
