@@ -190,7 +190,7 @@ int train(const Args& a) {
     if (!std::isfinite(norm))
       throw Error(loom::detail::cat("loom: the gradient norm is ", norm, " at step ", step,
                                     "; lower --lr or set --grad-clip"));
-    const float lr = optim::warmup_lr(a.lr, step, a.warmup);
+    const double lr = optim::warmup_lr(a.lr, step, a.warmup);
     if (adamw) adamw->step(model.params(), model.grads(), lr);
     else sgd->step(model.params(), model.grads(), lr);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

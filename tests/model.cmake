@@ -43,3 +43,6 @@ if(TARGET train_gpt)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_checkpoint.cmake)
   set_tests_properties(train_gpt_save_and_init_from PROPERTIES LABELS model)
 endif()
+
+# Data parallelism against the single-rank run.
+loom_add_test(test_data_parallel test_data_parallel.cpp LABELS "ddp;model")

@@ -158,28 +158,48 @@ class Gpt {
   //! Accumulates the gradient of the mean loss of the last forward into grads(), scaled by `scale` (1/m when m
   //! micro-batches make one step).
   void backward(double scale = 1.0) {
+    for (int c = 0; c < backward_chunks(); ++c) backward_chunk(c, scale);
+  }
+
+  //! Backward runs in chunks, so that gradients can be reduced while the rest is computed: chunk 0 is the loss,
+  //! the tied head and the final norm; chunk 1 + j is block L-1-j; the last chunk is the embedding.
+  static constexpr int backward_chunks() { return S.layers + 2; }
+
+  //! Parameters [first, last) of specs(), whose gradients a backward chunk completes.
+  struct ParamRange {
+    std::size_t first, last;
+  };
+
+  //! Runs backward chunk c (in order 0, 1, ...) and returns the parameters whose gradients are now complete.
+  ParamRange backward_chunk(int c, double scale = 1.0) {
     LOOM_CHECK(ids_ != nullptr, "backward() before forward()");
+    LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
     namespace k = kernels::cpu;
     const int N = B_ * T_, d = S.d_model;
-    // Loss and head.
-    for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
-    k::ce_backward(logits_.data(), targets_, row_max_.data(), row_sumexp_.data(), dloss_.data(), logits_.data(), N,
-                   S.vocab, 0);
     T* dx = dx_.data();
-    k::matmul(logits_.data(), param_ptr(wte_), dlnf_.data(), N, d, S.vocab, false, false);
-    k::matmul(logits_.data(), lnf_.data(), grad_ptr(wte_), S.vocab, d, N, true, false, 1.0f, 1.0f);
-    const T* xl = next_input(S.layers - 1);
-    k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), lnf_mean_.data(), lnf_rstd_.data(), dx, N, d);
-    k::layernorm_backward_weight(dlnf_.data(), xl, lnf_mean_.data(), lnf_rstd_.data(), grad_ptr(lnf_w_),
-                                 grad_ptr(lnf_b_), N, d);
-    for (int l = S.layers - 1; l >= 0; --l) {
+    if (c == 0) {  // loss, head, final norm
+      for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
+      k::ce_backward(logits_.data(), targets_, row_max_.data(), row_sumexp_.data(), dloss_.data(), logits_.data(), N,
+                     S.vocab, 0);
+      k::matmul(logits_.data(), param_ptr(wte_), dlnf_.data(), N, d, S.vocab, false, false);
+      k::matmul(logits_.data(), lnf_.data(), grad_ptr(wte_), S.vocab, d, N, true, false, 1.0f, 1.0f);
+      const T* xl = next_input(S.layers - 1);
+      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), lnf_mean_.data(), lnf_rstd_.data(), dx, N, d);
+      k::layernorm_backward_weight(dlnf_.data(), xl, lnf_mean_.data(), lnf_rstd_.data(), grad_ptr(lnf_w_),
+                                   grad_ptr(lnf_b_), N, d);
+      return {lnf_w_, lnf_b_ + 1};
+    }
+    if (c <= S.layers) {
+      const int l = S.layers - c;
       backward_input(l);
       backward_weight(l);
+      return {2 + 12 * static_cast<std::size_t>(l), 2 + 12 * static_cast<std::size_t>(l) + 12};
     }
     // Embedding: dropout, tokens (scatter-add into the tied table), positions.
     drop_backward(dx, dx, std::size_t(N) * d, 0, 0);
     k::embedding_backward(ids_, dx, grad_ptr(wte_), N, d, 0, S.vocab);
     k::positions_backward(dx, grad_ptr(wpe_), B_, T_, d);
+    return {wte_, wpe_ + 1};
   }
 
   //! Block l's part of backward that produces the gradient of its input: on entry dx holds d(output of block l),

@@ -81,22 +81,28 @@ double grad_norm(const Tensor<T>& grads) {
   return std::sqrt(s);
 }
 
+//! Scales the gradients, whose global norm is `norm`, so that it becomes at most max_norm (0: no clipping).
+template <class T>
+void clip_to(const Tensor<T>& grads, double norm, double max_norm) {
+  if (max_norm <= 0 || !(norm > max_norm)) return;
+  const auto scale = static_cast<kernels::cpu::acc_t<T>>(max_norm / (norm + 1e-6));
+  T* g = grads.data();
+  for (std::int64_t i = 0; i < grads.numel(); ++i)
+    g[i] = static_cast<T>(static_cast<kernels::cpu::acc_t<T>>(g[i]) * scale);
+}
+
 //! Scales the gradients so that their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_); returns
 //! the norm before clipping.
 template <class T>
 double clip_grad_norm(const Tensor<T>& grads, double max_norm) {
   const double norm = grad_norm(grads);
-  if (max_norm > 0 && norm > max_norm) {
-    const auto scale = static_cast<kernels::cpu::acc_t<T>>(max_norm / (norm + 1e-6));
-    T* g = grads.data();
-    for (std::int64_t i = 0; i < grads.numel(); ++i) g[i] = static_cast<T>(static_cast<kernels::cpu::acc_t<T>>(g[i]) * scale);
-  }
+  clip_to(grads, norm, max_norm);
   return norm;
 }
 
 //! Linear warmup over `warmup` steps to lr, then constant (step is 0-based).
-inline float warmup_lr(float lr, int step, int warmup) {
-  return warmup > 0 && step < warmup ? lr * static_cast<float>(step + 1) / static_cast<float>(warmup) : lr;
+inline double warmup_lr(double lr, int step, int warmup) {
+  return warmup > 0 && step < warmup ? lr * (step + 1) / warmup : lr;
 }
 
 }  // namespace loom::optim
