@@ -1,16 +1,29 @@
 // train_gpt: trains a GPT with a compile-time shape on a parallel layout picked by --parallel, following the
-// command-line contract in DESIGN.md. This build runs one-rank layouts; later layouts add to the same flags.
+// command-line contract in DESIGN.md. Layouts: one rank and data parallelism (dp2, dp4, dp8), ranks as threads
+// (--backend local) or MPI processes (mpirun -np N train_gpt --backend mpi --parallel dpN).
 //
 //   train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]
 //             [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C] [--warmup N] [--dropout P]
-//             [--dtype f64|f32] [--device cpu] [--backend local] [--parallel SPEC] [--schedule NAME]
+//             [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel dpN] [--bucket-mb MB]
+//             [--schedule NAME]
 //             [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]
 #include <loom/checkpoint/gpt.hpp>
+#include <loom/comm/local.hpp>
+#include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
+#include <loom/train/data_parallel.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi.hpp>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <unistd.h>
+
+#include <thread>
 
 #include <chrono>
 #include <cmath>
@@ -29,7 +42,7 @@ struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
-  float lr = 3e-3f, weight_decay = 0.01f, grad_clip = 1.0f, dropout = 0.0f;
+  float lr = 3e-3f, weight_decay = 0.01f, grad_clip = 1.0f, dropout = 0.0f, bucket_mb = 25.0f;
   std::uint64_t seed = 1234;
   bool progress = true;
 };
@@ -37,7 +50,8 @@ struct Args {
 const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
-    "                 [--dropout P] [--dtype f64|f32] [--device cpu] [--backend local] [--parallel SPEC]\n"
+    "                 [--dropout P] [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel SPEC]\n"
+    "                 [--bucket-mb MB]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--data FILE]\n"
     "                 [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]\n"
     "                 [--no-progress]\n";
@@ -89,6 +103,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--save") a.save = v;
     else if (f == "--init-from") a.init_from = v;
     else if (f == "--resume") a.resume = v;
+    else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -103,7 +118,9 @@ Args parse(int argc, char** argv) {
              a.optimizer, "'");
   LOOM_CHECK(a.batch_order == "sequential" || a.batch_order == "shuffle",
              "--batch-order must be sequential or shuffle, got '", a.batch_order, "'");
-  LOOM_CHECK(a.backend == "local", "--backend ", a.backend, ": this build runs one-rank layouts (backend local)");
+  LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi (nccl needs --device cuda), got '",
+             a.backend, "'");
+  LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", a.bucket_mb);
   LOOM_CHECK(a.device == "cpu", "--device ", a.device,
              ": training on CUDA is not built into train_gpt yet; use --device cpu");
   LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
@@ -114,120 +131,155 @@ Args parse(int argc, char** argv) {
   throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + a.schedule + "'");
 }
 
-//! The layouts compiled into this program; --parallel picks one. Only the one-rank layout so far.
-void check_parallel(const std::string& spec) {
-  std::map<char, int> size{{'t', 1}, {'p', 1}, {'d', 1}, {'c', 1}, {'e', 1}};
+//! The data-parallel degree that --parallel asks for; the other axes are not in this build's layouts yet.
+int parse_parallel(const std::string& spec) {
+  std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}, {"cp", 1}, {"ep", 1}};
   std::stringstream ss(spec);
   for (std::string tok; std::getline(ss, tok, ',');) {
-    if (tok.empty() || tok == "sp") continue;
-    auto with_number = [&](const char* prefix, char key) {
-      const std::string p = prefix;
-      if (tok.rfind(p, 0) != 0 || tok.size() == p.size()) return false;
-      size[key] = number<int>("--parallel " + tok, tok.substr(p.size()));
-      return true;
-    };
-    if (with_number("tp", 't') || with_number("pp", 'p') || with_number("dp", 'd') || with_number("cp", 'c') ||
-        with_number("ep", 'e') || with_number("zero", 'z') || with_number("v", 'v'))
+    if (tok.empty()) continue;
+    if (tok == "sp" || tok.rfind("zero", 0) == 0 || (tok[0] == 'v' && tok.size() > 1)) {
+      if (tok == "sp" || tok == "zero0" || tok == "v1") continue;
+      throw Error("loom: --parallel " + spec + ": '" + tok + "' is not in this build's layouts (single, dp2, dp4, dp8)");
+    }
+    const std::string axis = tok.substr(0, 2);
+    if (size.count(axis) && tok.size() > 2) {
+      size[axis] = number<int>("--parallel " + tok, tok.substr(2));
+      LOOM_CHECK(size[axis] >= 1, "--parallel ", tok, ": a size must be at least 1");
       continue;
+    }
     throw Error("loom: --parallel: unknown part '" + tok + "' (tpN, ppN, dpN, cpN, epN, sp, vN, zeroK)");
   }
-  const int world = size['t'] * size['p'] * size['d'] * size['c'];
-  if (world != 1)
-    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", world,
-                                  " ranks; this build has the one-rank layout only (compiled layouts: single)"));
+  const int dp = size["dp"], others = size["tp"] * size["pp"] * size["cp"];
+  if (others != 1 || size["ep"] != 1 || (dp != 1 && dp != 2 && dp != 4 && dp != 8))
+    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", dp * others,
+                                  " ranks in a layout this build does not have (compiled layouts: single, dp2, dp4, "
+                                  "dp8)"));
+  return dp;
 }
 
-template <models::GptShape S, class T>
-int train(const Args& a) {
-  LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
-  auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
-  for (auto t : tokens)
-    LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
-  const std::size_t n_tokens = tokens.size();
-  train::Batches batches(std::move(tokens), a.batch, a.seq,
+//! What every rank does: its slice of each global batch, gradients averaged over the data-parallel group.
+template <models::GptShape S, class T, class Ctx>
+void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens) {
+  const bool lead = ctx.rank() == 0;
+  const int ranks = Ctx::world_size;
+#ifdef _OPENMP
+  omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
+#endif
+  train::Batches batches(tokens, a.batch, a.seq,
                          a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
                          a.seed);
   models::GptOptions mo;
   mo.dropout = a.dropout;
   models::Gpt<S, T> model(a.seed, mo);
   if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, model);
-
   std::optional<optim::AdamW<T>> adamw;
   std::optional<optim::Sgd<T>> sgd;
   if (a.optimizer == "adamw") adamw.emplace(model.specs(), S.params(), optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
   else sgd.emplace(model.specs(), S.params(), optim::SgdConfig{0.9, a.weight_decay});
+  train::StepConfig cfg;
+  cfg.batch = a.batch, cfg.seq = a.seq, cfg.micro_batches = a.micro_batches, cfg.lr = a.lr, cfg.warmup = a.warmup;
+  cfg.grad_clip = a.grad_clip, cfg.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
+  auto& dp = ctx.template comm<Axis::dp>();
+  auto run = [&](auto& opt) {
+    train::DataParallelTrainer trainer(model, opt, dp, batches, cfg);
+    std::ofstream log;
+    if (lead && !a.log_json.empty()) {
+      log.open(a.log_json, std::ios::trunc);
+      LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
+    }
+    const bool bar = lead && a.progress && isatty(fileno(stderr));
+    if (lead)
+      std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, layout %s (%s), "
+                  "batch %d x %d tokens, %d micro-batches per rank, %zu data tokens\n",
+                  a.model.c_str(), static_cast<long long>(S.params()), S.layers, S.d_model, S.heads, S.kv_heads,
+                  a.dtype.c_str(), a.optimizer.c_str(), std::string(Ctx::config::name()).c_str(), a.backend.c_str(),
+                  a.batch, a.seq, a.micro_batches, tokens.size());
+    double first_loss = 0, loss = 0;
+    int skipped = 0;
+    const auto t_start = std::chrono::steady_clock::now();
+    for (int step = 0; step < a.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto r = trainer.step(step);
+      loss = r.loss;
+      if (!std::isfinite(loss))
+        throw Error(loom::detail::cat("loom: the loss is ", loss, " at step ", step, "; lower --lr or set --grad-clip"));
+      if (r.skipped) {
+        ++skipped;
+        if (lead) std::printf("step %5d  skipped: the gradient norm is %g\n", step, r.grad_norm);
+      }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = static_cast<double>(a.batch) * a.seq / secs;
+      std::vector<double> peak{static_cast<double>(host_memory().peak())};
+      ctx.world().all_reduce(peak, comm::Reduce::max);
+      if (step == 0) first_loss = loss;
+      if (!lead) continue;
+      if (log.is_open()) {
+        log << "{\"step\": " << step << ", \"loss\": " << loss << ", \"lr\": " << r.lr << ", \"tokens_per_s\": "
+            << tps << ", \"peak_bytes\": " << static_cast<std::uint64_t>(peak[0]) << "}\n";
+        log.flush();
+      }
+      if (bar) {
+        const int width = 30, done = a.steps ? (step + 1) * width / a.steps : width;
+        std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
+                     width - done, "", step + 1, a.steps, loss, tps);
+        std::fflush(stderr);
+      } else if (step % 25 == 0 || step + 1 == a.steps) {
+        std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s\n", step, loss, r.lr, tps);
+        std::fflush(stdout);
+      }
+    }
+    if (!lead) return;
+    if (bar) std::fputc('\n', stderr);
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (a.steps > 0)
+      std::printf("train_gpt: loss %.4f -> %.4f in %d steps (%d skipped), %.1f s, %.0f tokens/s, peak host memory "
+                  "%.1f MiB\n",
+                  first_loss, loss, a.steps, skipped, total, static_cast<double>(a.steps) * a.batch * a.seq / total,
+                  static_cast<double>(host_memory().peak()) / (1 << 20));
+    if (!a.save.empty()) {
+      checkpoint::save_gpt(a.save, model);
+      std::printf("train_gpt: saved %s/model.safetensors and config.json\n", a.save.c_str());
+    }
+  };
+  if (adamw) run(*adamw);
+  else run(*sgd);
+}
 
-  std::ofstream log;
-  if (!a.log_json.empty()) {
-    log.open(a.log_json, std::ios::trunc);
-    LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
+template <models::GptShape S, class T, int DP_>
+int train(const Args& a, int& argc, char**& argv) {
+  using Cfg = Parallel<DP<DP_>>;
+  LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
+  LOOM_CHECK(a.batch % (DP_ * a.micro_batches) == 0, "--batch ", a.batch, " must be a multiple of dp x micro-batches = ",
+             DP_, " x ", a.micro_batches);
+  auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
+  for (auto t : tokens)
+    LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
+  if (a.backend == "mpi") {
+#ifdef LOOM_HAS_MPI
+    return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T>(a, ctx, tokens); });
+#else
+    throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
+#endif
   }
-  const bool bar = a.progress && isatty(fileno(stderr));
-  std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, batch %d x %d tokens, "
-              "%d micro-batches, %zu data tokens\n",
-              a.model.c_str(), static_cast<long long>(S.params()), S.layers, S.d_model, S.heads, S.kv_heads,
-              a.dtype.c_str(), a.optimizer.c_str(), a.batch, a.seq, a.micro_batches, n_tokens);
-
-  const int micro = a.batch / a.micro_batches;
-  std::vector<std::int32_t> in(static_cast<std::size_t>(micro) * a.seq), tgt(in.size());
-  double first_loss = 0, loss = 0;
-  const auto t_start = std::chrono::steady_clock::now();
-  for (int step = 0; step < a.steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    model.zero_grad();
-    loss = 0;
-    for (int mb = 0; mb < a.micro_batches; ++mb) {
-      batches.fill(step, mb * micro, micro, in.data(), tgt.data());
-      loss += model.forward(in.data(), tgt.data(), micro, a.seq, static_cast<std::uint64_t>(step),
-                            static_cast<std::int64_t>(mb) * micro) /
-              a.micro_batches;
-      model.backward(1.0 / a.micro_batches);
-    }
-    if (!std::isfinite(loss))
-      throw Error(loom::detail::cat("loom: the loss is ", loss, " at step ", step,
-                                    "; lower --lr or set --grad-clip"));
-    const double norm = optim::clip_grad_norm(model.grads(), a.grad_clip);
-    if (!std::isfinite(norm))
-      throw Error(loom::detail::cat("loom: the gradient norm is ", norm, " at step ", step,
-                                    "; lower --lr or set --grad-clip"));
-    const double lr = optim::warmup_lr(a.lr, step, a.warmup);
-    if (adamw) adamw->step(model.params(), model.grads(), lr);
-    else sgd->step(model.params(), model.grads(), lr);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tps = static_cast<double>(a.batch) * a.seq / secs;
-    if (step == 0) first_loss = loss;
-    if (log.is_open()) {
-      log << "{\"step\": " << step << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"tokens_per_s\": " << tps
-          << ", \"peak_bytes\": " << host_memory().peak() << "}\n";
-      log.flush();
-    }
-    if (bar) {
-      const int width = 30, done = a.steps ? (step + 1) * width / a.steps : width;
-      std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
-                   width - done, "", step + 1, a.steps, loss, tps);
-      std::fflush(stderr);
-    } else if (step % 25 == 0 || step + 1 == a.steps) {
-      std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s\n", step, loss, lr, tps);
-      std::fflush(stdout);
-    }
-  }
-  if (bar) std::fputc('\n', stderr);
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (a.steps > 0)
-    std::printf("train_gpt: loss %.4f -> %.4f in %d steps, %.1f s, %.0f tokens/s, peak host memory %.1f MiB\n",
-                first_loss, loss, a.steps, total, static_cast<double>(a.steps) * a.batch * a.seq / total,
-                static_cast<double>(host_memory().peak()) / (1 << 20));
-  if (!a.save.empty()) {
-    checkpoint::save_gpt(a.save, model);
-    std::printf("train_gpt: saved %s/model.safetensors and config.json\n", a.save.c_str());
-  }
+  (void)argc, (void)argv;
+  run_local<Cfg>([&](auto& ctx) { train_rank<S, T>(a, ctx, tokens); });
   return 0;
 }
 
+template <models::GptShape S, class T>
+int train_layout(const Args& a, int dp, int& argc, char**& argv) {
+  switch (dp) {
+    case 2: return train<S, T, 2>(a, argc, argv);
+    case 4: return train<S, T, 4>(a, argc, argv);
+    case 8: return train<S, T, 8>(a, argc, argv);
+    default: return train<S, T, 1>(a, argc, argv);
+  }
+}
+
 template <models::GptShape S>
-int train_dtype(const Args& a) {
-  if (a.dtype == "f64") return train<S, double>(a);
-  return train<S, float>(a);
+int train_dtype(const Args& a, int dp, int& argc, char**& argv) {
+  if (a.dtype == "f64") return train_layout<S, double>(a, dp, argc, argv);
+  return train_layout<S, float>(a, dp, argc, argv);
 }
 
 }  // namespace
@@ -235,10 +287,10 @@ int train_dtype(const Args& a) {
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
-    check_parallel(a.parallel);
-    if (a.model == "tiny") return train_dtype<models::tiny>(a);
-    if (a.model == "small") return train_dtype<models::small>(a);
-    if (a.model == "gpt2") return train_dtype<models::gpt2>(a);
+    const int dp = parse_parallel(a.parallel);
+    if (a.model == "tiny") return train_dtype<models::tiny>(a, dp, argc, argv);
+    if (a.model == "small") return train_dtype<models::small>(a, dp, argc, argv);
+    if (a.model == "gpt2") return train_dtype<models::gpt2>(a, dp, argc, argv);
     throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -6,6 +6,7 @@
 #include <loom/comm/communicator.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
+#include <loom/core/trace.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -205,6 +206,7 @@ class LocalComm : public Frontend<LocalComm> {
 
   // --- one operation ---------------------------------------------------------------------------------------
   void run(Op& op) {
+    trace::Scope span(name_of(op.kind).data(), "comm");
     if (op.kind == Collective::send_recv) return run_p2p(op);
     auto& g = *g_;
     const auto deadline = detail::Clock::now() + g.world->options().timeout;
@@ -540,6 +542,7 @@ void run_local(F&& fn, comm::LocalOptions opt = {}) {
   threads.reserve(Cfg::world_size);
   for (int r = 0; r < Cfg::world_size; ++r) {
     threads.emplace_back([&, r] {
+      trace::set_rank(r);
       Context<Cfg, comm::Local> ctx(comm::Local::Rank{&world, r});
       try {
         fn(ctx);

@@ -9,6 +9,7 @@
 #include <loom/comm/context.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
+#include <loom/core/trace.hpp>
 
 #include <mpi.h>
 
@@ -277,6 +278,7 @@ class MpiComm : public Frontend<MpiComm> {
 
  private:
   void run(Op& op) {
+    trace::Scope span(name_of(op.kind).data(), "comm");
     auto& types = detail::MpiTypes::get();
     const MPI_Datatype t = types.type(op.dtype);
     const int c = static_cast<int>(op.count);
@@ -413,6 +415,7 @@ int mpi_main(int& argc, char**& argv, Body&& body) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   try {
     comm::detail::MpiWatch::get().start(comm::default_timeout());
+    trace::set_rank(rank);
     body(rank);
     comm::detail::world_barrier("the barrier after the program's work");
     comm::detail::MpiWatch::get().stop();

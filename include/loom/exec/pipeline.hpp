@@ -7,7 +7,11 @@
 #pragma once
 
 #include <loom/core/error.hpp>
-#include <loom/exec/trace.hpp>
+#include <loom/core/trace.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <condition_variable>
@@ -111,12 +115,23 @@ class Pipeline {
     // One worker per distinct resource.
     std::vector<const char*> resources;
     (add_resource<typename S::resource>(resources), ...);
+    // Workers belong to the calling rank: they inherit its trace rank and its OpenMP thread count.
     const int rank = trace::rank();
+#ifdef _OPENMP
+    const int omp_threads = omp_get_max_threads();
+#else
+    const int omp_threads = 1;
+#endif
     std::vector<std::thread> workers;
     workers.reserve(resources.size());
     for (const char* r : resources)
-      workers.emplace_back([this, r, rank] {
+      workers.emplace_back([this, r, rank, omp_threads] {
         trace::set_rank(rank);
+#ifdef _OPENMP
+        omp_set_num_threads(omp_threads);
+#else
+        (void)omp_threads;
+#endif
         work(r);
       });
     for (auto& w : workers) w.join();

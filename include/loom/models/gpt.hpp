@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/core/random.hpp>
+#include <loom/core/trace.hpp>
 #include <loom/kernels/cpu/ops.hpp>
 #include <loom/tensor/tensor.hpp>
 
@@ -205,6 +206,7 @@ class Gpt {
   //! Block l's part of backward that produces the gradient of its input: on entry dx holds d(output of block l),
   //! on return d(input of block l). Keeps the branch gradients that backward_weight(l) needs.
   void backward_input(int l) {
+    trace::Scope span("backward_input block", "compute");
     namespace k = kernels::cpu;
     Act& a = opt_.recompute ? scratch_act_ : act_[l];
     if (opt_.recompute) layer_forward(l, a, recompute_out_.data());
@@ -237,6 +239,7 @@ class Gpt {
 
   //! Block l's weight gradients, from the branch gradients kept by backward_input(l); accumulates into grads().
   void backward_weight(int l) {
+    trace::Scope span("backward_weight block", "compute");
     namespace k = kernels::cpu;
     Act& a = opt_.recompute ? scratch_act_ : act_[l];
     const Block gw = block(grads_, l);
@@ -303,6 +306,7 @@ class Gpt {
   }
 
   void layer_forward(int l, Act& a, T* out) {
+    trace::Scope span("forward block", "compute");
     namespace k = kernels::cpu;
     const Block w = block(params_, l);
     const int N = B_ * T_, d = S.d_model, f = S.ffn(), q = S.qkv_width();
