@@ -46,3 +46,14 @@ endif()
 
 # Data parallelism against the single-rank run.
 loom_add_test(test_data_parallel test_data_parallel.cpp LABELS "ddp;model")
+if(LOOM_WITH_MPI)
+  add_executable(test_data_parallel_mpi test_data_parallel_mpi.cpp)
+  target_link_libraries(test_data_parallel_mpi PRIVATE loom::mpi)
+  target_include_directories(test_data_parallel_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  foreach(np 2 4 8)
+    add_test(NAME test_data_parallel_mpi_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_data_parallel_mpi>)
+    set_tests_properties(test_data_parallel_mpi_np${np} PROPERTIES LABELS "mpi;ddp" TIMEOUT 300
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()

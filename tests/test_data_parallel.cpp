@@ -9,6 +9,8 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data_parallel.hpp>
 
+#include "data_parallel_cases.hpp"
+
 #include <cmath>
 #include <mutex>
 
@@ -16,65 +18,13 @@ using namespace loom;
 
 namespace {
 
-constexpr models::GptShape shape{2, 4, 2, 16, 37, 8};
-using Model = models::Gpt<shape, double>;
-constexpr int steps = 5, batch = 32, seq = 8;
-
-models::GptOptions options() {
-  models::GptOptions o;
-  o.dropout = 0.1f;
-  return o;
-}
-
-train::Batches data() {
-  std::vector<std::int32_t> tok(3000);
-  for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 3 * i) % shape.vocab);
-  return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 11);
-}
-
-struct Run {
-  std::vector<double> losses;
-  std::vector<double> params;
-};
-
-//! One rank, the whole batch, written directly against the model: the reference.
-Run single_rank() {
-  Model m(3, options());
-  optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
-  const auto d = data();
-  std::vector<std::int32_t> in(batch * seq), tg(in.size());
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    d.fill(s, 0, batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    optim::clip_grad_norm(m.grads(), 1.0);
-    opt.step(m.params(), m.grads(), 1e-2);
-  }
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
-  return r;
-}
+using namespace loom::test;
 
 template <int N>
 std::vector<Run> data_parallel(int micro_batches, std::size_t bucket_bytes, bool overlap) {
   std::vector<Run> runs(N);
-  const auto d = data();
   run_local<Parallel<DP<N>>>([&](auto& ctx) {
-    Model m(3, options());
-    optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
-    train::StepConfig cfg;
-    cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
-    cfg.bucket_bytes = bucket_bytes, cfg.overlap = overlap;
-    auto& dp = ctx.template comm<Axis::dp>();
-    train::DataParallelTrainer trainer(m, opt, dp, d, cfg);
-    Run& r = runs[ctx.rank()];
-    for (int s = 0; s < steps; ++s) {
-      const auto res = trainer.step(s);
-      if (res.skipped) throw Error("a step was skipped");
-      r.losses.push_back(res.loss);
-    }
-    r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+    runs[ctx.rank()] = data_parallel_rank(ctx.template comm<Axis::dp>(), micro_batches, bucket_bytes, overlap);
   });
   return runs;
 }
@@ -83,15 +33,10 @@ void check_same(const Run& ref, const std::vector<Run>& runs) {
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     REQUIRE(runs[r].losses.size() == ref.losses.size());
-    for (std::size_t s = 0; s < ref.losses.size(); ++s)
-      CHECK(std::abs(runs[r].losses[s] - ref.losses[s]) <= 1e-9 * std::abs(ref.losses[s]));
-    double worst = 0, scale = 0;
-    for (std::size_t i = 0; i < ref.params.size(); ++i) {
-      worst = std::max(worst, std::abs(runs[r].params[i] - ref.params[i]));
-      scale = std::max(scale, std::abs(ref.params[i]));
-    }
-    INFO("largest parameter difference " << worst << " of " << scale);
-    CHECK(worst <= 1e-9 * scale);
+    const auto [loss, params] = difference(ref, runs[r]);
+    INFO("loss difference " << loss << ", parameter difference " << params);
+    CHECK(loss <= 1e-9);
+    CHECK(params <= 1e-9);
     // Every rank holds the same parameters, bit for bit.
     CHECK(runs[r].params == runs[0].params);
   }

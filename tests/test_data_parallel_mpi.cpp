@@ -1,0 +1,39 @@
+// Data parallelism under mpirun: every process is one rank of DP = the process count; each compares its run with
+// the single-rank reference it computes itself (tests/data_parallel_cases.hpp), for 1 and 4 micro-batches.
+#include "data_parallel_cases.hpp"
+
+#include <loom/comm/mpi.hpp>
+#include <loom/config.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+using namespace loom;
+
+template <int N>
+int run(int argc, char** argv) {
+  return run_mpi<Parallel<DP<N>>>(argc, argv, [](auto& ctx) {
+    const auto ref = test::single_rank();
+    for (int m : {1, 4}) {
+      for (std::size_t bucket : {std::size_t{2048}, std::size_t{25} << 20}) {
+        const auto r = test::data_parallel_rank(ctx.template comm<Axis::dp>(), m, bucket, true);
+        const auto [loss, params] = test::difference(ref, r);
+        if (!(loss <= 1e-9 && params <= 1e-9))
+          throw Error(loom::detail::cat("rank ", ctx.rank(), ", ", m, " micro-batches, buckets of ", bucket,
+                                        " bytes: loss differs by ", loss, ", parameters by ", params));
+      }
+    }
+    if (ctx.rank() == 0)
+      std::printf("test_data_parallel_mpi: dp%d equals the single-rank run for 1 and 4 micro-batches\n", N);
+  });
+}
+
+int main(int argc, char** argv) {
+  const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");
+  switch (np ? std::atoi(np) : 1) {
+    case 2: return run<2>(argc, argv);
+    case 4: return run<4>(argc, argv);
+    case 8: return run<8>(argc, argv);
+    default: return run<1>(argc, argv);
+  }
+}
