@@ -57,3 +57,17 @@ if(LOOM_WITH_MPI)
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
   endforeach()
 endif()
+
+if(TARGET train_gpt AND LOOM_WITH_MPI)
+  # train_gpt as MPI processes: a data-parallel run, and a launch with the wrong number of processes.
+  set(_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
+  add_test(NAME train_gpt_mpi_dp2
+    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np 2 $<TARGET_FILE:train_gpt> --no-progress
+            --backend mpi --parallel dp2 --steps 5)
+  set_tests_properties(train_gpt_mpi_dp2 PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}"
+                       PASS_REGULAR_EXPRESSION "layout dp2 \\(mpi\\).*in 5 steps \\(0 skipped\\)")
+  add_test(NAME train_gpt_mpi_wrong_size
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;3;$<TARGET_FILE:train_gpt>;--backend;mpi;--parallel;dp2"
+            "-DEXPECT=loom: the layout dp2 needs 2 ranks, but the job was launched with 3" -P ${_ef})
+  set_tests_properties(train_gpt_mpi_wrong_size PROPERTIES LABELS "mpi;model;failure" ENVIRONMENT "${_mpi_env}")
+endif()
