@@ -71,3 +71,11 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
             "-DEXPECT=loom: the layout dp2 needs 2 ranks, but the job was launched with 3" -P ${_ef})
   set_tests_properties(train_gpt_mpi_wrong_size PROPERTIES LABELS "mpi;model;failure" ENVIRONMENT "${_mpi_env}")
 endif()
+
+if(LOOM_WITH_CUDA)
+  # Tensor<T, Cuda> (label gpu; skipped without a device).
+  add_executable(test_tensor_cuda test_tensor_cuda.cpp)
+  target_link_libraries(test_tensor_cuda PRIVATE loom::loom loom::cuda)
+  add_test(NAME test_tensor_cuda COMMAND test_tensor_cuda)
+  set_tests_properties(test_tensor_cuda PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77)
+endif()

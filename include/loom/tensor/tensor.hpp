@@ -239,10 +239,16 @@ void copy(const Tensor<T, Host>& src, const Tensor<T, Host>& dst) {
   });
 }
 
+//! Sets every element of a host tensor (device tensors: <loom/tensor/cuda.hpp>).
+template <class T>
+void fill_elements(const Tensor<T, Host>& t, T value) {
+  detail::for_each_run(t.shape(), t.strides(), t.strides(),
+                       [&](auto, auto b, auto n) { std::fill_n(t.data() + b, n, value); });
+}
+
 template <class T, class Device>
 void Tensor<T, Device>::fill(T value) const {
-  static_assert(std::is_same_v<Device, Host>, "loom: fill of a device tensor needs <loom/tensor/cuda.hpp>");
-  detail::for_each_run(shape_, strides_, strides_, [&](auto, auto b, auto n) { std::fill_n(data() + b, n, value); });
+  fill_elements(*this, value);  // found by argument-dependent lookup, also in <loom/tensor/cuda.hpp>
 }
 
 }  // namespace loom
