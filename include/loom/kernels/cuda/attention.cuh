@@ -438,12 +438,7 @@ __global__ void __launch_bounds__(P::threads)
 // --- launch ------------------------------------------------------------------------------------------------------
 
 inline void check_shape(const AttentionShape& s) {
-  LOOM_CHECK(s.B >= 0 && s.T >= 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0,
-             "attention needs Hq divisible by Hkv and positive sizes (B=", s.B, " T=", s.T, " Hq=", s.Hq,
-             " Hkv=", s.Hkv, " D=", s.D, ")");
-  LOOM_CHECK(s.ldq >= std::ptrdiff_t(s.Hq) * s.D && s.ldkv >= std::ptrdiff_t(s.Hkv) * s.D &&
-                 s.ldo >= std::ptrdiff_t(s.Hq) * s.D,
-             "attention row strides must hold all heads (ldq=", s.ldq, " ldkv=", s.ldkv, " ldo=", s.ldo, ")");
+  loom::kernels::cpu::detail::check_attention_shape(s);  // the rules both devices share
   LOOM_CHECK(s.B <= 65535 && s.Hq <= 65535, "attention on the device takes at most 65535 sequences and heads (B=",
              s.B, " Hq=", s.Hq, ")");
 }
