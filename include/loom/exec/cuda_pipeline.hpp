@@ -1,0 +1,145 @@
+// Typed stages on CUDA: the same Stage<Resource, Op> types as exec::Pipeline, where each resource is a CUDA stream
+// and the dependencies between stages are events, never a host synchronisation. Operations are called on the
+// calling thread, in an order that cannot deadlock (by diagonal chunk + stage), as op(input, stream): they enqueue
+// their work on `stream` and return at once. run() returns after enqueuing everything; wait() blocks until the last
+// stage of every chunk has finished on the device. Needs the CUDA runtime: link loom::cuda.
+#pragma once
+
+#include <loom/exec/pipeline.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <map>
+#include <string_view>
+
+namespace loom::exec {
+
+//! The stream of each resource.
+struct Streams {
+  cudaStream_t compute = nullptr, comm = nullptr, p2p = nullptr;
+
+  cudaStream_t of(const char* resource) const {
+    const std::string_view r = resource;
+    if (r == Compute::name) return compute;
+    if (r == Comm::name) return comm;
+    if (r == P2p::name) return p2p;
+    throw Error(std::string("loom: no CUDA stream for the resource '") + resource + "'");
+  }
+};
+
+namespace detail {
+inline void cuda_pipeline_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw BackendError(loom::detail::cat("loom: ", what, " failed: ", cudaGetErrorString(rc), " (",
+                                         cudaGetErrorName(rc), ")"));
+}
+
+template <std::size_t K, class... S>
+struct StreamStageTypes;
+template <class... S>
+struct StreamStageTypes<0, S...> {
+  using first = std::tuple_element_t<0, std::tuple<S...>>;
+  using input = std::size_t;
+  static_assert(std::is_invocable_v<typename first::op&, input, cudaStream_t>,
+                "loom: stage 0's operation must be callable with (chunk index, cudaStream_t)");
+  using output = std::invoke_result_t<typename first::op&, input, cudaStream_t>;
+};
+template <std::size_t K, class... S>
+struct StreamStageTypes {
+  using stage = std::tuple_element_t<K, std::tuple<S...>>;
+  using input = stored_t<typename StreamStageTypes<K - 1, S...>::output>;
+  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input, cudaStream_t>;
+  static_assert(accepts, "loom: a stage's operation cannot take what the stage before it produces");
+  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input, cudaStream_t>, void>;
+};
+}  // namespace detail
+
+template <class... S>
+class StreamPipeline {
+  static constexpr std::size_t K = sizeof...(S);
+  template <std::size_t k>
+  using out_t = detail::stored_t<typename detail::StreamStageTypes<k, S...>::output>;
+
+ public:
+  StreamPipeline(Streams streams, typename S::op... ops) : streams_(streams), ops_(std::move(ops)...) {}
+  StreamPipeline(const StreamPipeline&) = delete;
+  StreamPipeline& operator=(const StreamPipeline&) = delete;
+  ~StreamPipeline() { release(); }
+
+  //! Enqueues chunks 0..n-1 through every stage; stage k of chunk i starts on its stream once stage k-1 of chunk i
+  //! has finished on its own.
+  void run(std::size_t chunks) {
+    release();
+    n_ = chunks;
+    events_.assign(K * chunks, nullptr);
+    for (auto& e : events_) detail::cuda_pipeline_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                                        "cudaEventCreateWithFlags");
+    init_results(std::make_index_sequence<K>{});
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t i = 0; i < chunks; ++i) tasks.emplace_back(k, i);
+    std::sort(tasks.begin(), tasks.end(), [](auto a, auto b) {
+      return a.first + a.second != b.first + b.second ? a.first + a.second < b.first + b.second : a.first < b.first;
+    });
+    for (auto [k, i] : tasks) run_task(k, i, std::make_index_sequence<K>{});
+  }
+
+  //! Blocks until every chunk's last stage has finished.
+  void wait() {
+    for (std::size_t i = 0; i < n_; ++i)
+      detail::cuda_pipeline_check(cudaEventSynchronize(events_[(K - 1) * n_ + i]), "cudaEventSynchronize");
+  }
+
+  template <std::size_t k>
+  const out_t<k>& result(std::size_t i) const {
+    return *std::get<k>(results_)[i];
+  }
+
+ private:
+  template <std::size_t... I>
+  void init_results(std::index_sequence<I...>) {
+    ((std::get<I>(results_).assign(n_, std::nullopt)), ...);
+  }
+  template <std::size_t... I>
+  void run_task(std::size_t stage, std::size_t chunk, std::index_sequence<I...>) {
+    ((stage == I ? run_stage<I>(chunk) : void()), ...);
+  }
+  template <std::size_t k>
+  void run_stage(std::size_t chunk) {
+    using stage = std::tuple_element_t<k, std::tuple<S...>>;
+    const cudaStream_t s = streams_.of(stage::resource::name);
+    if constexpr (k > 0) {
+      using prev = std::tuple_element_t<k - 1, std::tuple<S...>>;
+      if (streams_.of(prev::resource::name) != s)
+        detail::cuda_pipeline_check(cudaStreamWaitEvent(s, events_[(k - 1) * n_ + chunk], 0), "cudaStreamWaitEvent");
+    }
+    auto& op = std::get<k>(ops_);
+    auto call = [&](auto&& input) {
+      if constexpr (std::is_void_v<typename detail::StreamStageTypes<k, S...>::output>) {
+        op(input, s);
+        std::get<k>(results_)[chunk] = chunk;
+      } else {
+        std::get<k>(results_)[chunk].emplace(op(input, s));
+      }
+    };
+    if constexpr (k == 0) call(chunk);
+    else call(*std::get<k - 1>(results_)[chunk]);
+    detail::cuda_pipeline_check(cudaEventRecord(events_[k * n_ + chunk], s), "cudaEventRecord");
+  }
+  void release() noexcept {
+    for (auto& e : events_)
+      if (e) cudaEventDestroy(e);
+    events_.clear();
+  }
+
+  Streams streams_;
+  std::tuple<typename S::op...> ops_;
+  std::size_t n_ = 0;
+  std::vector<cudaEvent_t> events_;
+  template <std::size_t... I>
+  static auto results_type(std::index_sequence<I...>) -> std::tuple<std::vector<std::optional<out_t<I>>>...>;
+  decltype(results_type(std::make_index_sequence<K>{})) results_;
+};
+
+}  // namespace loom::exec
