@@ -8,6 +8,7 @@
 //             [--schedule NAME]
 //             [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]
 #include <loom/checkpoint/gpt.hpp>
+#include <loom/checkpoint/training.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
@@ -42,7 +43,8 @@ struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
-  float lr = 3e-3f, weight_decay = 0.01f, grad_clip = 1.0f, dropout = 0.0f, bucket_mb = 25.0f;
+  double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0;
+  float dropout = 0.0f, bucket_mb = 25.0f;
   std::uint64_t seed = 1234;
   bool progress = true;
 };
@@ -54,6 +56,7 @@ const char* usage =
     "                 [--bucket-mb MB]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--data FILE]\n"
     "                 [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]\n"
+    "                 [--resume DIR]\n"
     "                 [--no-progress]\n";
 
 template <class N>
@@ -85,11 +88,11 @@ Args parse(int argc, char** argv) {
     else if (f == "--batch") a.batch = number<int>(f, v);
     else if (f == "--micro-batches") a.micro_batches = number<int>(f, v);
     else if (f == "--seq") a.seq = number<int>(f, v);
-    else if (f == "--lr") a.lr = number<float>(f, v);
+    else if (f == "--lr") a.lr = number<double>(f, v);
     else if (f == "--seed") a.seed = number<std::uint64_t>(f, v);
     else if (f == "--optimizer") a.optimizer = v;
-    else if (f == "--weight-decay") a.weight_decay = number<float>(f, v);
-    else if (f == "--grad-clip") a.grad_clip = number<float>(f, v);
+    else if (f == "--weight-decay") a.weight_decay = number<double>(f, v);
+    else if (f == "--grad-clip") a.grad_clip = number<double>(f, v);
     else if (f == "--warmup") a.warmup = number<int>(f, v);
     else if (f == "--dropout") a.dropout = number<float>(f, v);
     else if (f == "--dtype") a.dtype = v;
@@ -125,7 +128,8 @@ Args parse(int argc, char** argv) {
              ": training on CUDA is not built into train_gpt yet; use --device cpu");
   LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
              ": the CPU trains in f32 or f64 (bf16 training needs --device cuda)");
-  LOOM_CHECK(a.resume.empty(), "--resume is not available yet; --init-from DIR loads a model's weights");
+  LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
+             "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
     if (a.schedule == s) return a;
   throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + a.schedule + "'");
@@ -181,11 +185,13 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
   cfg.grad_clip = a.grad_clip, cfg.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
   auto& dp = ctx.template comm<Axis::dp>();
   auto run = [&](auto& opt) {
+    const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, model, opt);
     train::DataParallelTrainer trainer(model, opt, dp, batches, cfg);
     std::ofstream log;
     if (lead && !a.log_json.empty()) {
       log.open(a.log_json, std::ios::trunc);
       LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
+      log.precision(12);
     }
     const bool bar = lead && a.progress && isatty(fileno(stderr));
     if (lead)
@@ -197,7 +203,8 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
     double first_loss = 0, loss = 0;
     int skipped = 0;
     const auto t_start = std::chrono::steady_clock::now();
-    for (int step = 0; step < a.steps; ++step) {
+    if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
+    for (int step = start; step < a.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const auto r = trainer.step(step);
       loss = r.loss;
@@ -211,7 +218,7 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
       const double tps = static_cast<double>(a.batch) * a.seq / secs;
       std::vector<double> peak{static_cast<double>(host_memory().peak())};
       ctx.world().all_reduce(peak, comm::Reduce::max);
-      if (step == 0) first_loss = loss;
+      if (step == start) first_loss = loss;
       if (!lead) continue;
       if (log.is_open()) {
         log << "{\"step\": " << step << ", \"loss\": " << loss << ", \"lr\": " << r.lr << ", \"tokens_per_s\": "
@@ -231,14 +238,16 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
     if (!lead) return;
     if (bar) std::fputc('\n', stderr);
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    if (a.steps > 0)
+    const int ran = std::max(0, a.steps - start);
+    if (ran > 0)
       std::printf("train_gpt: loss %.4f -> %.4f in %d steps (%d skipped), %.1f s, %.0f tokens/s, peak host memory "
                   "%.1f MiB\n",
-                  first_loss, loss, a.steps, skipped, total, static_cast<double>(a.steps) * a.batch * a.seq / total,
+                  first_loss, loss, ran, skipped, total, static_cast<double>(ran) * a.batch * a.seq / total,
                   static_cast<double>(host_memory().peak()) / (1 << 20));
     if (!a.save.empty()) {
-      checkpoint::save_gpt(a.save, model);
-      std::printf("train_gpt: saved %s/model.safetensors and config.json\n", a.save.c_str());
+      checkpoint::save_training(a.save, model, opt, std::max(a.steps, start));
+      std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
+                  a.save.c_str());
     }
   };
   if (adamw) run(*adamw);

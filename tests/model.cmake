@@ -28,7 +28,9 @@ if(TARGET train_gpt)
       "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "non_finite_loss|--lr^1e30^--grad-clip^0^--steps^20|loom: the"
-      "too_many_ranks|--parallel^tp2,dp2|loom: --parallel tp2,dp2 needs 4 ranks")
+      "too_many_ranks|--parallel^tp2,dp2|loom: --parallel tp2,dp2 needs 4 ranks"
+      "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
+      "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
     string(REPLACE "|" ";" parts "${case}")
     list(GET parts 0 name)
     list(GET parts 1 args)
@@ -78,4 +80,11 @@ if(LOOM_WITH_CUDA)
   target_link_libraries(test_tensor_cuda PRIVATE loom::loom loom::cuda)
   add_test(NAME test_tensor_cuda COMMAND test_tensor_cuda)
   set_tests_properties(test_tensor_cuda PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77)
+endif()
+
+if(TARGET train_gpt)
+  add_test(NAME train_gpt_resume_continues_the_run
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)
+  set_tests_properties(train_gpt_resume_continues_the_run PROPERTIES LABELS model)
 endif()

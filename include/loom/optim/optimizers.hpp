@@ -7,6 +7,8 @@
 #include <loom/tensor/tensor.hpp>
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::optim {
@@ -36,6 +38,11 @@ class AdamW {
   int steps() const { return t_; }
   const Tensor<acc>& first_moment() const { return m_; }
   const Tensor<acc>& second_moment() const { return v_; }
+  //! Named state for checkpoints: the moments, and the step count.
+  std::vector<std::pair<std::string, Tensor<acc>>> state() const { return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}}; }
+  int counter() const { return t_; }
+  void set_counter(int t) { t_ = t; }
+  static constexpr const char* name = "adamw";
 
  private:
   std::vector<models::ParamSpec> specs_;
@@ -70,6 +77,13 @@ class Sgd {
   SgdConfig cfg_;
   Tensor<acc> buf_;
   bool first_ = true;
+
+ public:
+  //! Named state for checkpoints: the momentum buffer, and whether a step was taken.
+  std::vector<std::pair<std::string, Tensor<acc>>> state() const { return {{"sgd.momentum_buffer", buf_}}; }
+  int counter() const { return first_ ? 0 : 1; }
+  void set_counter(int t) { first_ = t == 0; }
+  static constexpr const char* name = "sgd";
 };
 
 //! The L2 norm of all gradients.
