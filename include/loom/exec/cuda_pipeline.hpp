@@ -35,31 +35,13 @@ inline void cuda_pipeline_check(cudaError_t rc, const char* what) {
                                          cudaGetErrorName(rc), ")"));
 }
 
-template <std::size_t K, class... S>
-struct StreamStageTypes;
-template <class... S>
-struct StreamStageTypes<0, S...> {
-  using first = std::tuple_element_t<0, std::tuple<S...>>;
-  using input = std::size_t;
-  static_assert(std::is_invocable_v<typename first::op&, input, cudaStream_t>,
-                "loom: stage 0's operation must be callable with (chunk index, cudaStream_t)");
-  using output = std::invoke_result_t<typename first::op&, input, cudaStream_t>;
-};
-template <std::size_t K, class... S>
-struct StreamStageTypes {
-  using stage = std::tuple_element_t<K, std::tuple<S...>>;
-  using input = stored_t<typename StreamStageTypes<K - 1, S...>::output>;
-  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input, cudaStream_t>;
-  static_assert(accepts, "loom: a stage's operation cannot take what the stage before it produces");
-  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input, cudaStream_t>, void>;
-};
 }  // namespace detail
 
 template <class... S>
 class StreamPipeline {
   static constexpr std::size_t K = sizeof...(S);
   template <std::size_t k>
-  using out_t = detail::stored_t<typename detail::StreamStageTypes<k, S...>::output>;
+  using out_t = detail::stored_t<typename detail::StageTypes<k, std::tuple<cudaStream_t>, S...>::output>;
 
  public:
   StreamPipeline(Streams streams, typename S::op... ops) : streams_(streams), ops_(std::move(ops)...) {}
@@ -116,7 +98,7 @@ class StreamPipeline {
     }
     auto& op = std::get<k>(ops_);
     auto call = [&](auto&& input) {
-      if constexpr (std::is_void_v<typename detail::StreamStageTypes<k, S...>::output>) {
+      if constexpr (std::is_void_v<typename detail::StageTypes<k, std::tuple<cudaStream_t>, S...>::output>) {
         op(input, s);
         std::get<k>(results_)[chunk] = chunk;
       } else {

@@ -60,24 +60,25 @@ namespace detail {
 template <class T>
 using stored_t = std::conditional_t<std::is_void_v<T>, std::size_t, T>;
 
-//! The type stage K receives, and the type it returns, for the stages S...
-template <std::size_t K, class... S>
+//! The type stage K receives, and the type it returns, for the stages S... whose operations are called as
+//! op(input, extra...): no extra arguments on the CPU, the stream on CUDA.
+template <std::size_t K, class Extra, class... S>
 struct StageTypes;
-template <class... S>
-struct StageTypes<0, S...> {
+template <class... Extra, class... S>
+struct StageTypes<0, std::tuple<Extra...>, S...> {
   using first = std::tuple_element_t<0, std::tuple<S...>>;
   using input = std::size_t;
-  static_assert(std::is_invocable_v<typename first::op&, input>,
+  static_assert(std::is_invocable_v<typename first::op&, input, Extra...>,
                 "loom: stage 0's operation must be callable with the chunk index (std::size_t)");
-  using output = std::invoke_result_t<typename first::op&, input>;
+  using output = std::invoke_result_t<typename first::op&, input, Extra...>;
 };
-template <std::size_t K, class... S>
-struct StageTypes {
+template <std::size_t K, class... Extra, class... S>
+struct StageTypes<K, std::tuple<Extra...>, S...> {
   using stage = std::tuple_element_t<K, std::tuple<S...>>;
-  using input = stored_t<typename StageTypes<K - 1, S...>::output>;
-  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input>;
+  using input = stored_t<typename StageTypes<K - 1, std::tuple<Extra...>, S...>::output>;
+  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input, Extra...>;
   static_assert(accepts, "loom: a stage's operation cannot take what the stage before it produces");
-  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input>, void>;
+  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input, Extra...>, void>;
 };
 
 template <class Op>
@@ -97,7 +98,7 @@ class Pipeline {
   static_assert(sizeof...(S) >= 1, "loom: a Pipeline needs at least one stage");
   static constexpr std::size_t K = sizeof...(S);
   template <std::size_t k>
-  using types = detail::StageTypes<k, S...>;
+  using types = detail::StageTypes<k, std::tuple<>, S...>;
   template <std::size_t k>
   using out_t = detail::stored_t<typename types<k>::output>;
 
