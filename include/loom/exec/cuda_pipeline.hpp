@@ -38,10 +38,8 @@ inline void cuda_pipeline_check(cudaError_t rc, const char* what) {
 }  // namespace detail
 
 template <class... S>
-class StreamPipeline {
+class StreamPipeline : public detail::results_base_t<std::tuple<cudaStream_t>, S...> {
   static constexpr std::size_t K = sizeof...(S);
-  template <std::size_t k>
-  using out_t = detail::stored_t<typename detail::StageTypes<k, std::tuple<cudaStream_t>, S...>::output>;
 
  public:
   StreamPipeline(Streams streams, typename S::op... ops) : streams_(streams), ops_(std::move(ops)...) {}
@@ -57,13 +55,11 @@ class StreamPipeline {
     events_.assign(K * chunks, nullptr);
     for (auto& e : events_) detail::cuda_pipeline_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                                                         "cudaEventCreateWithFlags");
-    init_results(std::make_index_sequence<K>{});
+    this->reset_results(chunks);
     std::vector<std::pair<std::size_t, std::size_t>> tasks;
     for (std::size_t k = 0; k < K; ++k)
       for (std::size_t i = 0; i < chunks; ++i) tasks.emplace_back(k, i);
-    std::sort(tasks.begin(), tasks.end(), [](auto a, auto b) {
-      return a.first + a.second != b.first + b.second ? a.first + a.second < b.first + b.second : a.first < b.first;
-    });
+    detail::diagonal_order(tasks);
     for (auto [k, i] : tasks) run_task(k, i, std::make_index_sequence<K>{});
   }
 
@@ -73,16 +69,7 @@ class StreamPipeline {
       detail::cuda_pipeline_check(cudaEventSynchronize(events_[(K - 1) * n_ + i]), "cudaEventSynchronize");
   }
 
-  template <std::size_t k>
-  const out_t<k>& result(std::size_t i) const {
-    return *std::get<k>(results_)[i];
-  }
-
  private:
-  template <std::size_t... I>
-  void init_results(std::index_sequence<I...>) {
-    ((std::get<I>(results_).assign(n_, std::nullopt)), ...);
-  }
   template <std::size_t... I>
   void run_task(std::size_t stage, std::size_t chunk, std::index_sequence<I...>) {
     ((stage == I ? run_stage<I>(chunk) : void()), ...);
@@ -100,13 +87,13 @@ class StreamPipeline {
     auto call = [&](auto&& input) {
       if constexpr (std::is_void_v<typename detail::StageTypes<k, std::tuple<cudaStream_t>, S...>::output>) {
         op(input, s);
-        std::get<k>(results_)[chunk] = chunk;
+        std::get<k>(this->results_)[chunk] = chunk;
       } else {
-        std::get<k>(results_)[chunk].emplace(op(input, s));
+        std::get<k>(this->results_)[chunk].emplace(op(input, s));
       }
     };
     if constexpr (k == 0) call(chunk);
-    else call(*std::get<k - 1>(results_)[chunk]);
+    else call(*std::get<k - 1>(this->results_)[chunk]);
     detail::cuda_pipeline_check(cudaEventRecord(events_[k * n_ + chunk], s), "cudaEventRecord");
   }
   void release() noexcept {
@@ -119,9 +106,6 @@ class StreamPipeline {
   std::tuple<typename S::op...> ops_;
   std::size_t n_ = 0;
   std::vector<cudaEvent_t> events_;
-  template <std::size_t... I>
-  static auto results_type(std::index_sequence<I...>) -> std::tuple<std::vector<std::optional<out_t<I>>>...>;
-  decltype(results_type(std::make_index_sequence<K>{})) results_;
 };
 
 }  // namespace loom::exec

@@ -81,6 +81,41 @@ struct StageTypes<K, std::tuple<Extra...>, S...> {
   using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input, Extra...>, void>;
 };
 
+//! What each stage returned for each chunk in a pipeline's last run.
+template <class... Out>
+class StageResults {
+ public:
+  //! What stage k returned for chunk i in the last run().
+  template <std::size_t k>
+  const auto& result(std::size_t i) const {
+    return *std::get<k>(this->results_)[i];
+  }
+
+ protected:
+  void reset_results(std::size_t n) {
+    std::apply([n](auto&... v) { (v.assign(n, std::nullopt), ...); }, results_);
+  }
+  std::tuple<std::vector<std::optional<Out>>...> results_;
+};
+
+//! The (stage, chunk) tasks in the order that cannot deadlock: by diagonal stage + chunk, then by stage. Every
+//! task depends only on tasks of a smaller diagonal.
+inline void diagonal_order(std::vector<std::pair<std::size_t, std::size_t>>& tasks) {
+  std::sort(tasks.begin(), tasks.end(), [](auto a, auto b) {
+    return a.first + a.second != b.first + b.second ? a.first + a.second < b.first + b.second : a.first < b.first;
+  });
+}
+
+template <class Extra, class Seq, class... S>
+struct ResultsOf;
+template <class Extra, std::size_t... I, class... S>
+struct ResultsOf<Extra, std::index_sequence<I...>, S...> {
+  using type = StageResults<stored_t<typename StageTypes<I, Extra, S...>::output>...>;
+};
+//! The StageResults base of a pipeline whose operations take the extra arguments Extra.
+template <class Extra, class... S>
+using results_base_t = typename ResultsOf<Extra, std::make_index_sequence<sizeof...(S)>, S...>::type;
+
 template <class Op>
 const char* op_name(std::size_t k, std::string& buf) {
   if constexpr (requires { Op::name; }) {
@@ -94,14 +129,11 @@ const char* op_name(std::size_t k, std::string& buf) {
 }  // namespace detail
 
 template <class... S>
-class Pipeline {
+class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
   static_assert(sizeof...(S) >= 1, "loom: a Pipeline needs at least one stage");
   static constexpr std::size_t K = sizeof...(S);
   template <std::size_t k>
   using types = detail::StageTypes<k, std::tuple<>, S...>;
-  template <std::size_t k>
-  using out_t = detail::stored_t<typename types<k>::output>;
-
  public:
   explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {}
 
@@ -111,7 +143,7 @@ class Pipeline {
     n_ = chunks;
     done_.assign(K * chunks, 0);
     failure_ = nullptr;
-    init_results(std::make_index_sequence<K>{});
+    this->reset_results(chunks);
     if (chunks == 0) return;
     // One worker per distinct resource.
     std::vector<const char*> resources;
@@ -139,17 +171,7 @@ class Pipeline {
     if (failure_) std::rethrow_exception(failure_);
   }
 
-  //! What stage k returned for chunk i in the last run().
-  template <std::size_t k>
-  const out_t<k>& result(std::size_t i) const {
-    return *std::get<k>(results_)[i];
-  }
-
  private:
-  template <std::size_t... I>
-  void init_results(std::index_sequence<I...>) {
-    ((std::get<I>(results_).assign(n_, std::nullopt)), ...);
-  }
   template <class R>
   static void add_resource(std::vector<const char*>& v) {
     if (std::find(v.begin(), v.end(), R::name) == v.end()) v.push_back(R::name);
@@ -160,9 +182,7 @@ class Pipeline {
     std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk)
     std::size_t k = 0;
     ((std::string_view(S::resource::name) == r ? add_tasks(tasks, k++) : void(++k)), ...);
-    std::sort(tasks.begin(), tasks.end(), [](auto a, auto b) {
-      return a.first + a.second != b.first + b.second ? a.first + a.second < b.first + b.second : a.first < b.first;
-    });
+    detail::diagonal_order(tasks);
     for (auto [stage, chunk] : tasks) {
       {
         std::unique_lock lk(m_);
@@ -198,15 +218,15 @@ class Pipeline {
     auto call = [&](auto&& input) {
       if constexpr (std::is_void_v<typename types<k>::output>) {
         op(input);
-        std::get<k>(results_)[chunk] = chunk;
+        std::get<k>(this->results_)[chunk] = chunk;
       } else {
-        std::get<k>(results_)[chunk].emplace(op(input));
+        std::get<k>(this->results_)[chunk].emplace(op(input));
       }
     };
     if constexpr (k == 0) {
       call(chunk);
     } else {
-      call(*std::get<k - 1>(results_)[chunk]);
+      call(*std::get<k - 1>(this->results_)[chunk]);
     }
     if (trace::enabled()) {
       std::string buf;
@@ -220,9 +240,6 @@ class Pipeline {
   std::exception_ptr failure_;
   std::mutex m_;
   std::condition_variable cv_;
-  template <std::size_t... I>
-  static auto results_type(std::index_sequence<I...>) -> std::tuple<std::vector<std::optional<out_t<I>>>...>;
-  decltype(results_type(std::make_index_sequence<K>{})) results_;
 };
 
 }  // namespace loom::exec
