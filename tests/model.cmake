@@ -88,3 +88,9 @@ if(TARGET train_gpt)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)
   set_tests_properties(train_gpt_resume_continues_the_run PROPERTIES LABELS model)
 endif()
+
+# Tensor (and sequence) parallelism against the single-rank run, once per attention shape.
+foreach(shape mha gqa mqa)
+  loom_add_test(test_tensor_parallel_${shape} test_tensor_parallel.cpp LABELS "tp;model")
+  target_compile_definitions(test_tensor_parallel_${shape} PRIVATE LOOM_TP_SHAPE=loom::test::tp::${shape})
+endforeach()

@@ -1,16 +1,24 @@
-// A GPT-2-style decoder on one rank: pre-LayerNorm blocks, learned positions, tied input and output embedding, GELU
-// MLP of width 4d, optional grouped-query attention. Its shape is a compile-time value; its parameters are named and
-// laid out as Hugging Face's GPT-2 (h.{i}.attn.c_attn.weight is [d, 3d], ...), in one flat buffer. Each block has
-// an explicit forward, backward_input and backward_weight; activations may be recomputed per layer.
+// A GPT-2-style decoder: pre-LayerNorm blocks, learned positions, tied input and output embedding, GELU MLP of
+// width 4d, optional grouped-query attention, on one rank or split over a tensor-parallel group (with or without
+// sequence parallelism) as the layout type Cfg says. Its shape is a compile-time value; its parameters are named
+// and laid out as Hugging Face's GPT-2 (h.{i}.attn.c_attn.weight is [d, 3d], ...), each rank holding its part of
+// each in one flat buffer. Each block has an explicit forward, backward_input and backward_weight; activations may
+// be recomputed per layer.
 #pragma once
 
+#include <loom/config.hpp>
 #include <loom/core/random.hpp>
 #include <loom/core/trace.hpp>
 #include <loom/kernels/cpu/ops.hpp>
+#include <loom/layers/attention.hpp>
+#include <loom/layers/mlp.hpp>
+#include <loom/layers/param.hpp>
+#include <loom/layers/vocab.hpp>
 #include <loom/tensor/tensor.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,16 +47,7 @@ inline constexpr GptShape tiny{2, 4, 4, 64, 256, 128};
 inline constexpr GptShape small{4, 4, 4, 256, 256, 256};
 inline constexpr GptShape gpt2{12, 12, 12, 768, 50257, 1024};
 
-//! One named parameter: where it lies in the flat buffer, its shape, and whether weight decay applies (matrices and
-//! embeddings, not biases or LayerNorm parameters).
-struct ParamSpec {
-  std::string name;
-  Shape shape;
-  std::int64_t offset;
-  bool decay;
-  double init_std;  //!< 0: constant init_value
-  double init_value;
-};
+using layers::ParamSpec;
 
 struct GptOptions {
   bool recompute = false;  //!< keep only each block's input; recompute the rest during backward
@@ -56,101 +55,119 @@ struct GptOptions {
   float ln_eps = 1e-5f;
 };
 
-template <GptShape S, class T = float>
+//! The rules a shape must meet to be split over TP ranks, checked where a model is declared.
+template <GptShape S, int TP, bool SequenceParallel>
+struct TensorParallelRules {
+  static_assert(S.heads % TP == 0, "loom: heads must be divisible by TP (attention is split by heads)");
+  static_assert(S.kv_heads % TP == 0 || TP % S.kv_heads == 0,
+                "loom: kv_heads and TP must divide one another (kv heads are split when kv_heads >= TP and "
+                "replicated on TP / kv_heads ranks when kv_heads < TP)");
+  static_assert(S.ffn() % TP == 0, "loom: d_ff (4 x d_model) must be divisible by TP (the MLP is split by features)");
+  static_assert(S.vocab >= TP, "loom: the vocabulary must have at least TP entries (it is split by rows)");
+  static_assert(!SequenceParallel || S.max_seq % TP == 0,
+                "loom: with sequence parallelism max_seq must be divisible by TP (sequences are split over TP)");
+  static constexpr bool ok = true;
+};
+
+//! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg. Other axes of Cfg (data
+//! parallelism, ...) replicate or feed the model; they do not change it.
+template <GptShape S, class T = float, class Cfg = Parallel<>>
 class Gpt {
   static_assert(S.layers >= 1 && S.heads >= 1 && S.kv_heads >= 1 && S.d_model >= 1 && S.vocab >= 1 && S.max_seq >= 1,
                 "loom: every GPT dimension must be at least 1");
   static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
+  static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
 
  public:
   using acc = kernels::cpu::acc_t<T>;
+  using config = Cfg;
   static constexpr GptShape shape = S;
+  static constexpr int tp_size = Cfg::template size<Axis::tp>;
+  static constexpr bool sequence_parallel = Cfg::sequence_parallel;
+  static_assert(TensorParallelRules<S, tp_size, sequence_parallel>::ok);
 
-  //! Parameters in Hugging Face's GPT-2 order and layout.
-  static std::vector<ParamSpec> param_specs() {
-    std::vector<ParamSpec> v;
-    std::int64_t at = 0;
-    const std::int64_t d = S.d_model, q = S.qkv_width(), f = S.ffn();
+  //! The parameters of tensor-parallel rank tp_rank, in Hugging Face's GPT-2 order; each declared by its layer with
+  //! its placement. tp_size 1 (or global = true) gives the whole model.
+  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false) {
+    layers::ParamTable t(global ? 1 : tp_size, global ? 0 : tp_rank);
+    const int d = S.d_model;
     const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * S.layers);
-    auto add = [&](std::string name, Shape shape, bool decay, double init_std, double init_value = 0) {
-      const auto n = numel_of(shape);
-      v.push_back({std::move(name), std::move(shape), at, decay, init_std, init_value});
-      at += n;
-    };
-    add("wte.weight", {S.vocab, d}, true, std_w);
-    add("wpe.weight", {S.max_seq, d}, true, 0.01);
+    layers::VocabParallelEmbedding<T>::declare(t, "wte", S.vocab, d, std_w);
+    t.add<Replicate>("wpe.weight", {S.max_seq, d}, true, 0.01);
     for (int l = 0; l < S.layers; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
-      add(h + "ln_1.weight", {d}, false, 0, 1);
-      add(h + "ln_1.bias", {d}, false, 0);
-      add(h + "attn.c_attn.weight", {d, q}, true, std_w);
-      add(h + "attn.c_attn.bias", {q}, false, 0);
-      add(h + "attn.c_proj.weight", {d, d}, true, std_proj);
-      add(h + "attn.c_proj.bias", {d}, false, 0);
-      add(h + "ln_2.weight", {d}, false, 0, 1);
-      add(h + "ln_2.bias", {d}, false, 0);
-      add(h + "mlp.c_fc.weight", {d, f}, true, std_w);
-      add(h + "mlp.c_fc.bias", {f}, false, 0);
-      add(h + "mlp.c_proj.weight", {f, d}, true, std_proj);
-      add(h + "mlp.c_proj.bias", {d}, false, 0);
+      t.add<Replicate>(h + "ln_1.weight", {d}, false, 0, 1);
+      t.add<Replicate>(h + "ln_1.bias", {d}, false, 0);
+      layers::ParallelAttention<T>::declare(t, h + "attn.", d, S.heads, S.kv_heads, std_w, std_proj);
+      t.add<Replicate>(h + "ln_2.weight", {d}, false, 0, 1);
+      t.add<Replicate>(h + "ln_2.bias", {d}, false, 0);
+      layers::ParallelMlp<T>::declare(t, h + "mlp.", d, S.ffn(), std_w, std_proj);
     }
-    add("ln_f.weight", {d}, false, 0, 1);
-    add("ln_f.bias", {d}, false, 0);
-    return v;
+    t.add<Replicate>("ln_f.weight", {d}, false, 0, 1);
+    t.add<Replicate>("ln_f.bias", {d}, false, 0);
+    return t.take();
   }
 
-  //! Initialised from seed: element i of parameter p is a function of (seed, p, i) alone.
+  //! The single-rank model, initialised from seed: element i of parameter p is a function of (seed, p, i) alone.
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
-      : opt_(opt), specs_(param_specs()), params_(Tensor<T>::zeros({S.params()})),
-        grads_(Tensor<T>::zeros({S.params()})) {
-    for (std::size_t p = 0; p < specs_.size(); ++p) {
-      const auto& s = specs_[p];
-      T* w = params_.data() + s.offset;
-      const auto n = numel_of(s.shape);
-      const auto k = random::key(seed, p);
-      for (std::int64_t i = 0; i < n; ++i)
-        w[i] = static_cast<T>(s.init_std > 0 ? s.init_std * random::normal(k, static_cast<std::uint64_t>(i))
-                                              : s.init_value);
-    }
-  }
+    requires(tp_size == 1)
+      : Gpt(layers::TpGroup<T>{}, seed, opt) {}
+  //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
+  //! gives the same whole model whatever the layout.
+  template <class Comm>
+  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(layers::TpGroup<T>(tp), seed, opt) {}
+
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const Tensor<T>& params() const { return params_; }
   const Tensor<T>& grads() const { return grads_; }
   const GptOptions& options() const { return opt_; }
-  //! A view of one parameter (or its gradient) by its Hugging Face name.
+  //! A view of this rank's part of one parameter (or its gradient) by its Hugging Face name.
   Tensor<T> param(std::string_view name) const { return view_of(params_, name); }
   Tensor<T> grad(std::string_view name) const { return view_of(grads_, name); }
   void zero_grad() { grads_.fill(T(0)); }
+  int tp_rank() const { return tp_.rank(); }
+  //! The tensor-parallel group, with the counts of the collectives the model has issued.
+  layers::TpGroup<T>& tp() { return tp_; }
+  const layers::TpGroup<T>& tp() const { return tp_; }
 
-  //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each), keeping what backward needs.
-  //! step and row0 (the global index of this batch's first sequence) key dropout, so that its mask does not depend on
-  //! how the batch is split.
+  //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each, the same on every tensor-parallel
+  //! rank), keeping what backward needs. step and row0 (the global index of this batch's first sequence) key
+  //! dropout, so that its mask does not depend on how the batch is split.
   double forward(const std::int32_t* ids, const std::int32_t* targets, int B, int T_, std::uint64_t step = 0,
                  std::int64_t row0 = 0) {
     LOOM_CHECK(T_ >= 1 && T_ <= S.max_seq, "sequence length ", T_, " is outside 1..", S.max_seq,
                " (the model's max_seq)");
     LOOM_CHECK(B >= 1, "batch of ", B, " sequences");
+    LOOM_CHECK(!sequence_parallel || T_ % tp_size == 0, "sequence parallelism splits each sequence over tp = ",
+               tp_size, " ranks, but the sequence length ", T_, " is not a multiple of it");
     for (std::int64_t i = 0; i < std::int64_t{B} * T_; ++i)
       LOOM_CHECK(ids[i] >= 0 && ids[i] < S.vocab && targets[i] >= 0 && targets[i] < S.vocab, "token ",
                  ids[i] < 0 || ids[i] >= S.vocab ? ids[i] : targets[i], " at position ", i,
                  " is outside the vocabulary 0..", S.vocab - 1);
     resize(B, T_);
     ids_ = ids, targets_ = targets, step_ = step, row0_ = row0;
+    tp_.phase = layers::Phase::other;
     namespace k = kernels::cpu;
-    const int N = B * T_, d = S.d_model;
+    const int N = B * T_, d = S.d_model, rows = region_.rows();
     T* x0 = act_[0].x.data();
-    k::embedding_forward(ids, param_ptr(wte_), x0, N, d, 0, S.vocab);
-    k::add_positions(param_ptr(wpe_), x0, B, T_, d);
-    drop(x0, x0, std::size_t(N) * d, 0, 0);
+    emb_->forward(ids, param_ptr(wte_), sp_or(emb_full_, x0), x0);
+    add_positions(x0);
+    drop(x0, x0, std::size_t(rows) * d, 0, 0);
+    tp_.phase = layers::Phase::forward;
     for (int l = 0; l < S.layers; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act_[l], next_input(l));
-    // Final norm, logits against the tied embedding, loss.
+    tp_.phase = layers::Phase::other;
+    // Final norm on this rank's rows, logits of this rank's vocabulary against the tied embedding, loss.
     T* xl = next_input(S.layers - 1);
     k::layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
-                         N, d, opt_.ln_eps);
-    k::matmul(lnf_.data(), param_ptr(wte_), logits_.data(), N, S.vocab, d, false, true);
-    k::cross_entropy_forward(logits_.data(), targets, losses_.data(), row_max_.data(), row_sumexp_.data(), N, S.vocab);
+                         rows, d, opt_.ln_eps);
+    const T* lnf_full = sp_or(lnf_full_, lnf_.data());
+    region_.enter_forward(lnf_.data(), const_cast<T*>(lnf_full));
+    k::matmul(lnf_full, param_ptr(wte_), logits_.data(), N, slice_.count, d, false, true);
+    ce_->forward(logits_.data(), targets, losses_.data(), row_max_.data(), row_sumexp_.data());
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += static_cast<double>(losses_.data()[i]);
     return sum / N;
@@ -171,24 +188,29 @@ class Gpt {
     std::size_t first, last;
   };
 
-  //! Runs backward chunk c (in order 0, 1, ...) and returns the parameters whose gradients are now complete.
+  //! Runs backward chunk c (in order 0, 1, ...) and returns the parameters whose gradients are now complete
+  //! (summed over the tensor-parallel ranks that share them).
   ParamRange backward_chunk(int c, double scale = 1.0) {
     LOOM_CHECK(ids_ != nullptr, "backward() before forward()");
     LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
     namespace k = kernels::cpu;
-    const int N = B_ * T_, d = S.d_model;
+    const int N = B_ * T_, d = S.d_model, rows = region_.rows();
     T* dx = dx_.data();
     if (c == 0) {  // loss, head, final norm
+      tp_.phase = layers::Phase::other;
       for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
-      k::ce_backward(logits_.data(), targets_, row_max_.data(), row_sumexp_.data(), dloss_.data(), logits_.data(), N,
-                     S.vocab, 0);
-      k::matmul(logits_.data(), param_ptr(wte_), dlnf_.data(), N, d, S.vocab, false, false);
-      k::matmul(logits_.data(), lnf_.data(), grad_ptr(wte_), S.vocab, d, N, true, false, 1.0f, 1.0f);
+      ce_->backward(logits_.data(), targets_, row_max_.data(), row_sumexp_.data(), dloss_.data(), logits_.data());
+      T* dlnf_full = sp_or(dlnf_full_, dlnf_.data());
+      k::matmul(logits_.data(), param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
+      region_.enter_backward(dlnf_full, dlnf_.data());
+      k::matmul(logits_.data(), sp_or(lnf_full_, lnf_.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
+                1.0f, 1.0f);
       const T* xl = next_input(S.layers - 1);
-      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), lnf_mean_.data(), lnf_rstd_.data(), dx, N, d);
+      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), lnf_mean_.data(), lnf_rstd_.data(), dx, rows,
+                                  d);
       k::layernorm_backward_weight(dlnf_.data(), xl, lnf_mean_.data(), lnf_rstd_.data(), grad_ptr(lnf_w_),
-                                   grad_ptr(lnf_b_), N, d);
-      return {lnf_w_, lnf_b_ + 1};
+                                   grad_ptr(lnf_b_), rows, d);
+      return sync_grads({lnf_w_, lnf_b_ + 1});
     }
     if (c <= S.layers) {
       const int l = S.layers - c;
@@ -196,11 +218,12 @@ class Gpt {
       backward_weight(l);
       return {2 + 12 * static_cast<std::size_t>(l), 2 + 12 * static_cast<std::size_t>(l) + 12};
     }
-    // Embedding: dropout, tokens (scatter-add into the tied table), positions.
-    drop_backward(dx, dx, std::size_t(N) * d, 0, 0);
-    k::embedding_backward(ids_, dx, grad_ptr(wte_), N, d, 0, S.vocab);
-    k::positions_backward(dx, grad_ptr(wpe_), B_, T_, d);
-    return {wte_, wpe_ + 1};
+    // Embedding: dropout, tokens (scatter-add into this rank's rows of the tied table), positions.
+    tp_.phase = layers::Phase::other;
+    drop_backward(dx, dx, std::size_t(rows) * d, 0, 0);
+    emb_->backward(ids_, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
+    positions_backward(dx);
+    return sync_grads({wte_, wpe_ + 1});
   }
 
   //! Block l's part of backward that produces the gradient of its input: on entry dx holds d(output of block l),
@@ -208,54 +231,111 @@ class Gpt {
   void backward_input(int l) {
     trace::Scope span("backward_input block", "compute");
     namespace k = kernels::cpu;
+    tp_.phase = layers::Phase::backward;
     Act& a = opt_.recompute ? scratch_act_ : act_[l];
     if (opt_.recompute) layer_forward(l, a, recompute_out_.data());
     const Block w = block(params_, l);
-    const int N = B_ * T_, d = S.d_model, f = S.ffn(), q = S.qkv_width();
-    const std::size_t nd = std::size_t(N) * d;
+    const int d = S.d_model, rows = region_.rows();
+    const std::size_t nd = std::size_t(rows) * d;
     T* dx = dx_.data();
-    // MLP branch: x3 = x2 + drop(fc_proj(gelu(fc(ln2(x2)))))
+    // MLP branch: x3 = x2 + drop(mlp(ln2(x2)))
     drop_backward(dx, g_.dfcp.data(), nd, l, 2);
-    k::matmul(g_.dfcp.data(), w.fcp_w, g_.dfch.data(), N, f, d, false, true);
-    k::gelu_backward(a.fch.data(), g_.dfch.data(), g_.dfch.data(), std::size_t(N) * f);
-    k::matmul(g_.dfch.data(), w.fc_w, g_.dln2.data(), N, d, f, false, true);
+    mlp_->backward_input(g_.dfcp.data(), w.mlp, a.mlp, g_.mlp, g_.dln2.data());
     k::layernorm_backward_input(g_.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
-                                g_.dtmp.data(), N, d);
+                                g_.dtmp.data(), rows, d);
     k::accumulate(g_.dtmp.data(), dx, nd);  // dx is now d(x2)
-    // Attention branch: x2 = x + drop(proj(attention(qkv(ln1(x)))))
+    // Attention branch: x2 = x + drop(attention(ln1(x)))
     drop_backward(dx, g_.dattp.data(), nd, l, 1);
-    k::matmul(g_.dattp.data(), w.proj_w, g_.datty.data(), N, d, d, false, true);
-    const auto sh = attention_shape();
-    const T* qkv = a.qkv.data();
-    T* dqkv = g_.dqkv.data();
-    k::attention_backward(g_.datty.data(), qkv, qkv + S.heads * S.head_dim(),
-                          qkv + (S.heads + S.kv_heads) * S.head_dim(), a.atty.data(), a.lse.data(), dqkv,
-                          dqkv + S.heads * S.head_dim(), dqkv + (S.heads + S.kv_heads) * S.head_dim(), sh);
-    k::matmul(dqkv, w.qkv_w, g_.dln1.data(), N, d, q, false, true);
+    attn_->backward_input(g_.dattp.data(), w.attn, a.attn, g_.attn, g_.dln1.data());
     k::layernorm_backward_input(g_.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
-                                g_.dtmp.data(), N, d);
+                                g_.dtmp.data(), rows, d);
     k::accumulate(g_.dtmp.data(), dx, nd);  // d(x)
+    tp_.phase = layers::Phase::other;
   }
 
-  //! Block l's weight gradients, from the branch gradients kept by backward_input(l); accumulates into grads().
+  //! Block l's weight gradients, from the branch gradients kept by backward_input(l); accumulates into grads() and
+  //! sums the gradients that tensor-parallel ranks share.
   void backward_weight(int l) {
     trace::Scope span("backward_weight block", "compute");
     namespace k = kernels::cpu;
     Act& a = opt_.recompute ? scratch_act_ : act_[l];
     const Block gw = block(grads_, l);
-    const int N = B_ * T_, d = S.d_model, f = S.ffn(), q = S.qkv_width();
-    k::matmul(a.fchg.data(), g_.dfcp.data(), gw.fcp_w, f, d, N, true, false, 1.0f, 1.0f);
-    k::bias_backward(g_.dfcp.data(), gw.fcp_b, N, d);
-    k::matmul(a.ln2.data(), g_.dfch.data(), gw.fc_w, d, f, N, true, false, 1.0f, 1.0f);
-    k::bias_backward(g_.dfch.data(), gw.fc_b, N, f);
-    k::layernorm_backward_weight(g_.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b, N,
-                                 d);
-    k::matmul(a.atty.data(), g_.dattp.data(), gw.proj_w, d, d, N, true, false, 1.0f, 1.0f);
-    k::bias_backward(g_.dattp.data(), gw.proj_b, N, d);
-    k::matmul(a.ln1.data(), g_.dqkv.data(), gw.qkv_w, d, q, N, true, false, 1.0f, 1.0f);
-    k::bias_backward(g_.dqkv.data(), gw.qkv_b, N, q);
-    k::layernorm_backward_weight(g_.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b, N,
-                                 d);
+    const int d = S.d_model, rows = region_.rows();
+    mlp_->backward_weight(a.ln2.data(), g_.dfcp.data(), a.mlp, g_.mlp, gw.mlp);
+    k::layernorm_backward_weight(g_.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
+                                 rows, d);
+    attn_->backward_weight(a.ln1.data(), g_.dattp.data(), a.attn, g_.attn, gw.attn);
+    k::layernorm_backward_weight(g_.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
+                                 rows, d);
+    const std::size_t p = 2 + 12 * static_cast<std::size_t>(l);
+    sync_grads({p, p + 12});
+  }
+
+  //! The global gradient norm: each element of the whole model counted once, whichever ranks hold it.
+  double grad_norm() {
+    double local = 0;
+    for (const auto& s : specs_) {
+      const T* g = grads_.data() + s.offset;
+      s.layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
+        double part = 0;
+        for (std::int64_t j = 0; j < n; ++j) part += static_cast<double>(g[lo + j]) * static_cast<double>(g[lo + j]);
+        local += part / replicas;
+      });
+    }
+    std::vector<acc> sq{static_cast<acc>(local)};
+    const auto phase = tp_.phase;
+    tp_.phase = layers::Phase::grads;
+    tp_.all_reduce_acc(sq.data(), 1, comm::Reduce::sum);
+    tp_.phase = phase;
+    return std::sqrt(static_cast<double>(sq[0]));
+  }
+
+  //! Bytes of this rank's parameters: those every tensor-parallel rank holds in full, and its part of the others.
+  struct ParamBytes {
+    std::size_t replicated, sharded;
+  };
+  ParamBytes param_bytes() const {
+    ParamBytes b{0, 0};
+    for (const auto& s : specs_) (s.replicated ? b.replicated : b.sharded) += numel_of(s.shape) * sizeof(T);
+    return b;
+  }
+
+  //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments) in the
+  //! single-rank layout: a collective over the tensor-parallel group; every rank receives the result.
+  template <class U>
+  std::vector<U> gather(const U* local) {
+    static_assert(std::is_same_v<U, T> || std::is_same_v<U, acc>, "loom: gather() takes parameters or moments");
+    const auto global = param_specs(0, true);
+    std::vector<U> out(static_cast<std::size_t>(S.params()));
+    if (tp_size == 1) {
+      std::copy_n(local, out.size(), out.data());
+      return out;
+    }
+    std::vector<std::int64_t> width(specs_.size()), at(specs_.size() + 1, 0);
+    for (std::size_t p = 0; p < specs_.size(); ++p) {
+      for (int r = 0; r < tp_size; ++r)
+        width[p] = std::max(width[p], specs_[p].layout.for_rank(r).local_numel());
+      at[p + 1] = at[p] + width[p];
+    }
+    std::vector<U> send(static_cast<std::size_t>(at.back()), U(0)), recv(send.size() * tp_size);
+    for (std::size_t p = 0; p < specs_.size(); ++p)
+      std::copy_n(local + specs_[p].offset, numel_of(specs_[p].shape), send.data() + at[p]);
+    const auto phase = tp_.phase;
+    tp_.phase = layers::Phase::other;
+    if constexpr (std::is_same_v<U, T>) tp_.all_gather(send.data(), recv.data(), send.size());
+    else tp_.all_gather_acc(send.data(), recv.data(), send.size());
+    tp_.phase = phase;
+    for (std::size_t p = 0; p < specs_.size(); ++p)
+      for (int r = 0; r < tp_size; ++r)
+        specs_[p].layout.for_rank(r).place(recv.data() + r * send.size() + at[p], out.data() + global[p].offset);
+    return out;
+  }
+  //! Sets this rank's part from a buffer in the single-rank layout (no communication).
+  template <class U>
+  void scatter(const U* global_buffer, U* local) const {
+    const auto global = param_specs(0, true);
+    for (std::size_t p = 0; p < specs_.size(); ++p)
+      specs_[p].layout.scatter(global_buffer + global[p].offset, local + specs_[p].offset);
   }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
@@ -264,18 +344,36 @@ class Gpt {
  private:
   //! Pointers to block l's parameters (or gradients) inside a flat buffer.
   struct Block {
-    T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcp_w, *fcp_b;
+    T *ln1_w, *ln1_b;
+    typename layers::ParallelAttention<T>::Params attn;
+    T *ln2_w, *ln2_b;
+    typename layers::ParallelMlp<T>::Params mlp;
   };
-  //! What one block keeps from forward for backward.
+  //! What one block keeps from forward for backward; x, ln1, x2 and ln2 hold this rank's rows.
   struct Act {
-    Tensor<T> x, ln1, qkv, atty, x2, ln2, fch, fchg;
-    Tensor<acc> mean1, rstd1, lse, mean2, rstd2;
+    Tensor<T> x, ln1, x2, ln2;
+    Tensor<acc> mean1, rstd1, mean2, rstd2;
+    typename layers::ParallelAttention<T>::Acts attn;
+    typename layers::ParallelMlp<T>::Acts mlp;
   };
   struct Grads {
-    Tensor<T> dfcp, dfch, dln2, dtmp, dattp, datty, dqkv, dln1;
+    Tensor<T> dfcp, dln2, dtmp, dattp, dln1;
+    typename layers::ParallelAttention<T>::Grads attn;
+    typename layers::ParallelMlp<T>::Grads mlp;
   };
 
   static constexpr std::size_t wte_ = 0, wpe_ = 1, lnf_w_ = 2 + 12 * S.layers, lnf_b_ = lnf_w_ + 1;
+
+  Gpt(layers::TpGroup<T> tp, std::uint64_t seed, GptOptions opt)
+      : opt_(opt), tp_(std::move(tp)), specs_(param_specs(tp_.rank())) {
+    LOOM_CHECK(tp_.size() == tp_size, "the tensor-parallel communicator has ", tp_.size(), " ranks but the layout ",
+               Cfg::name(), " has tp = ", tp_size);
+    const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
+    params_ = Tensor<T>::zeros({n});
+    grads_ = Tensor<T>::zeros({n});
+    layers::initialise(specs_, params_.data(), seed);
+    slice_ = layers::vocab_slice(S.vocab, tp_size, tp_.rank());
+  }
 
   T* param_ptr(std::size_t p) const { return params_.data() + specs_[p].offset; }
   T* grad_ptr(std::size_t p) const { return grads_.data() + specs_[p].offset; }
@@ -283,18 +381,62 @@ class Gpt {
     T* b = buf.data();
     const std::size_t p = 2 + 12 * static_cast<std::size_t>(l);
     auto at = [&](std::size_t i) { return b + specs_[p + i].offset; };
-    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+    return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}};
   }
   Tensor<T> view_of(const Tensor<T>& buf, std::string_view name) const {
     for (const auto& s : specs_)
       if (s.name == name) return buf.slice(0, s.offset, s.offset + numel_of(s.shape)).view(s.shape);
     throw Error(loom::detail::cat("loom: the model has no parameter named '", name, "'"));
   }
+  //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
+  T* sp_or(const Tensor<T>& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
 
-  kernels::cpu::AttentionShape attention_shape() const {
-    const std::ptrdiff_t q = S.qkv_width();
-    return {B_, T_, S.heads, S.kv_heads, S.head_dim(), q, q, S.d_model,
-            1.0 / std::sqrt(static_cast<double>(S.head_dim()))};
+  //! Sums over the tensor-parallel group the gradients that several of its ranks hold, of parameters [first, last):
+  //! with sequence parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that
+  //! ranks share when kv_heads < TP; one all-reduce for all of them.
+  ParamRange sync_grads(ParamRange r) {
+    if constexpr (tp_size == 1) return r;
+    std::vector<std::size_t> todo;
+    std::int64_t n = 0;
+    for (std::size_t p = r.first; p < r.last; ++p) {
+      const auto& s = specs_[p];
+      if (s.layout.shared_numel() > 0 && (!s.replicated || sequence_parallel)) todo.push_back(p), n += s.layout.shared_numel();
+    }
+    if (todo.empty()) return r;
+    std::vector<T> buf(static_cast<std::size_t>(n), T(0));
+    auto each = [&](auto&& f) {
+      std::int64_t at = 0;
+      for (auto p : todo) {
+        const auto& s = specs_[p];
+        s.layout.for_each_shared_piece([&](std::int64_t lo, std::int64_t sh, std::int64_t len) {
+          f(grads_.data() + s.offset + lo, buf.data() + at + sh, len);
+        });
+        at += s.layout.shared_numel();
+      }
+    };
+    each([](T* g, T* b, std::int64_t len) { std::copy_n(g, len, b); });
+    const auto phase = tp_.phase;
+    tp_.phase = layers::Phase::grads;
+    tp_.all_reduce(buf.data(), buf.size());
+    tp_.phase = phase;
+    each([](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
+    return r;
+  }
+
+  //! x (this rank's rows) += their positions' embeddings; or, backward, the positions' gradients += dx.
+  void add_positions(T* x) const { for_positions([&](int i, int n, int t0) {
+      kernels::cpu::add_positions(param_ptr(wpe_), x + std::ptrdiff_t(i) * S.d_model, 1, n, S.d_model, t0); }); }
+  void positions_backward(const T* dx) const { for_positions([&](int i, int n, int t0) {
+      kernels::cpu::positions_backward(dx + std::ptrdiff_t(i) * S.d_model, grad_ptr(wpe_), 1, n, S.d_model, t0); }); }
+  //! f(i, n, t0) for each run of n of this rank's rows, from row i, that are consecutive positions from t0.
+  template <class F>
+  void for_positions(F&& f) const {
+    const int rows = region_.rows(), first = region_.first_row();
+    for (int i = 0; i < rows;) {
+      const int t0 = (first + i) % T_, n = std::min(T_ - t0, rows - i);
+      f(i, n, t0);
+      i += n;
+    }
   }
 
   //! Block l's input: block 0 reads the embedding output; block l > 0 the output of block l-1.
@@ -309,98 +451,106 @@ class Gpt {
     trace::Scope span("forward block", "compute");
     namespace k = kernels::cpu;
     const Block w = block(params_, l);
-    const int N = B_ * T_, d = S.d_model, f = S.ffn(), q = S.qkv_width();
-    const std::size_t nd = std::size_t(N) * d;
+    const int d = S.d_model, rows = region_.rows();
+    const std::size_t nd = std::size_t(rows) * d;
     const T* x = input_of(l);
-    k::layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), N, d, opt_.ln_eps);
-    k::matmul(a.ln1.data(), w.qkv_w, a.qkv.data(), N, q, d, false, false);
-    k::bias_add(a.qkv.data(), w.qkv_b, a.qkv.data(), N, q);
-    const T* qkv = a.qkv.data();
-    k::attention_forward(qkv, qkv + S.heads * S.head_dim(), qkv + (S.heads + S.kv_heads) * S.head_dim(),
-                         a.atty.data(), a.lse.data(), attention_shape());
+    k::layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), rows, d, opt_.ln_eps);
     T* x2 = a.x2.data();
-    k::matmul(a.atty.data(), w.proj_w, x2, N, d, d, false, false);
-    k::bias_add(x2, w.proj_b, x2, N, d);
+    attn_->forward(a.ln1.data(), w.attn, a.attn, partial_.data(), x2);
     drop(x2, x2, nd, l, 1);
     k::add(x, x2, x2, nd);
-    k::layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), N, d, opt_.ln_eps);
-    k::matmul(a.ln2.data(), w.fc_w, a.fch.data(), N, f, d, false, false);
-    k::bias_add(a.fch.data(), w.fc_b, a.fch.data(), N, f);
-    k::gelu_forward(a.fch.data(), a.fchg.data(), std::size_t(N) * f);
-    k::matmul(a.fchg.data(), w.fcp_w, out, N, d, f, false, false);
-    k::bias_add(out, w.fcp_b, out, N, d);
+    k::layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), rows, d, opt_.ln_eps);
+    mlp_->forward(a.ln2.data(), w.mlp, a.mlp, partial_.data(), out);
     drop(out, out, nd, l, 2);
     k::add(x2, out, out, nd);
   }
 
-  // Dropout sites: (layer, site) with site 0 the embedding, 1 the attention branch, 2 the MLP branch.
+  // Dropout sites: (layer, site) with site 0 the embedding, 1 the attention branch, 2 the MLP branch; the mask of
+  // an element is keyed by its global index, so it is the same whichever rank holds the element.
   std::uint64_t drop_key(int l, int site) const { return random::key(0x6c6f6f6d, step_, l, site); }
+  std::uint64_t drop_index0() const {
+    return (static_cast<std::uint64_t>(row0_) * T_ + static_cast<std::uint64_t>(region_.first_row())) * S.d_model;
+  }
   void drop(const T* in, T* out, std::size_t n, int l, int site) {
     if (opt_.dropout <= 0) return;
-    kernels::cpu::dropout_forward(in, out, n, opt_.dropout, drop_key(l, site),
-                                  static_cast<std::uint64_t>(row0_) * T_ * S.d_model);
+    kernels::cpu::dropout_forward(in, out, n, opt_.dropout, drop_key(l, site), drop_index0());
   }
   void drop_backward(const T* din, T* dout, std::size_t n, int l, int site) {
     if (opt_.dropout <= 0) {
       if (din != dout) std::copy_n(din, n, dout);
       return;
     }
-    kernels::cpu::dropout_backward(din, dout, n, opt_.dropout, drop_key(l, site),
-                                   static_cast<std::uint64_t>(row0_) * T_ * S.d_model);
+    kernels::cpu::dropout_backward(din, dout, n, opt_.dropout, drop_key(l, site), drop_index0());
   }
 
   void make_act(Act& a, bool with_input) {
-    const std::int64_t N = std::int64_t{B_} * T_, d = S.d_model;
-    if (with_input) a.x = Tensor<T>({N, d});
-    a.ln1 = Tensor<T>({N, d});
-    a.qkv = Tensor<T>({N, S.qkv_width()});
-    a.atty = Tensor<T>({N, d});
-    a.x2 = Tensor<T>({N, d});
-    a.ln2 = Tensor<T>({N, d});
-    a.fch = Tensor<T>({N, S.ffn()});
-    a.fchg = Tensor<T>({N, S.ffn()});
-    a.mean1 = Tensor<acc>({N});
-    a.rstd1 = Tensor<acc>({N});
-    a.mean2 = Tensor<acc>({N});
-    a.rstd2 = Tensor<acc>({N});
-    a.lse = Tensor<acc>({std::int64_t{B_} * S.heads * T_});
+    const std::int64_t rows = region_.rows(), d = S.d_model;
+    if (with_input) a.x = Tensor<T>({rows, d});
+    a.ln1 = Tensor<T>({rows, d});
+    a.x2 = Tensor<T>({rows, d});
+    a.ln2 = Tensor<T>({rows, d});
+    a.mean1 = Tensor<acc>({rows});
+    a.rstd1 = Tensor<acc>({rows});
+    a.mean2 = Tensor<acc>({rows});
+    a.rstd2 = Tensor<acc>({rows});
+    a.attn = attn_->make_acts();
+    a.mlp = mlp_->make_acts();
   }
 
   void resize(int B, int T_new) {
     if (B == B_ && T_new == T_) return;
     const std::size_t before = host_memory().in_use();
     B_ = B, T_ = T_new;
-    const std::int64_t N = std::int64_t{B} * T_new, d = S.d_model;
+    const int N = B * T_new;
+    const std::int64_t d = S.d_model;
+    region_ = layers::Region<T>{&tp_, sequence_parallel, N, S.d_model};
+    const std::int64_t rows = region_.rows(), n = N;
+    attn_.emplace(region_, B, T_new, S.heads, S.kv_heads, S.head_dim());
+    mlp_.emplace(region_, S.ffn());
+    emb_.emplace(layers::VocabParallelEmbedding<T>{region_, slice_});
+    ce_.emplace(layers::VocabParallelCrossEntropy<T>{&tp_, N, slice_});
     act_.assign(S.layers, Act{});
     inputs_.assign(S.layers, Tensor<T>{});
     if (opt_.recompute) {
-      act_[0].x = Tensor<T>({N, d});  // the embedding output, block 0's input
+      act_[0].x = Tensor<T>({rows, d});  // the embedding output, block 0's input
       make_act(scratch_act_, false);
-      for (int l = 1; l < S.layers; ++l) inputs_[l] = Tensor<T>({N, d});
-      recompute_out_ = Tensor<T>({N, d});
+      for (int l = 1; l < S.layers; ++l) inputs_[l] = Tensor<T>({rows, d});
+      recompute_out_ = Tensor<T>({rows, d});
     } else {
       for (int l = 0; l < S.layers; ++l) make_act(act_[l], true);
     }
-    final_ = Tensor<T>({N, d});
-    lnf_ = Tensor<T>({N, d});
-    dlnf_ = Tensor<T>({N, d});
-    dx_ = Tensor<T>({N, d});
-    lnf_mean_ = Tensor<acc>({N});
-    lnf_rstd_ = Tensor<acc>({N});
-    logits_ = Tensor<T>({N, S.vocab});
-    losses_ = Tensor<T>({N});
-    dloss_ = Tensor<T>({N});
-    row_max_ = Tensor<acc>({N});
-    row_sumexp_ = Tensor<acc>({N});
-    g_ = Grads{Tensor<T>({N, d}),          Tensor<T>({N, S.ffn()}), Tensor<T>({N, d}),
-               Tensor<T>({N, d}),          Tensor<T>({N, d}),       Tensor<T>({N, d}),
-               Tensor<T>({N, S.qkv_width()}), Tensor<T>({N, d})};
+    final_ = Tensor<T>({rows, d});
+    lnf_ = Tensor<T>({rows, d});
+    dlnf_ = Tensor<T>({rows, d});
+    dx_ = Tensor<T>({rows, d});
+    lnf_mean_ = Tensor<acc>({rows});
+    lnf_rstd_ = Tensor<acc>({rows});
+    if (sequence_parallel) {
+      partial_ = Tensor<T>({n, d});
+      emb_full_ = Tensor<T>({n, d});
+      lnf_full_ = Tensor<T>({n, d});
+      dlnf_full_ = Tensor<T>({n, d});
+    }
+    logits_ = Tensor<T>({n, slice_.count});
+    losses_ = Tensor<T>({n});
+    dloss_ = Tensor<T>({n});
+    row_max_ = Tensor<acc>({n});
+    row_sumexp_ = Tensor<acc>({n});
+    g_ = Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
+               Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
     act_bytes_ = host_memory().in_use() - std::min(before, host_memory().in_use());
   }
 
   GptOptions opt_;
+  layers::TpGroup<T> tp_;
   std::vector<ParamSpec> specs_;
   Tensor<T> params_, grads_;
+  layers::VocabSlice slice_{0, S.vocab};
+  layers::Region<T> region_{nullptr, false, 0, S.d_model};
+  std::optional<layers::ParallelAttention<T>> attn_;
+  std::optional<layers::ParallelMlp<T>> mlp_;
+  std::optional<layers::VocabParallelEmbedding<T>> emb_;
+  std::optional<layers::VocabParallelCrossEntropy<T>> ce_;
   int B_ = 0, T_ = 0;
   std::uint64_t step_ = 0;
   std::int64_t row0_ = 0;
@@ -409,7 +559,8 @@ class Gpt {
   std::vector<Act> act_;
   Act scratch_act_;
   std::vector<Tensor<T>> inputs_;
-  Tensor<T> recompute_out_, final_, lnf_, dlnf_, dx_, logits_, losses_, dloss_;
+  Tensor<T> recompute_out_, final_, lnf_, dlnf_, dx_, partial_, emb_full_, lnf_full_, dlnf_full_, logits_, losses_,
+      dloss_;
   Tensor<acc> lnf_mean_, lnf_rstd_, row_max_, row_sumexp_;
   Grads g_;
   std::size_t act_bytes_ = 0;

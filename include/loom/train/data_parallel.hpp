@@ -127,7 +127,8 @@ struct StepResult {
 
 //! One data-parallel training step per call: rank r of the group takes rows [r*B/n, (r+1)*B/n) of the global
 //! batch, in micro-batches; gradients are averaged over the group; every rank applies the same update, or every
-//! rank skips it.
+//! rank skips it. A tensor-parallel model takes the same rows on each of its ranks and sums what they share itself;
+//! the data-parallel group then holds one rank per tensor-parallel coordinate.
 template <class Model, class Optimizer, class Comm>
 class DataParallelTrainer {
  public:
@@ -156,8 +157,9 @@ class DataParallelTrainer {
     }
     std::vector<double> l{loss};
     dp_.all_reduce(l, comm::Reduce::avg);
-    // The averaged gradients are the same on every rank; agree on finiteness anyway, so that no rank can differ.
-    const double norm = optim::grad_norm(model_.grads());
+    // The averaged gradients are the same on every rank of the group; agree on finiteness anyway, so that no rank
+    // can differ. The model's norm counts each element of the whole model once (tensor-parallel ranks hold parts).
+    const double norm = model_.grad_norm();
     std::vector<int> finite{std::isfinite(norm) ? 1 : 0};
     dp_.all_reduce(finite, comm::Reduce::min);
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);

@@ -1,0 +1,67 @@
+// A model's parameter table: every parameter declared once, by name, global shape and placement type, giving its
+// local shape and place in the rank's flat buffer, its initialisation and whether weight decay applies.
+#pragma once
+
+#include <loom/core/random.hpp>
+#include <loom/tensor/placement.hpp>
+
+#include <string>
+#include <vector>
+
+namespace loom::layers {
+
+//! One parameter of a rank: its name (Hugging Face's), local shape, offset in the rank's flat buffer, weight decay
+//! (matrices and embeddings, not biases or norms), initialisation, and its layout over the tensor-parallel group.
+struct ParamSpec {
+  std::string name;
+  Shape shape;  //!< local
+  std::int64_t offset;
+  bool decay;
+  double init_std;  //!< 0: constant init_value
+  double init_value;
+  Layout layout;
+  bool replicated;  //!< placement Replicate
+};
+
+//! Builds the table in declaration order, for rank `rank` of a tensor-parallel group of `size`.
+class ParamTable {
+ public:
+  ParamTable(int size, int rank) : size_(size), rank_(rank) {}
+
+  template <PlacementType P>
+  void add(std::string name, Shape global, bool decay, double init_std, double init_value = 0,
+           std::vector<Segment> segments = {}) {
+    Layout l(std::move(global), P::dim, std::move(segments), size_, rank_);
+    const auto n = l.local_numel();
+    specs_.push_back({std::move(name), l.local_shape(), at_, decay, init_std, init_value, std::move(l),
+                      std::is_same_v<P, Replicate>});
+    at_ += n;
+  }
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  std::vector<ParamSpec> take() { return std::move(specs_); }
+  std::int64_t numel() const { return at_; }
+
+ private:
+  int size_, rank_;
+  std::vector<ParamSpec> specs_;
+  std::int64_t at_ = 0;
+};
+
+//! Fills a rank's flat buffer: element i (global, row-major) of parameter p is a function of (seed, p, i) alone,
+//! so every layout starts from the same model.
+template <class T>
+void initialise(const std::vector<ParamSpec>& specs, T* params, std::uint64_t seed) {
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    const auto& s = specs[p];
+    const auto k = random::key(seed, p);
+    s.layout.for_each_piece([&](std::int64_t l, std::int64_t g, std::int64_t n) {
+      T* w = params + s.offset + l;
+      for (std::int64_t i = 0; i < n; ++i)
+        w[i] = static_cast<T>(s.init_std > 0 ? s.init_std * random::normal(k, static_cast<std::uint64_t>(g + i))
+                                             : s.init_value);
+    });
+  }
+}
+
+}  // namespace loom::layers

@@ -1,0 +1,92 @@
+// Tensor-parallel test cases shared by the Local (threads) and Mpi (processes) tests: small GPTs in double with
+// multi-head, grouped-query and multi-query attention, the single-rank reference run, and one rank's run of a
+// layout with tensor parallelism (and sequence and data parallelism), trained through the data-parallel trainer.
+#pragma once
+
+#include <loom/config.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/train/data_parallel.hpp>
+
+#include <cmath>
+#include <vector>
+
+namespace loom::test::tp {
+
+// Eight heads so that TP 8 divides them; 37 splits unevenly over 2, 4 and 8 ranks.
+constexpr models::GptShape mha{2, 8, 8, 32, 40, 8};
+constexpr models::GptShape gqa{2, 8, 2, 32, 37, 8};  // kv heads split on tp2, replicated on tp4 and tp8
+constexpr models::GptShape mqa{2, 8, 1, 32, 37, 8};
+constexpr int steps = 5, batch = 8, seq = 8;
+
+inline models::GptOptions options() {
+  models::GptOptions o;
+  o.dropout = 0.1f;
+  return o;
+}
+
+template <models::GptShape S>
+train::Batches data() {
+  std::vector<std::int32_t> tok(2000);
+  for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 3 * i + 1) % S.vocab);
+  return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 5);
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<double> params;  //!< gathered: the whole model in the single-rank layout
+};
+
+//! One rank, the whole batch: the reference.
+template <models::GptShape S>
+Run single_rank() {
+  models::Gpt<S, double> m(3, options());
+  optim::AdamW<double> opt(m.specs(), S.params(), {0.9, 0.999, 1e-8, 0.1});
+  const auto d = data<S>();
+  std::vector<std::int32_t> in(batch * seq), tg(in.size());
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    d.fill(s, 0, batch, in.data(), tg.data());
+    m.zero_grad();
+    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
+    m.backward();
+    optim::clip_grad_norm(m.grads(), 1.0);
+    opt.step(m.params(), m.grads(), 1e-2);
+  }
+  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  return r;
+}
+
+//! One rank of layout Cfg (tp, optionally sp and dp): its part of the model, trained for `steps` steps.
+template <models::GptShape S, class Cfg, class Ctx>
+Run parallel_rank(Ctx& ctx) {
+  const auto d = data<S>();
+  models::Gpt<S, double, Cfg> m(3, ctx.template comm<Axis::tp>(), options());
+  optim::AdamW<double> opt(m.specs(), m.params().numel(), {0.9, 0.999, 1e-8, 0.1});
+  train::StepConfig cfg;
+  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = 1, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
+  train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    const auto res = trainer.step(s);
+    if (res.skipped) throw Error("a step was skipped");
+    r.losses.push_back(res.loss);
+  }
+  r.params = m.gather(m.params().data());
+  return r;
+}
+
+//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter.
+inline std::pair<double, double> difference(const Run& ref, const Run& run) {
+  double loss = 0, worst = 0, scale = 0;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
+  if (run.params.size() != ref.params.size()) return {loss, INFINITY};
+  for (std::size_t i = 0; i < ref.params.size(); ++i) {
+    worst = std::max(worst, std::abs(run.params[i] - ref.params[i]));
+    scale = std::max(scale, std::abs(ref.params[i]));
+  }
+  return {loss, worst / scale};
+}
+
+}  // namespace loom::test::tp
