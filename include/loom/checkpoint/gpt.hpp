@@ -19,21 +19,26 @@ inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps
                               {"layer_norm_epsilon", ln_eps}, {"activation_function", "gelu_new"},
                               {"tie_word_embeddings", true}};
   if (s.kv_heads != s.heads) c["n_kv_head"] = s.kv_heads;
+  if (s.ffn() != 4 * s.d_model) c["n_inner"] = s.ffn();
   return c;
 }
 
-//! Writes DIR/model.safetensors and DIR/config.json, each under a temporary name that is then renamed.
-template <models::GptShape S, class T>
-void save_gpt(const std::string& dir, const models::Gpt<S, T>& model) {
+//! Writes DIR/model.safetensors and DIR/config.json, each under a temporary name that is then renamed. The tensors
+//! are the whole model's, whatever its layout: a collective over the model's tensor-parallel group, where only the
+//! ranks with `write` write.
+template <models::GptShape S, class T, class Cfg>
+void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write = true) {
+  const auto whole = model.gather(model.params().data());
+  if (!write) return;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("loom: cannot create the directory " + dir + ": " + ec.message());
   std::vector<std::pair<std::string, StoredTensor>> tensors;
-  for (const auto& s : model.specs()) {
+  for (const auto& s : model.param_specs(0, true)) {
     StoredTensor t;
     t.dtype = dtype_of<T>;
     t.shape = s.shape;
-    t.data = model.params().data() + s.offset;
+    t.data = whole.data() + s.offset;
     t.byte_count = static_cast<std::size_t>(numel_of(s.shape)) * sizeof(T);
     tensors.emplace_back(s.name, std::move(t));
   }
@@ -48,10 +53,11 @@ void save_gpt(const std::string& dir, const models::Gpt<S, T>& model) {
   if (ec) throw Error("loom: cannot rename " + tmp + " to " + cfg + ": " + ec.message());
 }
 
-//! Reads DIR into model. The shape in DIR/config.json must be the model's; every parameter must be present with
-//! its shape (dtypes are converted). Names may carry Hugging Face's "transformer." prefix.
-template <models::GptShape S, class T>
-void load_gpt(const std::string& dir, models::Gpt<S, T>& model) {
+//! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's; every
+//! parameter must be present with its shape (dtypes are converted). Names may carry Hugging Face's "transformer."
+//! prefix.
+template <models::GptShape S, class T, class Cfg>
+void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model) {
   const std::string cfg_file = dir + "/config.json";
   std::ifstream cf(cfg_file);
   if (!cf) throw Error("loom: cannot open " + cfg_file);
@@ -62,16 +68,22 @@ void load_gpt(const std::string& dir, models::Gpt<S, T>& model) {
     throw Error("loom: " + cfg_file + " is not valid JSON: " + e.what());
   }
   const int kv = c.contains("n_kv_head") ? c["n_kv_head"].get<int>() : c.value("n_head", -1);
-  const std::array<std::pair<const char*, int>, 6> want{{{"n_layer", S.layers}, {"n_head", S.heads},
+  const int inner = c.contains("n_inner") && !c["n_inner"].is_null() ? c["n_inner"].get<int>()
+                                                                      : 4 * c.value("n_embd", -1);
+  const std::array<std::pair<const char*, int>, 7> want{{{"n_layer", S.layers}, {"n_head", S.heads},
                                                          {"n_embd", S.d_model}, {"n_positions", S.max_seq},
-                                                         {"vocab_size", S.vocab}, {"n_kv_head", S.kv_heads}}};
+                                                         {"vocab_size", S.vocab}, {"n_kv_head", S.kv_heads},
+                                                         {"n_inner", S.ffn()}}};
   for (const auto& [key, value] : want) {
-    const int got = std::string(key) == "n_kv_head" ? kv : c.value(key, -1);
+    const std::string k = key;
+    const int got = k == "n_kv_head" ? kv : k == "n_inner" ? inner : c.value(key, -1);
     if (got != value)
       throw Error(loom::detail::cat("loom: ", cfg_file, " has ", key, " = ", got, " but the model has ", value));
   }
   auto stored = read_safetensors(dir + "/model.safetensors");
-  for (const auto& s : model.specs()) {
+  const auto global = model.param_specs(0, true);
+  std::vector<T> whole(static_cast<std::size_t>(S.params()));
+  for (const auto& s : global) {
     auto it = stored.find(s.name);
     if (it == stored.end()) it = stored.find("transformer." + s.name);
     if (it == stored.end()) throw Error("loom: " + dir + "/model.safetensors has no tensor " + s.name);
@@ -79,7 +91,7 @@ void load_gpt(const std::string& dir, models::Gpt<S, T>& model) {
     if (t.shape != s.shape)
       throw Error("loom: " + dir + "/model.safetensors: " + s.name + " has shape " + to_string(t.shape) +
                   " but the model needs " + to_string(s.shape));
-    T* dst = model.params().data() + s.offset;
+    T* dst = whole.data() + s.offset;
     visit_dtype(t.dtype, [&](auto tag) {
       using U = typename decltype(tag)::type;
       const auto n = static_cast<std::size_t>(numel_of(s.shape));
@@ -88,6 +100,7 @@ void load_gpt(const std::string& dir, models::Gpt<S, T>& model) {
       for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]));
     });
   }
+  model.scatter(whole.data(), model.params().data());
 }
 
 }  // namespace loom::checkpoint

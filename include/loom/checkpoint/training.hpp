@@ -10,18 +10,25 @@
 
 namespace loom::checkpoint {
 
-template <models::GptShape S, class T, class Optimizer>
-void save_training(const std::string& dir, const models::Gpt<S, T>& model, const Optimizer& opt, int next_step) {
-  save_gpt(dir, model);
+//! The optimizer's state is saved whole, in the single-rank layout, so that any layout can resume it. A collective
+//! over the model's tensor-parallel group; only the ranks with `write` write.
+template <models::GptShape S, class T, class Cfg, class Optimizer>
+void save_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, const Optimizer& opt, int next_step,
+                   bool write = true) {
+  save_gpt(dir, model, write);
   std::vector<std::pair<std::string, StoredTensor>> tensors;
   const auto state = opt.state();
-  for (const auto& [name, t] : state) {
+  using A = typename std::remove_cvref_t<decltype(state.front().second)>::value_type;
+  std::vector<std::vector<A>> whole;
+  for (const auto& [name, t] : state) whole.push_back(model.gather(t.data()));
+  if (!write) return;
+  for (std::size_t i = 0; i < state.size(); ++i) {
     StoredTensor s;
-    s.dtype = dtype_of<typename std::remove_cvref_t<decltype(t)>::value_type>;
-    s.shape = t.shape();
-    s.data = t.data();
-    s.byte_count = t.bytes();
-    tensors.emplace_back(name, std::move(s));
+    s.dtype = dtype_of<A>;
+    s.shape = {static_cast<std::int64_t>(whole[i].size())};
+    s.data = whole[i].data();
+    s.byte_count = whole[i].size() * sizeof(A);
+    tensors.emplace_back(state[i].first, std::move(s));
   }
   write_safetensors(dir + "/optimizer.safetensors", tensors,
                     {{"optimizer", Optimizer::name}, {"counter", std::to_string(opt.counter())}});
@@ -38,8 +45,8 @@ void save_training(const std::string& dir, const models::Gpt<S, T>& model, const
 }
 
 //! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
-template <models::GptShape S, class T, class Optimizer>
-int load_training(const std::string& dir, models::Gpt<S, T>& model, Optimizer& opt) {
+template <models::GptShape S, class T, class Cfg, class Optimizer>
+int load_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, Optimizer& opt) {
   load_gpt(dir, model);
   const std::string file = dir + "/trainer.json";
   std::ifstream f(file);
@@ -53,11 +60,14 @@ int load_training(const std::string& dir, models::Gpt<S, T>& model, Optimizer& o
     auto it = stored.find(name);
     if (it == stored.end()) throw Error("loom: " + dir + "/optimizer.safetensors has no tensor " + name);
     using A = typename std::remove_cvref_t<decltype(t)>::value_type;
-    if (it->second.dtype != dtype_of<A> || it->second.shape != t.shape())
+    const Shape whole{S.params()};
+    if (it->second.dtype != dtype_of<A> || it->second.shape != whole)
       throw Error("loom: " + dir + "/optimizer.safetensors: " + name + " has dtype " +
                   std::string(name_of(it->second.dtype)) + " and shape " + to_string(it->second.shape) +
-                  ", the optimizer needs " + std::string(name_of(dtype_of<A>)) + " and " + to_string(t.shape()));
-    std::memcpy(t.data(), it->second.bytes.data(), t.bytes());
+                  ", the optimizer needs " + std::string(name_of(dtype_of<A>)) + " and " + to_string(whole));
+    std::vector<A> buf(static_cast<std::size_t>(S.params()));
+    std::memcpy(buf.data(), it->second.bytes.data(), buf.size() * sizeof(A));
+    model.scatter(buf.data(), t.data());
   }
   opt.set_counter(j.at("counter").get<int>());
   return j.at("next_step").get<int>();

@@ -25,13 +25,14 @@
 
 namespace loom::models {
 
-//! The shape of a GPT. vocab is the full vocabulary, max_seq the number of learned positions.
+//! The shape of a GPT. vocab is the full vocabulary, max_seq the number of learned positions, d_ff the MLP's width
+//! (0: 4 d_model, GPT-2's).
 struct GptShape {
-  int layers, heads, kv_heads, d_model, vocab, max_seq;
+  int layers, heads, kv_heads, d_model, vocab, max_seq, d_ff = 0;
 
   constexpr int head_dim() const { return d_model / heads; }
   constexpr int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
-  constexpr int ffn() const { return 4 * d_model; }
+  constexpr int ffn() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   constexpr std::int64_t block_params() const {
     const std::int64_t d = d_model;
     return 2 * d + d * qkv_width() + qkv_width() + d * d + d + 2 * d + d * ffn() + ffn() + ffn() * d + d;
@@ -62,7 +63,7 @@ struct TensorParallelRules {
   static_assert(S.kv_heads % TP == 0 || TP % S.kv_heads == 0,
                 "loom: kv_heads and TP must divide one another (kv heads are split when kv_heads >= TP and "
                 "replicated on TP / kv_heads ranks when kv_heads < TP)");
-  static_assert(S.ffn() % TP == 0, "loom: d_ff (4 x d_model) must be divisible by TP (the MLP is split by features)");
+  static_assert(S.ffn() % TP == 0, "loom: d_ff must be divisible by TP (the MLP is split by features)");
   static_assert(S.vocab >= TP, "loom: the vocabulary must have at least TP entries (it is split by rows)");
   static_assert(!SequenceParallel || S.max_seq % TP == 0,
                 "loom: with sequence parallelism max_seq must be divisible by TP (sequences are split over TP)");
