@@ -28,7 +28,10 @@ if(TARGET train_gpt)
       "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "non_finite_loss|--lr^1e30^--grad-clip^0^--steps^20|loom: the"
-      "too_many_ranks|--parallel^tp2,dp2|loom: --parallel tp2,dp2 needs 4 ranks"
+      "too_many_ranks|--parallel^tp2,pp2|loom: --parallel tp2,pp2 needs 4 ranks"
+      "sp_without_tp|--parallel^sp,dp2|loom: --parallel sp,dp2: sp (sequence parallelism) splits over the tp ranks"
+      "shape_cannot_split|--parallel^tp8^--model^tiny|loom: --model tiny cannot run on --parallel tp8: heads must be divisible by TP"
+      "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30"
       "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
       "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
     string(REPLACE "|" ";" parts "${case}")
@@ -68,6 +71,11 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
             --backend mpi --parallel dp2 --steps 5)
   set_tests_properties(train_gpt_mpi_dp2 PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}"
                        PASS_REGULAR_EXPRESSION "layout dp2 \\(mpi\\).*in 5 steps \\(0 skipped\\)")
+  add_test(NAME train_gpt_mpi_tp2_sp_dp2
+    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np 4 $<TARGET_FILE:train_gpt> --no-progress
+            --backend mpi --parallel tp2,sp,dp2 --steps 5)
+  set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp" ENVIRONMENT "${_mpi_env}"
+                       PASS_REGULAR_EXPRESSION "layout tp2.sp.dp2 \\(mpi\\).*in 5 steps \\(0 skipped\\)")
   add_test(NAME train_gpt_mpi_wrong_size
     COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;3;$<TARGET_FILE:train_gpt>;--backend;mpi;--parallel;dp2"
             "-DEXPECT=loom: the layout dp2 needs 2 ranks, but the job was launched with 3" -P ${_ef})
@@ -83,6 +91,10 @@ if(LOOM_WITH_CUDA)
 endif()
 
 if(TARGET train_gpt)
+  add_test(NAME train_gpt_tensor_parallel_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_layouts
+            "-DLAYOUTS=tp2;tp4,sp;tp2,sp,dp2;tp4,dp2;tp2,dp4" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_tensor_parallel_layouts PROPERTIES LABELS "model;tp")
   add_test(NAME train_gpt_resume_continues_the_run
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)

@@ -1,5 +1,6 @@
 # train_gpt --resume continues a run exactly: 10 steps straight and 5 + 5 through a checkpoint give the same losses
-# (double precision, dropout and shuffled batches on, so that the step is what keys both); a resume into dp2 runs.
+# (double precision, dropout and shuffled batches on, so that the step is what keys both); a resume into dp2 runs;
+# checkpoints move between tensor-parallel layouts.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> -P this
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
@@ -38,3 +39,28 @@ foreach(i RANGE 0 4)
 endforeach()
 message(STATUS "steps 5-9 have the same losses straight and resumed")
 run(--steps 7 --resume ${DIR}/ckpt --parallel dp2)
+
+# The checkpoint holds the whole model and optimizer state whatever the layout: a run saved on tp4 resumes on one
+# rank, and one saved on one rank resumes on tp2,sp,dp2, each continuing the straight run (to 9 digits: the
+# layouts sum in different orders).
+function(expect_continues log)
+  file(STRINGS ${log} got)
+  foreach(i RANGE 0 4)
+    math(EXPR j "${i} + 5")
+    list(GET straight ${j} a)
+    list(GET got ${i} b)
+    string(JSON la GET "${a}" loss)
+    string(JSON lb GET "${b}" loss)
+    string(SUBSTRING "${la}" 0 10 la)
+    string(SUBSTRING "${lb}" 0 10 lb)
+    if(NOT la STREQUAL lb)
+      message(FATAL_ERROR "${log}: step ${j} has loss ${lb}, the straight run ${la}")
+    endif()
+  endforeach()
+endfunction()
+run(--steps 5 --parallel tp4 --save ${DIR}/ckpt_tp4)
+run(--steps 10 --resume ${DIR}/ckpt_tp4 --log-json ${DIR}/from_tp4.jsonl)
+expect_continues(${DIR}/from_tp4.jsonl)
+run(--steps 10 --resume ${DIR}/ckpt --parallel tp2,sp,dp2 --log-json ${DIR}/into_tp2_sp_dp2.jsonl)
+expect_continues(${DIR}/into_tp2_sp_dp2.jsonl)
+message(STATUS "saved on tp4 and resumed on one rank, saved on one rank and resumed on tp2,sp,dp2: the same run")

@@ -45,7 +45,7 @@ struct GptShape {
 
 //! The shapes train_gpt knows by name.
 inline constexpr GptShape tiny{2, 4, 4, 64, 256, 128};
-inline constexpr GptShape small{4, 4, 4, 256, 256, 256};
+inline constexpr GptShape small{4, 8, 8, 256, 256, 256};
 inline constexpr GptShape gpt2{12, 12, 12, 768, 50257, 1024};
 
 using layers::ParamSpec;
@@ -55,6 +55,17 @@ struct GptOptions {
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
   float ln_eps = 1e-5f;
 };
+
+//! The first rule of TensorParallelRules that a shape breaks over tp ranks, or an empty view: for choosing among
+//! layouts at compile time without tripping the rules.
+constexpr std::string_view tensor_parallel_violation(GptShape s, int tp, bool sequence_parallel) {
+  if (s.heads % tp != 0) return "heads must be divisible by TP";
+  if (s.kv_heads % tp != 0 && tp % s.kv_heads != 0) return "kv_heads and TP must divide one another";
+  if (s.ffn() % tp != 0) return "d_ff must be divisible by TP";
+  if (s.vocab < tp) return "the vocabulary must have at least TP entries";
+  if (sequence_parallel && s.max_seq % tp != 0) return "with sequence parallelism max_seq must be divisible by TP";
+  return {};
+}
 
 //! The rules a shape must meet to be split over TP ranks, checked where a model is declared.
 template <GptShape S, int TP, bool SequenceParallel>

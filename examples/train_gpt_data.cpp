@@ -1,0 +1,13 @@
+// train_gpt's layouts: Data parallelism (and one rank).
+#include "train_gpt.hpp"
+
+namespace train_gpt {
+
+using Layouts = Family<Parallel<>, Parallel<DP<2>>, Parallel<DP<4>>, Parallel<DP<8>>>;
+
+std::optional<int> run_data_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
+  return Layouts::run(layout, a, argc, argv);
+}
+std::vector<std::string> data_parallel_layouts() { return Layouts::names(); }
+
+}  // namespace train_gpt

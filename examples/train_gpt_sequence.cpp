@@ -1,0 +1,15 @@
+// train_gpt's layouts: Tensor with sequence parallelism, alone and with data parallelism, up to 8 ranks.
+#include "train_gpt.hpp"
+
+namespace train_gpt {
+
+using Layouts = Family<Parallel<TP<2, SequenceParallel>>, Parallel<TP<4, SequenceParallel>>,
+                    Parallel<TP<8, SequenceParallel>>, Parallel<TP<2, SequenceParallel>, DP<2>>,
+                    Parallel<TP<2, SequenceParallel>, DP<4>>, Parallel<TP<4, SequenceParallel>, DP<2>>>;
+
+std::optional<int> run_sequence_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
+  return Layouts::run(layout, a, argc, argv);
+}
+std::vector<std::string> sequence_parallel_layouts() { return Layouts::names(); }
+
+}  // namespace train_gpt
