@@ -33,7 +33,7 @@ struct Row {
   std::size_t peak_bytes;
 };
 
-struct Options {
+struct StepOptions {
   std::vector<std::string> models{"tiny", "small"};
   int batch = 4, seq = 256, steps = 5, threads = 2;
   bool torch = true;
@@ -41,7 +41,7 @@ struct Options {
 };
 
 template <models::GptShape S>
-Row measure(const std::string& name, const Options& o) {
+Row measure(const std::string& name, const StepOptions& o) {
   const int T = std::min(o.seq, S.max_seq);
   models::Gpt<S, float> m(1);
   optim::AdamW<float> opt(m.specs(), S.params());
@@ -63,7 +63,7 @@ Row measure(const std::string& name, const Options& o) {
   return {name, "loom", o.threads, o.batch, T, step * 1e3, o.batch * T / step, host_memory().peak()};
 }
 
-Row measure_torch(const models::GptShape& s, const std::string& name, const Options& o) {
+Row measure_torch(const models::GptShape& s, const std::string& name, const StepOptions& o) {
   std::ostringstream cmd;
   const int T = std::min(o.seq, s.max_seq);
   cmd << "OMP_NUM_THREADS=" << o.threads << " /usr/bin/python3 " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py bench "
@@ -86,7 +86,7 @@ Row measure_torch(const models::GptShape& s, const std::string& name, const Opti
 
 int main(int argc, char** argv) {
   try {
-    Options o;
+    StepOptions o;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto next = [&] {
