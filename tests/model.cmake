@@ -107,13 +107,18 @@ foreach(shape mha gqa mqa)
   target_compile_definitions(test_tensor_parallel_${shape} PRIVATE LOOM_TP_SHAPE=loom::test::tp::${shape})
 endforeach()
 if(LOOM_WITH_MPI)
-  add_executable(test_tensor_parallel_mpi test_tensor_parallel_mpi.cpp)
-  target_link_libraries(test_tensor_parallel_mpi PRIVATE loom::mpi)
-  target_include_directories(test_tensor_parallel_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  foreach(np 2 4 8)
-    add_test(NAME test_tensor_parallel_mpi_np${np}
-             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_tensor_parallel_mpi>)
-    set_tests_properties(test_tensor_parallel_mpi_np${np} PROPERTIES LABELS "mpi;tp" TIMEOUT 300
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
+  foreach(shape mha gqa mqa)
+    add_executable(test_tensor_parallel_mpi_${shape} test_tensor_parallel_mpi.cpp)
+    target_link_libraries(test_tensor_parallel_mpi_${shape} PRIVATE loom::mpi)
+    target_include_directories(test_tensor_parallel_mpi_${shape} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+    target_compile_definitions(test_tensor_parallel_mpi_${shape} PRIVATE LOOM_TP_SHAPE=loom::test::tp::${shape}
+                               LOOM_TP_SHAPE_NAME="${shape}")
+    foreach(np 2 4 8)
+      add_test(NAME test_tensor_parallel_mpi_${shape}_np${np}
+               COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np}
+                       $<TARGET_FILE:test_tensor_parallel_mpi_${shape}>)
+      set_tests_properties(test_tensor_parallel_mpi_${shape}_np${np} PROPERTIES LABELS "mpi;tp" TIMEOUT 300
+        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
+    endforeach()
   endforeach()
 endif()

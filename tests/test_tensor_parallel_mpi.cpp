@@ -1,6 +1,6 @@
 // Tensor parallelism under mpirun: every process is one rank; each layout of the process count (tensor parallel,
 // with and without sequence parallelism, with data parallelism) trains the single-rank model, which each process
-// computes itself. Grouped-query attention, so that kv heads are split on tp2 and shared on tp4 and tp8.
+// computes itself. Compiled once per attention shape (LOOM_TP_SHAPE = mha, gqa or mqa).
 #include "tensor_parallel_cases.hpp"
 
 #include <loom/comm/mpi.hpp>
@@ -13,7 +13,7 @@ using namespace loom::test::tp;
 
 namespace {
 
-constexpr models::GptShape S = gqa;
+constexpr models::GptShape S = LOOM_TP_SHAPE;
 
 //! Layout Cfg on this process's rank (MPI is started once for all layouts of the process count).
 template <class Cfg>
@@ -24,7 +24,7 @@ void check(const Run& ref, int rank) {
   if (!(loss <= 1e-9 && params <= 1e-9))
     throw Error(loom::detail::cat("rank ", rank, " of ", Cfg::name(), ": loss differs by ", loss,
                                   ", parameters by ", params));
-  if (rank == 0) std::printf("test_tensor_parallel_mpi: %s equals the single-rank run\n", Cfg::name().data());
+  if (rank == 0) std::printf("test_tensor_parallel_mpi (" LOOM_TP_SHAPE_NAME "): %s equals the single-rank run\n", Cfg::name().data());
 }
 
 template <int N, class... Cfgs>
