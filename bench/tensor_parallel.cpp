@@ -20,7 +20,6 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -61,48 +60,6 @@ struct Row {
   double total_volume() const { return block_volume + other_volume + grads_volume; }
 };
 
-//! The tensor-parallel communicator, counting its rank in once it issues its first collective. A model sizes its
-//! activations in its first forward, before any collective, and activation_bytes() is the change of the
-//! process-wide host-memory count meanwhile; with ranks as threads the ranks take turns at it, each waiting until
-//! every lower rank is parked in its first collective, so that no other rank allocates during its sizing.
-template <class C>
-class TakeTurns {
- public:
-  TakeTurns(C& c, std::atomic<int>& entered) : c_(c), entered_(entered) {}
-  int size() const { return c_.size(); }
-  int rank() const { return c_.rank(); }
-  //! Polls rather than blocks, so that a rank that failed before its first collective cannot hang the others.
-  void wait_turn() const {
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (entered_.load() < rank()) {
-      LOOM_CHECK(Clock::now() < deadline, "rank ", rank(), " waited 60 s for the lower ranks' first collective");
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-
-  template <class... A>
-  void all_reduce(A&&... a) {
-    enter(), c_.all_reduce(std::forward<A>(a)...);
-  }
-  template <class... A>
-  void all_gather(A&&... a) {
-    enter(), c_.all_gather(std::forward<A>(a)...);
-  }
-  template <class... A>
-  void reduce_scatter(A&&... a) {
-    enter(), c_.reduce_scatter(std::forward<A>(a)...);
-  }
-
- private:
-  void enter() {
-    if (std::exchange(entered_once_, true)) return;
-    entered_.fetch_add(1);
-  }
-  C& c_;
-  std::atomic<int>& entered_;
-  bool entered_once_ = false;
-};
-
 template <int N, bool SP>
 using LayoutOf = std::conditional_t<N == 1, Parallel<>,
                                     std::conditional_t<SP, Parallel<TP<N, SequenceParallel>>, Parallel<TP<N>>>>;
@@ -119,20 +76,17 @@ Row measure(const TpOptions& o) {
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 13 + 7) % S.vocab);
   for (std::size_t i = 0; i < ids.size(); ++i) tg[i] = ids[(i + 1) % ids.size()];
   std::mutex mu;
-  std::atomic<int> entered{0};
   run_local<Cfg>([&](auto& ctx) {
 #ifdef _OPENMP
     omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
 #endif
     auto& tp = ctx.template comm<Axis::tp>();
-    TakeTurns turns(tp, entered);
-    models::Gpt<S, float, Cfg> m(1, turns);
+    models::Gpt<S, float, Cfg> m(1, tp);
     std::vector<double> times;
     for (int i = 0; i < o.steps + 1; ++i) {  // step 0 warms up and sizes the activations
       m.tp().reset_counts();
       tp.barrier();
       const auto t0 = Clock::now();
-      if (i == 0) turns.wait_turn();
       m.zero_grad();
       m.forward(ids.data(), tg.data(), B, T);
       m.backward();
@@ -159,19 +113,11 @@ Row measure(const TpOptions& o) {
   return row;
 }
 
-//! Whether shape S splits over t ranks: TensorParallelRules, asked here so that a shape that does not split is
-//! refused at run time rather than failing the build of every other row.
-template <models::GptShape S>
-constexpr bool splits(int t, bool sp) {
-  return S.heads % t == 0 && (S.kv_heads % t == 0 || t % S.kv_heads == 0) && S.ffn() % t == 0 && S.vocab >= t &&
-         (!sp || S.max_seq % t == 0);
-}
-
 template <models::GptShape S, int N, bool SP>
 Row measure_if_splits(const TpOptions& o) {
-  if constexpr (splits<S>(N, SP)) return measure<S, N, SP>(o);
-  else throw Error(loom::detail::cat("loom: the ", o.model, " model (", S.heads, " heads, ", S.kv_heads,
-                                     " kv heads) does not split over tp ", N));
+  constexpr auto rule = models::tensor_parallel_violation(S, N, SP);
+  if constexpr (rule.empty()) return measure<S, N, SP>(o);
+  else throw Error(loom::detail::cat("loom: the ", o.model, " model does not split over tp ", N, ": ", rule));
 }
 
 template <models::GptShape S, bool SP>

@@ -511,7 +511,6 @@ class Gpt {
 
   void resize(int B, int T_new) {
     if (B == B_ && T_new == T_) return;
-    const std::size_t before = host_memory().in_use();
     B_ = B, T_ = T_new;
     const int N = B * T_new;
     const std::int64_t d = S.d_model;
@@ -550,7 +549,26 @@ class Gpt {
     row_sumexp_ = Tensor<acc>({n});
     g_ = Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
                Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
-    act_bytes_ = host_memory().in_use() - std::min(before, host_memory().in_use());
+    act_bytes_ = held_bytes();
+  }
+
+  //! Bytes of every activation and scratch tensor this model holds (its own count: ranks that are threads of one
+  //! process share the process's).
+  std::size_t held_bytes() const {
+    std::size_t n = 0;
+    auto add = [&](const auto&... t) { ((n += t.defined() ? t.bytes() : 0), ...); };
+    auto add_act = [&](const Act& a) {
+      add(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv, a.attn.out,
+          a.attn.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
+    };
+    for (const auto& a : act_) add_act(a);
+    add_act(scratch_act_);
+    for (const auto& t : inputs_) add(t);
+    add(recompute_out_, final_, lnf_, dlnf_, dx_, partial_, emb_full_, lnf_full_, dlnf_full_, logits_, losses_,
+        dloss_, lnf_mean_, lnf_rstd_, row_max_, row_sumexp_);
+    add(g_.dfcp, g_.dln2, g_.dtmp, g_.dattp, g_.dln1, g_.attn.dy_full, g_.attn.dout, g_.attn.dqkv, g_.attn.dx_full,
+        g_.mlp.dy_full, g_.mlp.dg, g_.mlp.dx_full);
+    return n;
   }
 
   GptOptions opt_;
