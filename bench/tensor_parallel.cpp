@@ -133,9 +133,10 @@ Row measure_tp(int tp, const TpOptions& o) {
 
 template <models::GptShape S>
 void measure_model(const TpOptions& o, std::vector<Row>& rows) {
-  for (int tp : o.tp)  // refused before any row runs
-    LOOM_CHECK(tp == 1 || splits<S>(tp, false), "the ", o.model, " model (", S.heads, " heads) does not split over tp ",
-               tp);
+  for (int tp : o.tp) {  // refused before any row runs
+    const auto rule = models::tensor_parallel_violation(S, tp, false);
+    LOOM_CHECK(rule.empty(), "the ", o.model, " model does not split over tp ", tp, ": ", rule);
+  }
   for (int tp : o.tp) {
     if (tp == 1 || o.without_sp) rows.push_back(measure_tp<S, false>(tp, o));
     if (tp > 1 && o.with_sp) rows.push_back(measure_tp<S, true>(tp, o));
