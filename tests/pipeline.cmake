@@ -6,8 +6,8 @@ loom_add_test(test_pipeline_schedule test_pipeline_schedule.cpp LABELS pipeline)
 if(TARGET loom-schedule)
   # name, expected line, arguments
   function(loom_schedule_test name expect)
-    add_test(NAME loom_schedule.${name} COMMAND loom-schedule ${ARGN})
-    set_tests_properties(loom_schedule.${name} PROPERTIES LABELS pipeline PASS_REGULAR_EXPRESSION "${expect}")
+    add_test(NAME pipeline_loom_schedule.${name} COMMAND loom-schedule ${ARGN})
+    set_tests_properties(pipeline_loom_schedule.${name} PROPERTIES LABELS pipeline PASS_REGULAR_EXPRESSION "${expect}")
   endfunction()
   # (p-1)/(m+p-1) = 3/11 of the step
   loom_schedule_test(1f1b "bubble 0\\.2727 of the step" --schedule 1f1b --pp 4 --micro-batches 8)

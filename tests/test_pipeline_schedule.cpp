@@ -137,6 +137,26 @@ static_assert(zb_v_bubble_units<2, 4>() == 1 && zb_v_bubble_units<2, 6>() == 1);
 static_assert(zb_v_bubble_units<4, 8>() == 3 && zb_v_bubble_units<4, 12>() == 3);
 static_assert(zb_v_bubble_units<2, 2>() == 2 && zb_v_bubble_units<4, 4>() == 6);
 static_assert(near(timeline<Schedule::zero_bubble_v, 4, 8>().bubble_ratio, 3.0 / 48.0));
+
+// What the paper calls zero bubble: no stage idles between its first and its last action. Stage s runs from s to
+// 6m + s, a parallelogram; only the stagger at the ends is left.
+template <int P, int M>
+constexpr bool zb_v_parallelogram() {
+  const auto tl = timeline<Schedule::zero_bubble_v, P, M>();
+  const auto t = pl::make_schedule<Schedule::zero_bubble_v, P, M>();
+  for (int s = 0; s < P; ++s) {
+    double first = -1, last = 0;
+    const auto list = t.stage(s);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!pl::is_compute(list[i].kind)) continue;
+      if (first < 0) first = tl.stage(s)[i].start;
+      last = tl.stage(s)[i].end;
+    }
+    if (first != s || last != 6 * M + s || tl.busy[static_cast<std::size_t>(s)] != 6 * M) return false;
+  }
+  return true;
+}
+static_assert(zb_v_parallelogram<2, 4>() && zb_v_parallelogram<4, 8>() && zb_v_parallelogram<4, 12>());
 static_assert(timeline<Schedule::one_f_one_b, 4, 8>(pl::Costs{2, 2, 2}).makespan - 48 == 6 * 3);
 
 // ---- a hand-written table, checked at compile time -----------------------------------------------------------------
