@@ -122,3 +122,6 @@ if(LOOM_WITH_MPI)
     endforeach()
   endforeach()
 endif()
+
+# Parts of the model (pipeline stages) against the whole model.
+loom_add_test(test_gpt_parts test_gpt_parts.cpp LABELS "model;pipeline")

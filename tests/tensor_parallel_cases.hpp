@@ -57,14 +57,15 @@ Run single_rank() {
   return r;
 }
 
-//! One rank of layout Cfg (tp, optionally sp and dp): its part of the model, trained for `steps` steps.
+//! One rank of layout Cfg (tp, optionally sp and dp): its part of the model, trained for `steps` steps, each of
+//! micro_batches micro-batches per rank.
 template <models::GptShape S, class Cfg, class Ctx>
-Run parallel_rank(Ctx& ctx) {
+Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
   const auto d = data<S>();
   models::Gpt<S, double, Cfg> m(3, ctx.template comm<Axis::tp>(), options());
   optim::AdamW<double> opt(m.specs(), m.params().numel(), {0.9, 0.999, 1e-8, 0.1});
   train::StepConfig cfg;
-  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = 1, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
+  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
   train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
   Run r;
   for (int s = 0; s < steps; ++s) {

@@ -6,7 +6,7 @@
 
 #include <loom/comm/local.hpp>
 
-#include <mutex>
+#include <array>
 #include <string>
 
 #include "tensor_parallel_cases.hpp"
@@ -19,16 +19,16 @@ namespace {
 constexpr models::GptShape S = LOOM_TP_SHAPE;
 
 template <class Cfg>
-std::vector<Run> run_layout() {
+std::vector<Run> run_layout(int micro_batches) {
   std::vector<Run> runs(Cfg::world_size);
-  run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = parallel_rank<S, Cfg>(ctx); });
+  run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = parallel_rank<S, Cfg>(ctx, micro_batches); });
   return runs;
 }
 
 template <class Cfg>
-void check_layout(const Run& ref) {
-  INFO("layout " << Cfg::name());
-  const auto runs = run_layout<Cfg>();
+void check_layout(const Run& ref, int micro_batches = 1) {
+  INFO("layout " << Cfg::name() << ", " << micro_batches << " micro-batches");
+  const auto runs = run_layout<Cfg>(micro_batches);
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     const auto [loss, params] = difference(ref, runs[r]);
@@ -55,25 +55,39 @@ TEST_CASE("every tensor-parallel layout trains the single-rank model", "[tp]") {
   check_layout<Parallel<TP<2, SequenceParallel>, DP<2>>>(ref);
   check_layout<Parallel<TP<4>, DP<2>>>(ref);
   check_layout<Parallel<TP<4, SequenceParallel>, DP<2>>>(ref);
+  // Gradients accumulated over micro-batches: what ranks share is summed once.
+  check_layout<Parallel<TP<4>>>(ref, 2);
+  check_layout<Parallel<TP<2, SequenceParallel>, DP<2>>>(ref, 2);
 }
+
+// Ranks are threads and Catch2's assertions are not thread-safe: each rank records what it found, and the test's
+// thread checks it.
 
 TEST_CASE("the same seed gives the same whole model whatever the tensor-parallel degree", "[tp]") {
   models::Gpt<S, double> one(17);
   std::vector<double> whole(one.params().data(), one.params().data() + one.params().numel());
+  std::vector<char> gathered(4), scattered(4);
   run_local<Parallel<TP<4>>>([&](auto& ctx) {
     models::Gpt<S, double, Parallel<TP<4>>> m(17, ctx.template comm<Axis::tp>());
-    CHECK(m.gather(m.params().data()) == whole);
+    gathered[ctx.rank()] = m.gather(m.params().data()) == whole;
     // scatter is gather's inverse.
     std::vector<double> mine(static_cast<std::size_t>(m.params().numel()));
     m.scatter(whole.data(), mine.data());
-    CHECK(std::equal(mine.begin(), mine.end(), m.params().data()));
+    scattered[ctx.rank()] = std::equal(mine.begin(), mine.end(), m.params().data());
   });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(gathered[r]);
+    CHECK(scattered[r]);
+  }
 }
 
 template <bool SP>
 void check_counts() {
   using Cfg = std::conditional_t<SP, Parallel<TP<4, SequenceParallel>>, Parallel<TP<4>>>;
   constexpr int t = 4;
+  using Counts = std::array<layers::CollectiveCounts, 4>;
+  std::vector<Counts> counts(t);
   run_local<Cfg>([&](auto& ctx) {
     models::Gpt<S, double, Cfg> m(3, ctx.template comm<Axis::tp>());
     const auto d = data<S>();
@@ -81,9 +95,13 @@ void check_counts() {
     d.fill(0, 0, batch, in.data(), tg.data());
     m.forward(in.data(), tg.data(), batch, seq);
     m.backward();
-    const auto& f = m.tp().counts(layers::Phase::forward);
-    const auto& b = m.tp().counts(layers::Phase::backward);
-    const int L = S.layers;
+    for (int p = 0; p < 4; ++p) counts[ctx.rank()][p] = m.tp().counts(static_cast<layers::Phase>(p));
+  });
+  const int L = S.layers;
+  for (int r = 0; r < t; ++r) {
+    INFO("rank " << r);
+    const auto& f = counts[r][int(layers::Phase::forward)];
+    const auto& b = counts[r][int(layers::Phase::backward)];
     if (SP) {  // an all-gather entering each region and a reduce-scatter leaving it, and their conjugates
       CHECK(f.all_reduce == 0);
       CHECK(f.all_gather == 2 * L);
@@ -100,14 +118,17 @@ void check_counts() {
     // 8 b s h (t - 1) / t elements per layer per micro-batch, sequence parallelism or not.
     const double formula = 8.0 * batch * seq * S.d_model * (t - 1) / t;
     CHECK(f.volume + b.volume == Approx(L * formula).epsilon(1e-12));
-    // Outside the blocks: the embedding's reduction, the loss's two all-reduces and, with sequence parallelism,
-    // the final norm's gather; in the gradient synchronisation only what ranks share.
-    const auto& o = m.tp().counts(layers::Phase::other);
-    CHECK(o.all_reduce == (SP ? 2 : 4));  // embedding (no SP), loss max, loss sums, dlnf (no SP)
-    const auto& g = m.tp().counts(layers::Phase::grads);
+    // Outside the blocks: the embedding's reduction, the loss's two all-reduces and the head's backward (without
+    // sequence parallelism; with it a reduce-scatter, the final norm's gather and the embedding's pair); in the
+    // gradient synchronisation one all-reduce per chunk that has gradients ranks share.
+    const auto& o = counts[r][int(layers::Phase::other)];
+    CHECK(o.all_reduce == (SP ? 2 : 4));
+    CHECK(o.all_gather == (SP ? 2 : 0));
+    CHECK(o.reduce_scatter == (SP ? 2 : 0));
+    const auto& g = counts[r][int(layers::Phase::grads)];
     const bool shared_kv = S.kv_heads < t;
     CHECK(g.all_reduce == (SP || shared_kv ? L + (SP ? 2 : 0) : 0));
-  });
+  }
 }
 
 TEST_CASE("the collectives per layer are Megatron's", "[tp]") {
@@ -121,17 +142,21 @@ TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the
   std::size_t replicated = 0, sharded = 0;
   for (const auto& s : global) (s.replicated ? replicated : sharded) += numel_of(s.shape) * sizeof(double);
   CHECK(replicated + sharded == S.params() * sizeof(double));
-  std::size_t total = 0;
+  std::vector<typename models::Gpt<S, double, Parallel<TP<t>>>::ParamBytes> bytes(t);
+  std::vector<std::size_t> held(t);
   run_local<Parallel<TP<t>>>([&](auto& ctx) {
     models::Gpt<S, double, Parallel<TP<t>>> m(3, ctx.template comm<Axis::tp>());
-    const auto b = m.param_bytes();
-    CHECK(b.replicated == replicated);
-    CHECK(b.replicated + b.sharded == static_cast<std::size_t>(m.params().numel()) * sizeof(double));
-    static std::mutex mu;
-    std::lock_guard lock(mu);
-    total += b.sharded;
-    if (S.vocab % t == 0 && S.kv_heads % t == 0) CHECK(b.sharded * t == sharded);
+    bytes[ctx.rank()] = m.param_bytes();
+    held[ctx.rank()] = static_cast<std::size_t>(m.params().numel()) * sizeof(double);
   });
+  std::size_t total = 0;
+  for (int r = 0; r < t; ++r) {
+    INFO("rank " << r);
+    CHECK(bytes[r].replicated == replicated);
+    CHECK(bytes[r].replicated + bytes[r].sharded == held[r]);
+    if (S.vocab % t == 0 && S.kv_heads % t == 0) CHECK(bytes[r].sharded * t == sharded);
+    total += bytes[r].sharded;
+  }
   // kv heads held by several ranks are counted once per holder.
   const std::size_t kv = 2 * static_cast<std::size_t>(S.kv_heads) * S.head_dim() * (S.d_model + 1) * S.layers *
                          sizeof(double);
@@ -139,26 +164,27 @@ TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the
 }
 
 TEST_CASE("sequence parallelism rejects a sequence it cannot split", "[tp]") {
+  std::vector<std::string> msg(4);
   run_local<Parallel<TP<4, SequenceParallel>>>([&](auto& ctx) {
     models::Gpt<S, double, Parallel<TP<4, SequenceParallel>>> m(3, ctx.template comm<Axis::tp>());
     std::vector<std::int32_t> ids(6, 1);
     try {
       m.forward(ids.data(), ids.data(), 1, 6);
-      FAIL("no error");
     } catch (const Error& e) {
-      CHECK(std::string(e.what()).find("sequence length 6 is not a multiple of it") != std::string::npos);
+      msg[ctx.rank()] = e.what();
     }
   });
+  for (const auto& m : msg) CHECK(m.find("sequence length 6 is not a multiple of it") != std::string::npos);
 }
 
 TEST_CASE("a communicator of the wrong size is refused", "[tp]") {
+  std::vector<std::string> msg(2);
   run_local<Parallel<DP<2>>>([&](auto& ctx) {
-    std::string msg;
     try {
       models::Gpt<S, double, Parallel<TP<4>>> m(3, ctx.template comm<Axis::dp>());
     } catch (const Error& e) {
-      msg = e.what();
+      msg[ctx.rank()] = e.what();
     }
-    CHECK(msg.find("has 2 ranks but the layout tp4 has tp = 4") != std::string::npos);
   });
+  for (const auto& m : msg) CHECK(m.find("has 2 ranks but the layout tp4 has tp = 4") != std::string::npos);
 }

@@ -20,7 +20,8 @@ struct ParamSpec {
   double init_std;  //!< 0: constant init_value
   double init_value;
   Layout layout;
-  bool replicated;  //!< placement Replicate
+  bool replicated;    //!< placement Replicate
+  std::size_t index;  //!< its number in the whole model's table (a part of a model holds some of them)
 };
 
 //! Builds the table in declaration order, for rank `rank` of a tensor-parallel group of `size`.
@@ -28,15 +29,21 @@ class ParamTable {
  public:
   ParamTable(int size, int rank) : size_(size), rank_(rank) {}
 
+  //! Declares the next parameter of the whole model; it is kept unless skipping (a part of a model that does not
+  //! hold it), and numbered either way.
   template <PlacementType P>
   void add(std::string name, Shape global, bool decay, double init_std, double init_value = 0,
            std::vector<Segment> segments = {}) {
+    const std::size_t index = next_index_++;
+    if (skip_) return;
     Layout l(std::move(global), P::dim, std::move(segments), size_, rank_);
     const auto n = l.local_numel();
     specs_.push_back({std::move(name), l.local_shape(), at_, decay, init_std, init_value, std::move(l),
-                      std::is_same_v<P, Replicate>});
+                      std::is_same_v<P, Replicate>, index});
     at_ += n;
   }
+  //! Whether the parameters declared next are left out.
+  void skip(bool s) { skip_ = s; }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   std::vector<ParamSpec> take() { return std::move(specs_); }
@@ -46,15 +53,16 @@ class ParamTable {
   int size_, rank_;
   std::vector<ParamSpec> specs_;
   std::int64_t at_ = 0;
+  std::size_t next_index_ = 0;
+  bool skip_ = false;
 };
 
-//! Fills a rank's flat buffer: element i (global, row-major) of parameter p is a function of (seed, p, i) alone,
-//! so every layout starts from the same model.
+//! Fills a rank's flat buffer: element i (global, row-major) of parameter p (its index in the whole model) is a
+//! function of (seed, p, i) alone, so every layout starts from the same model.
 template <class T>
 void initialise(const std::vector<ParamSpec>& specs, T* params, std::uint64_t seed) {
-  for (std::size_t p = 0; p < specs.size(); ++p) {
-    const auto& s = specs[p];
-    const auto k = random::key(seed, p);
+  for (const auto& s : specs) {
+    const auto k = random::key(seed, s.index);
     s.layout.for_each_piece([&](std::int64_t l, std::int64_t g, std::int64_t n) {
       T* w = params + s.offset + l;
       for (std::int64_t i = 0; i < n; ++i)

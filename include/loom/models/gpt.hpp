@@ -50,6 +50,12 @@ inline constexpr GptShape gpt2{12, 12, 12, 768, 50257, 1024};
 
 using layers::ParamSpec;
 
+//! The part of the model a pipeline stage holds: blocks [first, last) (last -1: to the end); the part with block 0
+//! holds the embedding, the part with the last block the final norm, the tied output layer and the loss.
+struct GptPart {
+  int first = 0, last = -1;
+};
+
 struct GptOptions {
   bool recompute = false;  //!< keep only each block's input; recompute the rest during backward
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
@@ -99,15 +105,19 @@ class Gpt {
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;
   static_assert(TensorParallelRules<S, tp_size, sequence_parallel>::ok);
 
-  //! The parameters of tensor-parallel rank tp_rank, in Hugging Face's GPT-2 order; each declared by its layer with
-  //! its placement. tp_size 1 (or global = true) gives the whole model.
-  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false) {
+  //! The parameters of tensor-parallel rank tp_rank in part `part`, in Hugging Face's GPT-2 order; each declared by
+  //! its layer with its placement. tp_size 1 (or global = true) and the whole part give the whole model. The tied
+  //! embedding is held by the parts with the embedding and with the output layer.
+  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {
     layers::ParamTable t(global ? 1 : tp_size, global ? 0 : tp_rank);
-    const int d = S.d_model;
+    const int d = S.d_model, first = part.first, last = part.last < 0 ? S.layers : part.last;
     const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * S.layers);
+    t.skip(first != 0 && last != S.layers);
     layers::VocabParallelEmbedding<T>::declare(t, "wte", S.vocab, d, std_w);
+    t.skip(first != 0);
     t.add<Replicate>("wpe.weight", {S.max_seq, d}, true, 0.01);
     for (int l = 0; l < S.layers; ++l) {
+      t.skip(l < first || l >= last);
       const std::string h = "h." + std::to_string(l) + ".";
       t.add<Replicate>(h + "ln_1.weight", {d}, false, 0, 1);
       t.add<Replicate>(h + "ln_1.bias", {d}, false, 0);
@@ -116,6 +126,7 @@ class Gpt {
       t.add<Replicate>(h + "ln_2.bias", {d}, false, 0);
       layers::ParallelMlp<T>::declare(t, h + "mlp.", d, S.ffn(), std_w, std_proj);
     }
+    t.skip(last != S.layers);
     t.add<Replicate>("ln_f.weight", {d}, false, 0, 1);
     t.add<Replicate>("ln_f.bias", {d}, false, 0);
     return t.take();
@@ -124,11 +135,15 @@ class Gpt {
   //! The single-rank model, initialised from seed: element i of parameter p is a function of (seed, p, i) alone.
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
     requires(tp_size == 1)
-      : Gpt(layers::TpGroup<T>{}, seed, opt) {}
+      : Gpt(layers::TpGroup<T>{}, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(layers::TpGroup<T>(tp), seed, opt) {}
+  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(layers::TpGroup<T>(tp), seed, opt, GptPart{}) {}
+  //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
+  template <class Comm>
+  Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
+      : Gpt(layers::TpGroup<T>(tp), seed, opt, part) {}
 
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -148,92 +163,166 @@ class Gpt {
 
   //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each, the same on every tensor-parallel
   //! rank), keeping what backward needs. step and row0 (the global index of this batch's first sequence) key
-  //! dropout, so that its mask does not depend on how the batch is split.
+  //! dropout, so that its mask does not depend on how the batch is split. The whole model (every part).
   double forward(const std::int32_t* ids, const std::int32_t* targets, int B, int T_, std::uint64_t step = 0,
                  std::int64_t row0 = 0) {
+    LOOM_CHECK(embedding() && head(), "forward(ids, targets, ...) runs the whole model; this part holds blocks ",
+               first_, "..", last_ - 1, " of ", S.layers, ": use forward(slot, micro_batch, input)");
+    return forward(0, MicroBatch{ids, targets, B, T_, step, row0});
+  }
+
+  //! One micro-batch through this part of the model.
+  struct MicroBatch {
+    const std::int32_t* ids;      //!< B*T, read by the part with the embedding
+    const std::int32_t* targets;  //!< B*T, read by the part with the loss
+    int batch, seq;               //!< B sequences of T tokens
+    std::uint64_t step = 0;
+    std::int64_t row0 = 0;
+  };
+
+  //! Forward of micro-batch mb, keeping what its backward needs in activation slot `slot` (a pipeline stage holds
+  //! the micro-batches in flight, one slot each; every slot has the same B and T). The part with the embedding
+  //! reads mb.ids, the others `input` (this rank's rows x d_model, the previous part's output). Returns the mean
+  //! loss in the part with the loss; the others return 0 and leave their output in output(slot).
+  double forward(int slot, const MicroBatch& mb, const T* input = nullptr) {
+    const int B = mb.batch, T_ = mb.seq;
     LOOM_CHECK(T_ >= 1 && T_ <= S.max_seq, "sequence length ", T_, " is outside 1..", S.max_seq,
                " (the model's max_seq)");
     LOOM_CHECK(B >= 1, "batch of ", B, " sequences");
     LOOM_CHECK(!sequence_parallel || T_ % tp_size == 0, "sequence parallelism splits each sequence over tp = ",
                tp_size, " ranks, but the sequence length ", T_, " is not a multiple of it");
-    for (std::int64_t i = 0; i < std::int64_t{B} * T_; ++i)
-      LOOM_CHECK(ids[i] >= 0 && ids[i] < S.vocab && targets[i] >= 0 && targets[i] < S.vocab, "token ",
-                 ids[i] < 0 || ids[i] >= S.vocab ? ids[i] : targets[i], " at position ", i,
-                 " is outside the vocabulary 0..", S.vocab - 1);
+    LOOM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot ", slot, " is outside 0..",
+               slots_.size() - 1, " (set_slots)");
+    LOOM_CHECK(embedding() || input != nullptr, "a part without the embedding needs the previous part's output");
+    for (std::int64_t i = 0; i < std::int64_t{B} * T_; ++i) {
+      const bool bad = (embedding() && (mb.ids[i] < 0 || mb.ids[i] >= S.vocab)) ||
+                       (head() && (mb.targets[i] < 0 || mb.targets[i] >= S.vocab));
+      LOOM_CHECK(!bad, "token ", embedding() && (mb.ids[i] < 0 || mb.ids[i] >= S.vocab) ? mb.ids[i] : mb.targets[i],
+                 " at position ", i, " is outside the vocabulary 0..", S.vocab - 1);
+    }
     resize(B, T_);
-    ids_ = ids, targets_ = targets, step_ = step, row0_ = row0;
+    cur_ = slot;
+    Slot& st = sl();
+    st.ids = mb.ids, st.targets = mb.targets, st.step = mb.step, st.row0 = mb.row0;
     tp_.phase = layers::Phase::other;
     namespace k = kernels::cpu;
     const int N = B * T_, d = S.d_model, rows = region_.rows();
-    T* x0 = act_[0].x.data();
-    emb_->forward(ids, param_ptr(wte_), sp_or(emb_full_, x0), x0);
-    add_positions(x0);
-    drop(x0, x0, std::size_t(rows) * d, 0, 0);
+    T* x0 = st.act[0].x.data();
+    if (embedding()) {
+      emb_->forward(mb.ids, param_ptr(wte_), sp_or(emb_full_, x0), x0);
+      add_positions(x0);
+      drop(x0, x0, std::size_t(rows) * d, 0, 0);
+    } else {
+      std::copy_n(input, std::size_t(rows) * d, x0);
+    }
     tp_.phase = layers::Phase::forward;
-    for (int l = 0; l < S.layers; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act_[l], next_input(l));
+    for (int l = first_; l < last_; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act(l), next_input(l));
     tp_.phase = layers::Phase::other;
+    if (!head()) return 0;
     // Final norm on this rank's rows, logits of this rank's vocabulary against the tied embedding, loss.
-    T* xl = next_input(S.layers - 1);
-    k::layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
-                         rows, d, opt_.ln_eps);
-    const T* lnf_full = sp_or(lnf_full_, lnf_.data());
-    region_.enter_forward(lnf_.data(), const_cast<T*>(lnf_full));
-    k::matmul(lnf_full, param_ptr(wte_), logits_.data(), N, slice_.count, d, false, true);
-    ce_->forward(logits_.data(), targets, losses_.data(), row_max_.data(), row_sumexp_.data());
+    T* xl = next_input(last_ - 1);
+    k::layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), st.lnf.data(), st.lnf_mean.data(),
+                         st.lnf_rstd.data(), rows, d, opt_.ln_eps);
+    const T* lnf_full = sp_or(st.lnf_full, st.lnf.data());
+    region_.enter_forward(st.lnf.data(), const_cast<T*>(lnf_full));
+    k::matmul(lnf_full, param_ptr(wte_), st.logits.data(), N, slice_.count, d, false, true);
+    ce_->forward(st.logits.data(), mb.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
     double sum = 0;
-    for (int i = 0; i < N; ++i) sum += static_cast<double>(losses_.data()[i]);
+    for (int i = 0; i < N; ++i) sum += static_cast<double>(st.losses.data()[i]);
     return sum / N;
+  }
+
+  //! This part's output of the micro-batch in `slot` (this rank's rows x d_model), for the next part.
+  const T* output(int slot) const { return slots_.at(slot).out.data(); }
+  //! The gradient of this part's input after its backward (this rank's rows x d_model), for the previous part.
+  const T* input_grad() const { return dx_.data(); }
+  //! The micro-batches in flight: activation slots, each holding one forward's activations until its backward.
+  void set_slots(int n) {
+    LOOM_CHECK(n >= 1, "a model needs at least one activation slot, got ", n);
+    slots_.resize(static_cast<std::size_t>(n));
+    if (B_ > 0) {
+      const int B = B_, T_old = T_;
+      B_ = 0, T_ = 0;
+      resize(B, T_old);
+    }
+  }
+  int slots() const { return static_cast<int>(slots_.size()); }
+
+  //! Whether this part holds the embedding (block 0), the loss (the last block); its blocks [first, last).
+  bool embedding() const { return first_ == 0; }
+  bool head() const { return last_ == S.layers; }
+  int first_layer() const { return first_; }
+  int last_layer() const { return last_; }
+
+  //! Backward of the micro-batch in `slot`, accumulating into grads(): from its loss (scaled by `scale`) in the
+  //! part with the loss, else from doutput, the gradient of output(slot). Leaves input_grad() for the previous part.
+  void backward(int slot, double scale, const T* doutput = nullptr) {
+    LOOM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot ", slot, " is outside 0..",
+               slots_.size() - 1);
+    LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
+    cur_ = slot;
+    if (!head()) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    for (int c = 0; c < backward_chunks(); ++c) backward_chunk(c, scale);
   }
 
   //! Accumulates the gradient of the mean loss of the last forward into grads(), scaled by `scale` (1/m when m
   //! micro-batches make one step).
-  void backward(double scale = 1.0) {
-    for (int c = 0; c < backward_chunks(); ++c) backward_chunk(c, scale);
-  }
+  void backward(double scale = 1.0) { backward(0, scale); }
 
-  //! Backward runs in chunks, so that gradients can be reduced while the rest is computed: chunk 0 is the loss,
-  //! the tied head and the final norm; chunk 1 + j is block L-1-j; the last chunk is the embedding.
-  static constexpr int backward_chunks() { return S.layers + 2; }
+  //! Backward runs in chunks, so that gradients can be reduced while the rest is computed: first the loss, the
+  //! tied head and the final norm (in the part with the loss); then the blocks, last first; last the embedding (in
+  //! the part with it). Before chunk 0 of a part without the loss, input_grad() must hold d(output).
+  int backward_chunks() const { return (head() ? 1 : 0) + (last_ - first_) + (embedding() ? 1 : 0); }
 
-  //! Parameters [first, last) of specs(), whose gradients a backward chunk completes.
+  static constexpr std::size_t no_param = static_cast<std::size_t>(-1);
+  //! Parameters [first, last) of specs(), whose gradients a backward chunk completes, and `also` one more (the tied
+  //! table, completed by the output layer in a part without the embedding).
   struct ParamRange {
-    std::size_t first, last;
+    std::size_t first, last, also = no_param;
   };
 
   //! Runs backward chunk c (in order 0, 1, ...) and returns the parameters whose gradients are now complete
   //! (summed over the tensor-parallel ranks that share them).
   ParamRange backward_chunk(int c, double scale = 1.0) {
-    LOOM_CHECK(ids_ != nullptr, "backward() before forward()");
+    Slot& st = sl();
+    LOOM_CHECK(B_ > 0 && (st.ids != nullptr || st.targets != nullptr), "backward() before forward()");
     LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
     namespace k = kernels::cpu;
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
     T* dx = dx_.data();
+    if (!head()) ++c;  // no loss chunk
     if (c == 0) {  // loss, head, final norm
       tp_.phase = layers::Phase::other;
+      keep_shared({lnf_w_, lnf_b_ + 1});
       for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
-      ce_->backward(logits_.data(), targets_, row_max_.data(), row_sumexp_.data(), dloss_.data(), logits_.data());
+      T* logits = st.logits.data();
+      ce_->backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss_.data(), logits);
       T* dlnf_full = sp_or(dlnf_full_, dlnf_.data());
-      k::matmul(logits_.data(), param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
+      k::matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
       region_.enter_backward(dlnf_full, dlnf_.data());
-      k::matmul(logits_.data(), sp_or(lnf_full_, lnf_.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
-                1.0f, 1.0f);
-      const T* xl = next_input(S.layers - 1);
-      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), lnf_mean_.data(), lnf_rstd_.data(), dx, rows,
-                                  d);
-      k::layernorm_backward_weight(dlnf_.data(), xl, lnf_mean_.data(), lnf_rstd_.data(), grad_ptr(lnf_w_),
+      k::matmul(logits, sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false, 1.0f,
+                1.0f);
+      const T* xl = next_input(last_ - 1);
+      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), st.lnf_mean.data(), st.lnf_rstd.data(), dx,
+                                  rows, d);
+      k::layernorm_backward_weight(dlnf_.data(), xl, st.lnf_mean.data(), st.lnf_rstd.data(), grad_ptr(lnf_w_),
                                    grad_ptr(lnf_b_), rows, d);
-      return sync_grads({lnf_w_, lnf_b_ + 1});
+      // The tied table's gradient is complete here unless this part also holds the embedding.
+      sync_grads({lnf_w_, lnf_b_ + 1});
+      return {lnf_w_, lnf_b_ + 1, embedding() ? no_param : wte_};
     }
-    if (c <= S.layers) {
-      const int l = S.layers - c;
+    if (c <= last_ - first_) {
+      const int l = last_ - c;
       backward_input(l);
       backward_weight(l);
-      return {2 + 12 * static_cast<std::size_t>(l), 2 + 12 * static_cast<std::size_t>(l) + 12};
+      const std::size_t p = block_param(l);
+      return {p, p + 12};
     }
     // Embedding: dropout, tokens (scatter-add into this rank's rows of the tied table), positions.
     tp_.phase = layers::Phase::other;
+    keep_shared({wte_, wpe_ + 1});
     drop_backward(dx, dx, std::size_t(rows) * d, 0, 0);
-    emb_->backward(ids_, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
+    emb_->backward(st.ids, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
     positions_backward(dx);
     return sync_grads({wte_, wpe_ + 1});
   }
@@ -244,7 +333,7 @@ class Gpt {
     trace::Scope span("backward_input block", "compute");
     namespace k = kernels::cpu;
     tp_.phase = layers::Phase::backward;
-    Act& a = opt_.recompute ? scratch_act_ : act_[l];
+    Act& a = opt_.recompute ? scratch_act_ : act(l);
     if (opt_.recompute) layer_forward(l, a, recompute_out_.data());
     const Block w = block(params_, l);
     const int d = S.d_model, rows = region_.rows();
@@ -270,8 +359,10 @@ class Gpt {
   void backward_weight(int l) {
     trace::Scope span("backward_weight block", "compute");
     namespace k = kernels::cpu;
-    Act& a = opt_.recompute ? scratch_act_ : act_[l];
+    Act& a = opt_.recompute ? scratch_act_ : act(l);
     const Block gw = block(grads_, l);
+    const std::size_t p = block_param(l);
+    keep_shared({p, p + 12});
     const int d = S.d_model, rows = region_.rows();
     mlp_->backward_weight(a.ln2.data(), g_.dfcp.data(), a.mlp, g_.mlp, gw.mlp);
     k::layernorm_backward_weight(g_.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
@@ -279,7 +370,6 @@ class Gpt {
     attn_->backward_weight(a.ln1.data(), g_.dattp.data(), a.attn, g_.attn, gw.attn);
     k::layernorm_backward_weight(g_.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
                                  rows, d);
-    const std::size_t p = 2 + 12 * static_cast<std::size_t>(l);
     sync_grads({p, p + 12});
   }
 
@@ -313,13 +403,14 @@ class Gpt {
   }
 
   //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments) in the
-  //! single-rank layout: a collective over the tensor-parallel group; every rank receives the result.
+  //! single-rank layout: a collective over the tensor-parallel group; every rank receives the result. A part of the
+  //! model fills only its own parameters (the others are 0).
   template <class U>
   std::vector<U> gather(const U* local) {
     static_assert(std::is_same_v<U, T> || std::is_same_v<U, acc>, "loom: gather() takes parameters or moments");
     const auto global = param_specs(0, true);
     std::vector<U> out(static_cast<std::size_t>(S.params()));
-    if (tp_size == 1) {
+    if (tp_size == 1 && specs_.size() == global.size()) {
       std::copy_n(local, out.size(), out.data());
       return out;
     }
@@ -339,7 +430,8 @@ class Gpt {
     tp_.phase = phase;
     for (std::size_t p = 0; p < specs_.size(); ++p)
       for (int r = 0; r < tp_size; ++r)
-        specs_[p].layout.for_rank(r).place(recv.data() + r * send.size() + at[p], out.data() + global[p].offset);
+        specs_[p].layout.for_rank(r).place(recv.data() + r * send.size() + at[p],
+                                           out.data() + global[specs_[p].index].offset);
     return out;
   }
   //! Sets this rank's part from a buffer in the single-rank layout (no communication).
@@ -347,7 +439,7 @@ class Gpt {
   void scatter(const U* global_buffer, U* local) const {
     const auto global = param_specs(0, true);
     for (std::size_t p = 0; p < specs_.size(); ++p)
-      specs_[p].layout.scatter(global_buffer + global[p].offset, local + specs_[p].offset);
+      specs_[p].layout.scatter(global_buffer + global[specs_[p].index].offset, local + specs_[p].offset);
   }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
@@ -374,10 +466,34 @@ class Gpt {
     typename layers::ParallelMlp<T>::Grads mlp;
   };
 
-  static constexpr std::size_t wte_ = 0, wpe_ = 1, lnf_w_ = 2 + 12 * S.layers, lnf_b_ = lnf_w_ + 1;
+  //! Block l's activations (l global).
+  Act& act(int l) { return sl().act[static_cast<std::size_t>(l - first_)]; }
 
-  Gpt(layers::TpGroup<T> tp, std::uint64_t seed, GptOptions opt)
-      : opt_(opt), tp_(std::move(tp)), specs_(param_specs(tp_.rank())) {
+  //! What one micro-batch in flight keeps: its blocks' activations, its output (or final residual) and loss.
+  struct Slot {
+    std::vector<Act> act;
+    std::vector<Tensor<T>> inputs;  //!< with recompute: each block's input
+    Tensor<T> out, lnf, lnf_full, logits, losses;
+    Tensor<acc> lnf_mean, lnf_rstd, row_max, row_sumexp;
+    const std::int32_t* ids = nullptr;
+    const std::int32_t* targets = nullptr;
+    std::uint64_t step = 0;
+    std::int64_t row0 = 0;
+  };
+  Slot& sl() { return slots_[static_cast<std::size_t>(cur_)]; }
+  const Slot& sl() const { return slots_[static_cast<std::size_t>(cur_)]; }
+
+  Gpt(layers::TpGroup<T> tp, std::uint64_t seed, GptOptions opt, GptPart part)
+      : opt_(opt), tp_(std::move(tp)), first_(part.first), last_(part.last < 0 ? S.layers : part.last),
+        specs_(param_specs(tp_.rank(), false, part)), slots_(1) {
+    LOOM_CHECK(0 <= first_ && first_ < last_ && last_ <= S.layers, "a part of the model holds blocks [", part.first,
+               ", ", part.last, "), which is not a non-empty range of 0..", S.layers);
+    const bool tied = embedding() || head();
+    wte_ = tied ? 0 : no_param;
+    wpe_ = embedding() ? 1 : no_param;
+    block0_ = (tied ? 1 : 0) + (embedding() ? 1 : 0);
+    lnf_w_ = head() ? block0_ + 12 * static_cast<std::size_t>(last_ - first_) : no_param;
+    lnf_b_ = lnf_w_ + 1;
     LOOM_CHECK(tp_.size() == tp_size, "the tensor-parallel communicator has ", tp_.size(), " ranks but the layout ",
                Cfg::name(), " has tp = ", tp_size);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
@@ -389,9 +505,11 @@ class Gpt {
 
   T* param_ptr(std::size_t p) const { return params_.data() + specs_[p].offset; }
   T* grad_ptr(std::size_t p) const { return grads_.data() + specs_[p].offset; }
+  //! The index in specs() of block l's first parameter.
+  std::size_t block_param(int l) const { return block0_ + 12 * static_cast<std::size_t>(l - first_); }
   Block block(const Tensor<T>& buf, int l) const {
     T* b = buf.data();
-    const std::size_t p = 2 + 12 * static_cast<std::size_t>(l);
+    const std::size_t p = block_param(l);
     auto at = [&](std::size_t i) { return b + specs_[p + i].offset; };
     return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}};
   }
@@ -405,35 +523,54 @@ class Gpt {
 
   //! Sums over the tensor-parallel group the gradients that several of its ranks hold, of parameters [first, last):
   //! with sequence parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that
-  //! ranks share when kv_heads < TP; one all-reduce for all of them.
+  //! ranks share when kv_heads < TP; one all-reduce for all of them. Only what this backward added since
+  //! keep_shared(r) is summed, so that gradients accumulated over micro-batches are summed once.
   ParamRange sync_grads(ParamRange r) {
     if constexpr (tp_size == 1) return r;
-    std::vector<std::size_t> todo;
-    std::int64_t n = 0;
-    for (std::size_t p = r.first; p < r.last; ++p) {
-      const auto& s = specs_[p];
-      if (s.layout.shared_numel() > 0 && (!s.replicated || sequence_parallel)) todo.push_back(p), n += s.layout.shared_numel();
-    }
-    if (todo.empty()) return r;
-    std::vector<T> buf(static_cast<std::size_t>(n), T(0));
-    auto each = [&](auto&& f) {
-      std::int64_t at = 0;
-      for (auto p : todo) {
-        const auto& s = specs_[p];
-        s.layout.for_each_shared_piece([&](std::int64_t lo, std::int64_t sh, std::int64_t len) {
-          f(grads_.data() + s.offset + lo, buf.data() + at + sh, len);
-        });
-        at += s.layout.shared_numel();
-      }
-    };
-    each([](T* g, T* b, std::int64_t len) { std::copy_n(g, len, b); });
+    std::vector<T> buf;
+    if (!pack_shared(r, buf)) return r;
+    LOOM_CHECK(buf.size() == shared_before_.size(), "sync_grads without keep_shared");
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= shared_before_[i];
     const auto phase = tp_.phase;
     tp_.phase = layers::Phase::grads;
     tp_.all_reduce(buf.data(), buf.size());
     tp_.phase = phase;
-    each([](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += shared_before_[i];
+    each_shared(r, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
     return r;
   }
+  //! Remembers the shared gradients of parameters r before a backward adds to them.
+  void keep_shared(ParamRange r) {
+    if constexpr (tp_size > 1) pack_shared(r, shared_before_);
+  }
+  //! The shared gradients of r packed in one buffer laid out alike on every rank (zero where this rank holds
+  //! nothing); false when r has none.
+  bool pack_shared(ParamRange r, std::vector<T>& buf) const {
+    std::int64_t n = 0;
+    for (std::size_t p = r.first; p < r.last; ++p)
+      if (needs_sync(specs_[p])) n += specs_[p].layout.shared_numel();
+    buf.assign(static_cast<std::size_t>(n), T(0));
+    if (n == 0) return false;
+    each_shared(r, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(g, len, b); });
+    return true;
+  }
+  bool needs_sync(const ParamSpec& s) const {
+    return s.layout.shared_numel() > 0 && (!s.replicated || sequence_parallel);
+  }
+  //! f(gradient piece, its place in the packed buffer, length) over the shared pieces of r.
+  template <class F>
+  void each_shared(ParamRange r, std::vector<T>& buf, F&& f) const {
+    std::int64_t at = 0;
+    for (std::size_t p = r.first; p < r.last; ++p) {
+      const auto& s = specs_[p];
+      if (!needs_sync(s)) continue;
+      s.layout.for_each_shared_piece([&](std::int64_t lo, std::int64_t sh, std::int64_t len) {
+        f(grads_.data() + s.offset + lo, buf.data() + at + sh, len);
+      });
+      at += s.layout.shared_numel();
+    }
+  }
+
 
   //! x (this rank's rows) += their positions' embeddings; or, backward, the positions' gradients += dx.
   void add_positions(T* x) const { for_positions([&](int i, int n, int t0) {
@@ -452,11 +589,17 @@ class Gpt {
   }
 
   //! Block l's input: block 0 reads the embedding output; block l > 0 the output of block l-1.
-  T* input_of(int l) const { return l == 0 || !opt_.recompute ? act_[opt_.recompute ? 0 : l].x.data() : inputs_[l].data(); }
+  T* input_of(int l) const {
+    const auto& st = sl();
+    const auto i = static_cast<std::size_t>(l - first_);
+    return i == 0 || !opt_.recompute ? st.act[opt_.recompute ? 0 : i].x.data() : st.inputs[i].data();
+  }
   //! Where block l writes its output: the next block's input, or the final residual.
   T* next_input(int l) const {
-    if (l + 1 < S.layers) return opt_.recompute ? inputs_[l + 1].data() : act_[l + 1].x.data();
-    return final_.data();
+    const auto& st = sl();
+    const auto i = static_cast<std::size_t>(l + 1 - first_);
+    if (l + 1 < last_) return opt_.recompute ? st.inputs[i].data() : st.act[i].x.data();
+    return st.out.data();
   }
 
   void layer_forward(int l, Act& a, T* out) {
@@ -479,9 +622,10 @@ class Gpt {
 
   // Dropout sites: (layer, site) with site 0 the embedding, 1 the attention branch, 2 the MLP branch; the mask of
   // an element is keyed by its global index, so it is the same whichever rank holds the element.
-  std::uint64_t drop_key(int l, int site) const { return random::key(0x6c6f6f6d, step_, l, site); }
+  std::uint64_t drop_key(int l, int site) const { return random::key(0x6c6f6f6d, sl().step, l, site); }
   std::uint64_t drop_index0() const {
-    return (static_cast<std::uint64_t>(row0_) * T_ + static_cast<std::uint64_t>(region_.first_row())) * S.d_model;
+    return (static_cast<std::uint64_t>(sl().row0) * T_ + static_cast<std::uint64_t>(region_.first_row())) *
+           S.d_model;
   }
   void drop(const T* in, T* out, std::size_t n, int l, int site) {
     if (opt_.dropout <= 0) return;
@@ -520,33 +664,43 @@ class Gpt {
     mlp_.emplace(region_, S.ffn());
     emb_.emplace(layers::VocabParallelEmbedding<T>{region_, slice_});
     ce_.emplace(layers::VocabParallelCrossEntropy<T>{&tp_, N, slice_});
-    act_.assign(S.layers, Act{});
-    inputs_.assign(S.layers, Tensor<T>{});
-    if (opt_.recompute) {
-      act_[0].x = Tensor<T>({rows, d});  // the embedding output, block 0's input
-      make_act(scratch_act_, false);
-      for (int l = 1; l < S.layers; ++l) inputs_[l] = Tensor<T>({rows, d});
-      recompute_out_ = Tensor<T>({rows, d});
-    } else {
-      for (int l = 0; l < S.layers; ++l) make_act(act_[l], true);
+    const int L = last_ - first_;
+    for (auto& st : slots_) {
+      st.act.assign(static_cast<std::size_t>(L), Act{});
+      st.inputs.assign(static_cast<std::size_t>(L), Tensor<T>{});
+      if (opt_.recompute) {
+        st.act[0].x = Tensor<T>({rows, d});  // the part's input, its first block's
+        for (int i = 1; i < L; ++i) st.inputs[static_cast<std::size_t>(i)] = Tensor<T>({rows, d});
+      } else {
+        for (auto& a : st.act) make_act(a, true);
+      }
+      st.out = Tensor<T>({rows, d});
+      st.lnf = st.lnf_full = st.logits = st.losses = Tensor<T>();
+      st.lnf_mean = st.lnf_rstd = st.row_max = st.row_sumexp = Tensor<acc>();
+      if (head()) {
+        st.lnf = Tensor<T>({rows, d});
+        st.lnf_mean = Tensor<acc>({rows});
+        st.lnf_rstd = Tensor<acc>({rows});
+        if (sequence_parallel) st.lnf_full = Tensor<T>({n, d});
+        st.logits = Tensor<T>({n, slice_.count});
+        st.losses = Tensor<T>({n});
+        st.row_max = Tensor<acc>({n});
+        st.row_sumexp = Tensor<acc>({n});
+      }
+      st.ids = st.targets = nullptr;
     }
-    final_ = Tensor<T>({rows, d});
-    lnf_ = Tensor<T>({rows, d});
+    if (opt_.recompute) {
+      make_act(scratch_act_, false);
+      recompute_out_ = Tensor<T>({rows, d});
+    }
     dlnf_ = Tensor<T>({rows, d});
     dx_ = Tensor<T>({rows, d});
-    lnf_mean_ = Tensor<acc>({rows});
-    lnf_rstd_ = Tensor<acc>({rows});
     if (sequence_parallel) {
       partial_ = Tensor<T>({n, d});
       emb_full_ = Tensor<T>({n, d});
-      lnf_full_ = Tensor<T>({n, d});
       dlnf_full_ = Tensor<T>({n, d});
     }
-    logits_ = Tensor<T>({n, slice_.count});
-    losses_ = Tensor<T>({n});
     dloss_ = Tensor<T>({n});
-    row_max_ = Tensor<acc>({n});
-    row_sumexp_ = Tensor<acc>({n});
     g_ = Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
                Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
     act_bytes_ = held_bytes();
@@ -561,11 +715,13 @@ class Gpt {
       add(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv, a.attn.out,
           a.attn.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
     };
-    for (const auto& a : act_) add_act(a);
+    for (const auto& st : slots_) {
+      for (const auto& a : st.act) add_act(a);
+      for (const auto& t : st.inputs) add(t);
+      add(st.out, st.lnf, st.lnf_full, st.logits, st.losses, st.lnf_mean, st.lnf_rstd, st.row_max, st.row_sumexp);
+    }
     add_act(scratch_act_);
-    for (const auto& t : inputs_) add(t);
-    add(recompute_out_, final_, lnf_, dlnf_, dx_, partial_, emb_full_, lnf_full_, dlnf_full_, logits_, losses_,
-        dloss_, lnf_mean_, lnf_rstd_, row_max_, row_sumexp_);
+    add(recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_);
     add(g_.dfcp, g_.dln2, g_.dtmp, g_.dattp, g_.dln1, g_.attn.dy_full, g_.attn.dout, g_.attn.dqkv, g_.attn.dx_full,
         g_.mlp.dy_full, g_.mlp.dg, g_.mlp.dx_full);
     return n;
@@ -573,6 +729,7 @@ class Gpt {
 
   GptOptions opt_;
   layers::TpGroup<T> tp_;
+  int first_, last_;
   std::vector<ParamSpec> specs_;
   Tensor<T> params_, grads_;
   layers::VocabSlice slice_{0, S.vocab};
@@ -581,18 +738,14 @@ class Gpt {
   std::optional<layers::ParallelMlp<T>> mlp_;
   std::optional<layers::VocabParallelEmbedding<T>> emb_;
   std::optional<layers::VocabParallelCrossEntropy<T>> ce_;
+  std::size_t wte_ = 0, wpe_ = 0, block0_ = 0, lnf_w_ = 0, lnf_b_ = 0;  //!< indices in specs_ (no_param: not held)
   int B_ = 0, T_ = 0;
-  std::uint64_t step_ = 0;
-  std::int64_t row0_ = 0;
-  const std::int32_t* ids_ = nullptr;
-  const std::int32_t* targets_ = nullptr;
-  std::vector<Act> act_;
+  std::vector<Slot> slots_;
+  int cur_ = 0;  //!< the slot forward and backward work on
   Act scratch_act_;
-  std::vector<Tensor<T>> inputs_;
-  Tensor<T> recompute_out_, final_, lnf_, dlnf_, dx_, partial_, emb_full_, lnf_full_, dlnf_full_, logits_, losses_,
-      dloss_;
-  Tensor<acc> lnf_mean_, lnf_rstd_, row_max_, row_sumexp_;
+  Tensor<T> recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_;
   Grads g_;
+  std::vector<T> shared_before_;
   std::size_t act_bytes_ = 0;
 };
 

@@ -66,7 +66,7 @@ class DataParallel {
     std::size_t next = 0;  // buckets are launched in order, so every rank issues the same collectives
     exec::Pipeline<exec::Stage<exec::Compute, BackwardChunk>, exec::Stage<exec::Comm, ReduceReady>> p(
         BackwardChunk{&model_, scale}, ReduceReady{this, &complete, &next});
-    p.run(static_cast<std::size_t>(Model::backward_chunks()));
+    p.run(static_cast<std::size_t>(model_.backward_chunks()));
     LOOM_CHECK(next == buckets_.size(), "data parallel: ", buckets_.size() - next, " of ", buckets_.size(),
                " gradient buckets were never complete");
   }
@@ -87,6 +87,7 @@ class DataParallel {
     std::size_t* next;
     void operator()(typename Model::ParamRange r) const {
       for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
+      if (r.also != Model::no_param) (*complete)[r.also] = 1;
       auto& bs = self->buckets_;
       while (*next < bs.size() &&
              std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
