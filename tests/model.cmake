@@ -125,3 +125,6 @@ endif()
 
 # Parts of the model (pipeline stages) against the whole model.
 loom_add_test(test_gpt_parts test_gpt_parts.cpp LABELS "model;pipeline")
+
+# Pipeline parallelism (every schedule, and with TP, SP and DP) against the single-rank run.
+loom_add_test(test_pipeline_parallel test_pipeline_parallel.cpp LABELS "pipeline;model")

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -374,9 +375,14 @@ class Gpt {
   }
 
   //! The global gradient norm: each element of the whole model counted once, whichever ranks hold it.
-  double grad_norm() {
+  double grad_norm() { return std::sqrt(grad_square()); }
+  //! The sum of squares of this part's gradients over its tensor-parallel group, each element counted once;
+  //! without the tied table when skip_tied (a pipeline counts it on one of the two stages that hold it).
+  double grad_square(bool skip_tied = false) {
     double local = 0;
-    for (const auto& s : specs_) {
+    for (std::size_t p = 0; p < specs_.size(); ++p) {
+      if (skip_tied && p == wte_) continue;
+      const auto& s = specs_[p];
       const T* g = grads_.data() + s.offset;
       s.layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
         double part = 0;
@@ -389,7 +395,16 @@ class Gpt {
     tp_.phase = layers::Phase::grads;
     tp_.all_reduce_acc(sq.data(), 1, comm::Reduce::sum);
     tp_.phase = phase;
-    return std::sqrt(static_cast<double>(sq[0]));
+    return static_cast<double>(sq[0]);
+  }
+  //! The tied embedding table's gradient (this rank's rows), in a part that holds it; else empty.
+  std::span<T> tied_grad() {
+    if (wte_ == no_param) return {};
+    return {grads_.data() + specs_[wte_].offset, static_cast<std::size_t>(numel_of(specs_[wte_].shape))};
+  }
+  //! Elements of an activation passed between parts for B sequences of T tokens: this rank's rows x d_model.
+  static constexpr std::size_t io_elements(int B, int T_) {
+    return static_cast<std::size_t>(sequence_parallel ? B * T_ / tp_size : B * T_) * S.d_model;
   }
 
   //! Bytes of this rank's parameters: those every tensor-parallel rank holds in full, and its part of the others.

@@ -1,0 +1,125 @@
+// The pipeline executor: runs one stage's list of a schedule table (schedule.hpp) on that stage's model chunks,
+// moving activations and gradients over the pipeline communicator as the table says: each maximal run of send/recv
+// actions is one batched exchange, as the verifier assumed, so a table that passed verify() cannot hang here.
+#pragma once
+
+#include <loom/comm/types.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/trace.hpp>
+#include <loom/pipeline/schedule.hpp>
+
+#include <algorithm>
+#include <vector>
+
+namespace loom::pipeline {
+
+//! Runs tables on one pipeline stage. Model is a part of a model with forward(slot, micro_batch, input),
+//! backward(slot, scale, doutput), output(slot), input_grad(), embedding(), head() and set_slots(n) (models::Gpt
+//! with a GptPart); chunks[c] is the part this stage holds as its chunk c. Comm is the pipeline group's
+//! communicator: its rank is the stage.
+template <class Model, class Comm>
+class Executor {
+ public:
+  using T = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::value_type;
+  using MicroBatch = typename Model::MicroBatch;
+
+  Executor(std::vector<Model*> chunks, Comm& pp, Schedule schedule)
+      : chunks_(std::move(chunks)), pp_(pp), schedule_(schedule) {
+    LOOM_CHECK(static_cast<int>(chunks_.size()) == chunks_per_stage(schedule, static_cast<int>(chunks_.size())),
+               "the ", describe_schedule(schedule), " schedule holds ",
+               chunks_per_stage(schedule, static_cast<int>(chunks_.size())), " chunks per stage, got ",
+               chunks_.size());
+  }
+
+  //! Runs this stage's list of `table`, micro-batch i being micro_batch(i) (each the same B x T), and accumulates
+  //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
+  //! loss, 0 elsewhere.
+  template <ScheduleTable Table, class Provider>
+  double run(const Table& table, Provider&& micro_batch) {
+    const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
+    LOOM_CHECK(table.stage_count() == P, "a table for ", table.stage_count(), " stages on a pipeline of ", P);
+    LOOM_CHECK(table.schedule == schedule_, "a ", describe_schedule(table.schedule), " table on an executor built for ",
+               describe_schedule(schedule_));
+    const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
+    for (auto* c : chunks_)
+      if (c->slots() != m) c->set_slots(m);
+    if (static_cast<int>(act_in_.size()) != V * m) {
+      act_in_.assign(std::size_t(V) * m, {});
+      grad_in_.assign(std::size_t(V) * m, {});
+      grad_out_.assign(std::size_t(V) * m, {});
+    }
+    std::vector<MicroBatch> mbs;
+    for (int i = 0; i < m; ++i) mbs.push_back(micro_batch(i));
+    const std::size_t n = Model::io_elements(mbs[0].batch, mbs[0].seq);
+    auto buf = [&](std::vector<std::vector<T>>& b, int micro, int chunk) -> std::vector<T>& {
+      auto& v = b[std::size_t(chunk) * m + micro];
+      v.resize(n);
+      return v;
+    };
+    auto vstage = [&](int chunk) { return virtual_stage(schedule_, P, stage, chunk); };
+    //! The chunk of this stage that holds virtual stage k, or -1.
+    auto local = [&](int k) {
+      const auto sc = stage_chunk(schedule_, P, k);
+      return sc.stage == stage ? sc.chunk : -1;
+    };
+    double loss = 0;
+    const auto actions = table.stage(stage);
+    std::vector<comm::P2P> ops;
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      if (!is_compute(a.kind)) {
+        ops.clear();
+        for (; i < actions.size() && !is_compute(actions[i].kind); ++i) {
+          const Action& x = actions[i];
+          Model& part = *chunks_[static_cast<std::size_t>(x.chunk)];
+          switch (x.kind) {
+            case Kind::send_act:
+              ops.push_back(comm::send_op(std::span<const T>(part.output(x.micro), n), x.peer));
+              break;
+            case Kind::recv_act: ops.push_back(comm::recv_op(buf(act_in_, x.micro, x.chunk), x.peer)); break;
+            case Kind::send_grad: ops.push_back(comm::send_op(buf(grad_out_, x.micro, x.chunk), x.peer)); break;
+            case Kind::recv_grad: ops.push_back(comm::recv_op(buf(grad_in_, x.micro, x.chunk), x.peer)); break;
+            default: break;
+          }
+        }
+        --i;
+        trace::Scope span("pipeline exchange", "comm");
+        pp_.exchange(ops);
+        continue;
+      }
+      Model& part = *chunks_[static_cast<std::size_t>(a.chunk)];
+      const int k = vstage(a.chunk);
+      if (a.kind == Kind::F) {
+        trace::Scope span("F", "compute");
+        const T* input = nullptr;
+        if (k > 0) {
+          const int prev = local(k - 1);
+          input = prev >= 0 ? chunks_[static_cast<std::size_t>(prev)]->output(a.micro) : buf(act_in_, a.micro, a.chunk).data();
+        }
+        const double l = part.forward(a.micro, mbs[static_cast<std::size_t>(a.micro)], input);
+        if (k == last) loss += l / m;
+      } else if (a.kind == Kind::B || a.kind == Kind::BW) {
+        // B runs the whole backward of the chunk (input and weight gradients): the model keeps one layer's branch
+        // gradients at a time, so W's work is done here and W is a no-op. The values are the same either way.
+        trace::Scope span(a.kind == Kind::B ? "B" : "BW", "compute");
+        const T* dout = nullptr;
+        if (k < last) {
+          const int next = local(k + 1);
+          dout = next >= 0 ? buf(grad_out_, a.micro, next).data() : buf(grad_in_, a.micro, a.chunk).data();
+        }
+        part.backward(a.micro, 1.0 / m, dout);
+        if (k > 0) std::copy_n(part.input_grad(), n, buf(grad_out_, a.micro, a.chunk).data());
+      }
+    }
+    return loss;
+  }
+
+ private:
+  std::vector<Model*> chunks_;
+  Comm& pp_;
+  Schedule schedule_;
+  // Per (chunk, micro-batch): activations received, gradients received, gradients of the chunk's input to send.
+  std::vector<std::vector<T>> act_in_, grad_in_, grad_out_;
+};
+
+}  // namespace loom::pipeline

@@ -1,0 +1,136 @@
+// Training on a layout with pipeline parallelism (and tensor and data parallelism): each rank builds the model parts
+// its pipeline stage holds (layers split evenly over the p·v parts), runs a schedule table over the micro-batches of
+// its data-parallel slice, sums the tied embedding's gradient between the stages that hold its two uses, averages
+// gradients over the data-parallel group, clips by the global norm and steps every part's optimizer.
+#pragma once
+
+#include <loom/comm/context.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/pipeline/executor.hpp>
+#include <loom/train/data.hpp>
+#include <loom/train/data_parallel.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace loom::train {
+
+//! Trains models::Gpt<S, T, Cfg> on rank ctx of layout Cfg with `schedule` (v chunks per stage for interleaved).
+template <models::GptShape S, class T, class Optimizer, class Ctx>
+class PipelineTrainer {
+ public:
+  using Cfg = typename Ctx::config;
+  using Model = models::Gpt<S, T, Cfg>;
+  static constexpr int P = Cfg::template size<Axis::pp>;
+
+  //! make_optimizer(specs, numel) builds one part's optimizer.
+  template <class MakeOptimizer>
+  PipelineTrainer(Ctx& ctx, std::uint64_t seed, models::GptOptions opt, const Batches& data, StepConfig cfg,
+                  Schedule schedule, int v, MakeOptimizer&& make_optimizer)
+      : ctx_(ctx), data_(data), cfg_(cfg), schedule_(schedule),
+        table_(pipeline::make_schedule_checked(schedule, P, cfg.micro_batches, v)) {
+    const int V = pipeline::chunks_per_stage(schedule, v), parts = P * V;
+    LOOM_CHECK(S.layers % parts == 0, "the model's ", S.layers, " layers do not split evenly over pp x chunks = ",
+               P, " x ", V, " = ", parts, " parts");
+    const int dp = Cfg::template size<Axis::dp>;
+    LOOM_CHECK(cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ", cfg.batch,
+               " sequences does not split into ", dp, " data-parallel ranks x ", cfg.micro_batches,
+               " micro-batches");
+    rows_ = cfg.batch / dp;
+    micro_ = rows_ / cfg.micro_batches;
+    const int stage = ctx.template coord<Axis::pp>(), per = S.layers / parts;
+    auto& tp = ctx.template comm<Axis::tp>();
+    for (int c = 0; c < V; ++c) {
+      const int k = pipeline::virtual_stage(schedule, P, stage, c);
+      parts_.push_back(std::make_unique<Model>(seed, tp, models::GptPart{k * per, (k + 1) * per}, opt));
+      opts_.push_back(make_optimizer(parts_.back()->specs(), parts_.back()->params().numel()));
+    }
+    std::vector<Model*> raw;
+    for (auto& p : parts_) raw.push_back(p.get());
+    exec_ = std::make_unique<pipeline::Executor<Model, typename Ctx::Comm>>(raw, ctx.template comm<Axis::pp>(),
+                                                                           schedule);
+    // The stages holding the first part (embedding) and the last (output layer) share the tied table.
+    first_stage_ = pipeline::stage_chunk(schedule, P, 0).stage;
+    last_stage_ = pipeline::stage_chunk(schedule, P, parts - 1).stage;
+    in_.resize(static_cast<std::size_t>(cfg.micro_batches));
+    tg_.resize(in_.size());
+  }
+
+  const std::vector<std::unique_ptr<Model>>& parts() const { return parts_; }
+
+  StepResult step(int step) {
+    for (auto& p : parts_) p->zero_grad();
+    const int dp_rank = ctx_.template coord<Axis::dp>();
+    for (int i = 0; i < cfg_.micro_batches; ++i) {
+      auto& in = in_[static_cast<std::size_t>(i)];
+      auto& tg = tg_[static_cast<std::size_t>(i)];
+      in.resize(static_cast<std::size_t>(micro_) * cfg_.seq);
+      tg.resize(in.size());
+      data_.fill(step, dp_rank * rows_ + i * micro_, micro_, in.data(), tg.data());
+    }
+    double loss = exec_->run(table_, [&](int i) {
+      return typename Model::MicroBatch{in_[static_cast<std::size_t>(i)].data(), tg_[static_cast<std::size_t>(i)].data(),
+                                        micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                        dp_rank * rows_ + i * micro_};
+    });
+    reduce_tied();
+    // The loss lives on the last stage: sum over the pipeline, average over data parallelism.
+    std::vector<double> l{loss};
+    ctx_.template comm<Axis::pp>().all_reduce(l, comm::Reduce::sum);
+    ctx_.template comm<Axis::dp>().all_reduce(l, comm::Reduce::avg);
+    auto& dp = ctx_.template comm<Axis::dp>();
+    if (dp.size() > 1)
+      for (auto& p : parts_) dp.all_reduce(p->grads().span(), comm::Reduce::avg);
+    // The global norm: every part once, the tied table on the first stage only.
+    double sq = 0;
+    for (auto& p : parts_) sq += p->grad_square(/*skip_tied=*/!p->embedding());
+    std::vector<double> s{sq};
+    ctx_.template comm<Axis::pp>().all_reduce(s, comm::Reduce::sum);
+    const double norm = std::sqrt(s[0]);
+    std::vector<int> finite{std::isfinite(norm) ? 1 : 0};
+    ctx_.world().all_reduce(finite, comm::Reduce::min);
+    const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
+    if (!finite[0]) return {l[0], norm, true, lr};
+    for (std::size_t c = 0; c < parts_.size(); ++c) {
+      optim::clip_to(parts_[c]->grads(), norm, cfg_.grad_clip);
+      opts_[c].step(parts_[c]->params(), parts_[c]->grads(), lr);
+    }
+    return {l[0], norm, false, lr};
+  }
+
+ private:
+  //! Sums the tied table's gradient over its two holders: two chunks of one stage, or the first and last stages
+  //! (same tensor-parallel and data-parallel coordinates).
+  void reduce_tied() {
+    std::vector<std::span<T>> held;
+    for (auto& p : parts_)
+      if (auto g = p->tied_grad(); !g.empty()) held.push_back(g);
+    if (held.empty()) return;
+    if (first_stage_ == last_stage_) {  // both uses on this stage (a one-stage pipeline holds one part)
+      if (held.size() == 2) {
+        for (std::size_t i = 0; i < held[0].size(); ++i) held[0][i] += held[1][i];
+        std::copy(held[0].begin(), held[0].end(), held[1].begin());
+      }
+      return;
+    }
+    Coords a = Cfg::coords(ctx_.rank()), b = a;
+    a.pp = first_stage_, b.pp = last_stage_;
+    std::vector<int> ranks{Cfg::rank_of(a), Cfg::rank_of(b)};
+    std::sort(ranks.begin(), ranks.end());
+    ctx_.get(comm::GroupInfo{"embedding", ranks}).all_reduce(held[0], comm::Reduce::sum);
+  }
+
+  Ctx& ctx_;
+  const Batches& data_;
+  StepConfig cfg_;
+  Schedule schedule_;
+  pipeline::RuntimeTable table_;
+  std::vector<std::unique_ptr<Model>> parts_;
+  std::vector<Optimizer> opts_;
+  std::unique_ptr<pipeline::Executor<Model, typename Ctx::Comm>> exec_;
+  int first_stage_ = 0, last_stage_ = 0, rows_ = 0, micro_ = 0;
+  std::vector<std::vector<std::int32_t>> in_, tg_;
+};
+
+}  // namespace loom::train

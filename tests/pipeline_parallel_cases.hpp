@@ -1,0 +1,116 @@
+// Pipeline-parallel test cases shared by the Local (threads) and Mpi (processes) tests: a 4-layer GPT in double,
+// the single-rank reference run, and one rank's run of a layout with pipeline parallelism (and tensor and data
+// parallelism) under a schedule, through the pipeline trainer.
+#pragma once
+
+#include <loom/config.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/train/pipeline_parallel.hpp>
+
+#include <cmath>
+#include <vector>
+
+namespace loom::test::pp {
+
+constexpr models::GptShape shape{4, 4, 2, 16, 37, 8};
+constexpr int steps = 5, batch = 8, seq = 8;
+
+inline models::GptOptions options() {
+  models::GptOptions o;
+  o.dropout = 0.1f;
+  return o;
+}
+
+inline train::Batches data() {
+  std::vector<std::int32_t> tok(2000);
+  for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 5 * i + 2) % shape.vocab);
+  return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 9);
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<double> params;  //!< the whole model's layout; only `held` elements are this rank's
+  std::vector<char> held;
+};
+
+//! One rank, the whole batch: the reference.
+inline Run single_rank() {
+  models::Gpt<shape, double> m(3, options());
+  optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
+  const auto d = data();
+  std::vector<std::int32_t> in(batch * seq), tg(in.size());
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    d.fill(s, 0, batch, in.data(), tg.data());
+    m.zero_grad();
+    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
+    m.backward();
+    optim::clip_grad_norm(m.grads(), 1.0);
+    opt.step(m.params(), m.grads(), 1e-2);
+  }
+  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  r.held.assign(r.params.size(), 1);
+  return r;
+}
+
+//! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step.
+template <class Cfg, class Ctx>
+Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
+  using Model = models::Gpt<shape, double, Cfg>;
+  const auto d = data();
+  train::StepConfig cfg;
+  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
+  train::PipelineTrainer<shape, double, optim::AdamW<double>, Ctx> trainer(
+      ctx, 3, options(), d, cfg, schedule, v, [](const auto& specs, std::int64_t n) {
+        return optim::AdamW<double>(specs, n, {0.9, 0.999, 1e-8, 0.1});
+      });
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    const auto res = trainer.step(s);
+    if (res.skipped) throw Error("a step was skipped");
+    r.losses.push_back(res.loss);
+  }
+  const auto global = Model::param_specs(0, true);
+  r.params.assign(static_cast<std::size_t>(shape.params()), 0.0);
+  r.held.assign(r.params.size(), 0);
+  for (const auto& part : trainer.parts()) {
+    const auto whole = part->gather(part->params().data());
+    for (const auto& s : part->specs()) {
+      const auto& g = global[s.index];
+      for (std::int64_t i = g.offset; i < g.offset + numel_of(g.shape); ++i)
+        r.params[static_cast<std::size_t>(i)] = whole[static_cast<std::size_t>(i)], r.held[static_cast<std::size_t>(i)] = 1;
+    }
+  }
+  return r;
+}
+
+//! The ranks' parameters put together: each element from the ranks that hold it, which must agree bit for bit.
+inline Run combine(const std::vector<Run>& runs, std::string& disagreement) {
+  Run whole = runs.at(0);
+  std::vector<char> seen(whole.params.size(), 0);
+  for (std::size_t r = 0; r < runs.size(); ++r)
+    for (std::size_t i = 0; i < whole.params.size(); ++i) {
+      if (!runs[r].held[i]) continue;
+      if (seen[i] && whole.params[i] != runs[r].params[i] && disagreement.empty())
+        disagreement = "ranks disagree on parameter element " + std::to_string(i);
+      whole.params[i] = runs[r].params[i], seen[i] = 1;
+    }
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i] && disagreement.empty()) disagreement = "no rank holds parameter element " + std::to_string(i);
+  return whole;
+}
+
+//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter.
+inline std::pair<double, double> difference(const Run& ref, const Run& run) {
+  double loss = 0, worst = 0, scale = 0;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
+  for (std::size_t i = 0; i < ref.params.size(); ++i) {
+    worst = std::max(worst, std::abs(run.params.at(i) - ref.params[i]));
+    scale = std::max(scale, std::abs(ref.params[i]));
+  }
+  return {loss, worst / scale};
+}
+
+}  // namespace loom::test::pp
