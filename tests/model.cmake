@@ -128,3 +128,14 @@ loom_add_test(test_gpt_parts test_gpt_parts.cpp LABELS "model;pipeline")
 
 # Pipeline parallelism (every schedule, and with TP, SP and DP) against the single-rank run.
 loom_add_test(test_pipeline_parallel test_pipeline_parallel.cpp LABELS "pipeline;model")
+if(LOOM_WITH_MPI)
+  add_executable(test_pipeline_parallel_mpi test_pipeline_parallel_mpi.cpp)
+  target_link_libraries(test_pipeline_parallel_mpi PRIVATE loom::mpi)
+  target_include_directories(test_pipeline_parallel_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  foreach(np 2 4 8)
+    add_test(NAME test_pipeline_parallel_mpi_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_pipeline_parallel_mpi>)
+    set_tests_properties(test_pipeline_parallel_mpi_np${np} PROPERTIES LABELS "mpi;pipeline" TIMEOUT 300
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()

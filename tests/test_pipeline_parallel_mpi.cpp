@@ -1,0 +1,75 @@
+// Pipeline parallelism under mpirun: every process is one rank; layouts of the process count with pipeline
+// parallelism (and tensor, sequence and data parallelism) under several schedules train the single-rank model,
+// which each process computes itself.
+#include "pipeline_parallel_cases.hpp"
+
+#include <loom/comm/mpi.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+using namespace loom;
+using namespace loom::test::pp;
+
+namespace {
+
+//! Layout Cfg on this process's rank; every rank's run is gathered on each, to put the model together.
+template <class Cfg>
+void check(const Run& ref, int rank, Schedule schedule, int micro_batches, int v = 1) {
+  Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
+  const Run mine = pipeline_rank<Cfg>(ctx, schedule, micro_batches, v);
+  // Put the model together: every rank's parameters and what it holds, gathered.
+  const std::size_t n = mine.params.size();
+  std::vector<double> params(n * Cfg::world_size), held(n * Cfg::world_size), h(mine.held.begin(), mine.held.end());
+  ctx.world().all_gather(mine.params, params);
+  ctx.world().all_gather(h, held);
+  std::vector<Run> runs(Cfg::world_size);
+  for (int r = 0; r < Cfg::world_size; ++r) {
+    runs[r].losses = mine.losses;
+    runs[r].params.assign(params.begin() + r * n, params.begin() + (r + 1) * n);
+    for (std::size_t i = 0; i < n; ++i) runs[r].held.push_back(held[r * n + i] != 0);
+  }
+  std::string disagreement;
+  const Run whole = combine(runs, disagreement);
+  const auto [loss, diff] = difference(ref, whole);
+  if (!disagreement.empty() || !(loss <= 1e-9 && diff <= 1e-9))
+    throw Error(loom::detail::cat("rank ", rank, " of ", Cfg::name(), ", ", describe_schedule(schedule), ", m = ",
+                                  micro_batches, ": loss differs by ", loss, ", parameters by ", diff, " ",
+                                  disagreement));
+  if (rank == 0)
+    std::printf("test_pipeline_parallel_mpi: %s %s m=%d equals the single-rank run\n", Cfg::name().data(),
+                describe_schedule(schedule).data(), micro_batches);
+}
+
+template <int N, class F>
+int run(int argc, char** argv, F&& cases) {
+  return run_mpi<Parallel<DP<N>>>(argc, argv, [&](auto& world) { cases(single_rank(), world.rank()); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");
+  switch (np ? std::atoi(np) : 1) {
+    case 2:
+      return run<2>(argc, argv, [](const Run& ref, int r) {
+        check<Parallel<PP<2>>>(ref, r, Schedule::one_f_one_b, 4);
+        check<Parallel<PP<2>>>(ref, r, Schedule::interleaved, 2, 2);
+        check<Parallel<PP<2>>>(ref, r, Schedule::zero_bubble_v, 4);
+      });
+    case 4:
+      return run<4>(argc, argv, [](const Run& ref, int r) {
+        check<Parallel<PP<4>>>(ref, r, Schedule::gpipe, 4);
+        check<Parallel<PP<4>>>(ref, r, Schedule::zero_bubble_h1, 8);
+        check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, Schedule::one_f_one_b, 2);
+      });
+    case 8:
+      return run<8>(argc, argv, [](const Run& ref, int r) {
+        check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, r, Schedule::one_f_one_b, 2);
+        check<Parallel<TP<2>, PP<4>>>(ref, r, Schedule::one_f_one_b, 4);
+        check<Parallel<PP<4>, DP<2>>>(ref, r, Schedule::zero_bubble_h1, 4);
+      });
+    default: std::fprintf(stderr, "run under mpirun with 2, 4 or 8 processes\n"); return 1;
+  }
+}
