@@ -148,6 +148,7 @@ constexpr Order compute_order(Schedule sched, int P, int m, int v) {
   Order o(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
     auto& q = o[static_cast<std::size_t>(s)];
+    q.reserve(static_cast<std::size_t>(m * v * 3));
     switch (sched) {
       case Schedule::gpipe: order_gpipe(q, m); break;
       case Schedule::one_f_one_b: order_1f1b(q, P, m, s); break;
@@ -157,6 +158,28 @@ constexpr Order compute_order(Schedule sched, int P, int m, int v) {
     }
   }
   return o;
+}
+
+// The length of stage s's list, counted without building: per (micro-batch, chunk) its compute actions (F and
+// BW, or F, B and W) and a send and a receive on each side whose neighbouring part lives on another stage.
+constexpr int stage_length(Schedule sched, int P, int m, int chunks, int s) {
+  const int K = P * chunks;
+  const bool split = sched == Schedule::zero_bubble_h1 || sched == Schedule::zero_bubble_v;
+  int n = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int k = virtual_stage(sched, P, s, c);
+    n += split ? 3 : 2;
+    if (k > 0 && stage_chunk(sched, P, k - 1).stage != s) n += 2;
+    if (k + 1 < K && stage_chunk(sched, P, k + 1).stage != s) n += 2;
+  }
+  return n * m;
+}
+
+// The longest stage list: the N of make_schedule's Table<P, N>.
+constexpr int capacity(Schedule sched, int P, int m, int v) {
+  int most = 1;
+  for (int s = 0; s < P; ++s) most = std::max(most, stage_length(sched, P, m, chunks_per_stage(sched, v), s));
+  return most;
 }
 
 // Runs the compute order in unit time (F = B = W = 1, BW = 2) and writes each stage's list as it goes. At every
@@ -170,6 +193,14 @@ constexpr RuntimeTable place_exchanges(Schedule sched, int P, int m, int v, cons
   const auto P_ = static_cast<std::size_t>(P);
   RuntimeTable t;
   t.actions.resize(P_);
+  // Lists are filled in place (std::vector growth is costly in constant evaluation) and trimmed at the end.
+  std::vector<int> filled(P_, 0);
+  for (int s = 0; s < P; ++s) t.actions[static_cast<std::size_t>(s)].resize(static_cast<std::size_t>(stage_length(sched, P, m, v, s)));
+  auto append = [&](int s, Action a) {
+    const auto su = static_cast<std::size_t>(s);
+    if (filled[su] == static_cast<int>(t.actions[su].size())) throw Error("loom: internal: a stage list outgrew its length");
+    t.actions[su][static_cast<std::size_t>(filled[su]++)] = a;
+  };
   t.micro_batches = m;
   t.chunks = v;
   t.schedule = sched;
@@ -179,22 +210,24 @@ constexpr RuntimeTable place_exchanges(Schedule sched, int P, int m, int v, cons
     int micro, from_chunk, to_chunk, to_vstage;
   };
   std::vector<Transfer> pending;
+  pending.reserve(P_ * 4);
   std::vector<char> act(static_cast<std::size_t>(m * K), 0), grad(static_cast<std::size_t>(m * K), 0);
   auto flag = [&](std::vector<char>& f, int micro, int k) -> char& { return f[static_cast<std::size_t>(micro * K + k)]; };
   std::vector<int> next(P_, 0), free_at(P_, 0);
   int now = 0;
   for (;;) {
-    for (std::size_t i = 0; i < pending.size();) {
+    std::size_t kept = 0;  // the unpaired transfers move up, in order (cheaper than erasing one at a time)
+    for (std::size_t i = 0; i < pending.size(); ++i) {
       const Transfer x = pending[i];
       if (free_at[static_cast<std::size_t>(x.from)] <= now && free_at[static_cast<std::size_t>(x.to)] <= now) {
-        t.actions[static_cast<std::size_t>(x.from)].push_back({x.send, x.micro, x.from_chunk, x.to});
-        t.actions[static_cast<std::size_t>(x.to)].push_back({x.recv, x.micro, x.to_chunk, x.from});
+        append(x.from, {x.send, x.micro, x.from_chunk, x.to});
+        append(x.to, {x.recv, x.micro, x.to_chunk, x.from});
         flag(x.recv == Kind::recv_act ? act : grad, x.micro, x.to_vstage) = 1;
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
-        ++i;
+        pending[kept++] = x;
       }
     }
+    pending.resize(kept);
     bool finished = pending.empty();
     for (int s = 0; s < P; ++s) {
       const auto su = static_cast<std::size_t>(s);
@@ -208,7 +241,7 @@ constexpr RuntimeTable place_exchanges(Schedule sched, int P, int m, int v, cons
       const bool ready = forward ? k == 0 || flag(act, a.micro, k)
                                  : a.kind == Kind::W || k == K - 1 || flag(grad, a.micro, k);
       if (!ready) continue;
-      t.actions[su].push_back({a.kind, a.micro, a.chunk, -1});
+      append(s, {a.kind, a.micro, a.chunk, -1});
       ++next[su];
       free_at[su] = now + (a.kind == Kind::BW ? 2 : 1);
       if (a.kind == Kind::W) continue;
@@ -229,32 +262,13 @@ constexpr RuntimeTable place_exchanges(Schedule sched, int P, int m, int v, cons
     if (later == now) throw Error("loom: internal: a pipeline compute order waits on itself");
     now = later;
   }
+  for (std::size_t s = 0; s < P_; ++s) t.actions[s].resize(static_cast<std::size_t>(filled[s]));
   return t;
 }
 
 constexpr RuntimeTable build(Schedule sched, int P, int m, int v) {
   const int chunks = chunks_per_stage(sched, v);
   return place_exchanges(sched, P, m, chunks, compute_order(sched, P, m, chunks));
-}
-
-// The longest stage list, counted without building: per (micro-batch, chunk) its compute actions (F and BW, or
-// F, B and W) and a send and a receive on each side whose neighbouring part lives on another stage.
-constexpr int capacity(Schedule sched, int P, int m, int v) {
-  const int chunks = chunks_per_stage(sched, v);
-  const int K = P * chunks;
-  const bool split = sched == Schedule::zero_bubble_h1 || sched == Schedule::zero_bubble_v;
-  int most = 1;
-  for (int s = 0; s < P; ++s) {
-    int n = 0;
-    for (int c = 0; c < chunks; ++c) {
-      const int k = virtual_stage(sched, P, s, c);
-      n += split ? 3 : 2;
-      if (k > 0 && stage_chunk(sched, P, k - 1).stage != s) n += 2;
-      if (k + 1 < K && stage_chunk(sched, P, k + 1).stage != s) n += 2;
-    }
-    most = std::max(most, n * m);
-  }
-  return most;
 }
 
 template <int P, int N>

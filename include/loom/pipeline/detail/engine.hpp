@@ -67,6 +67,9 @@ constexpr bool chunks_fit(Schedule s, int v) {
 }
 
 // record(stage, index, start, end) is called once for every action the run completes.
+//
+// Constant evaluation is slow, and every std::vector or std::span subscript is a checked call there, so the run
+// keeps its state in flat arrays reached through raw pointers: action i of stage s is entry first[s] + i.
 template <class T, class Record>
 constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
   RunResult out;
@@ -86,8 +89,19 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
   out.busy.assign(P_, 0.0);
   auto vs = [&](int s, int c) { return virtual_stage(sched, P, s, c); };
   auto holder = [&](int k) { return stage_chunk(sched, P, k).stage; };
-  auto len = [&](int s) { return static_cast<int>(t.stage(s).size()); };
-  auto at = [&](int s, int i) -> const Action& { return t.stage(s)[static_cast<std::size_t>(i)]; };
+
+  std::vector<int> first_v(P_ + 1, 0);
+  std::vector<const Action*> list_v(P_);
+  for (int s = 0; s < P; ++s) {
+    const std::span<const Action> l = t.stage(s);
+    list_v[static_cast<std::size_t>(s)] = l.data();
+    first_v[static_cast<std::size_t>(s) + 1] = first_v[static_cast<std::size_t>(s)] + static_cast<int>(l.size());
+  }
+  const int* const first = first_v.data();
+  const Action* const* const list = list_v.data();
+  const int total = first[P];
+  auto len = [&](int s) { return first[s + 1] - first[s]; };
+  auto at = [&](int s, int i) -> const Action& { return list[s][i]; };
 
   // 1. Every action on its own: fields in range, exchanges with the stage that holds the neighbouring part.
   for (int s = 0; s < P; ++s) {
@@ -107,67 +121,100 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
   }
 
   // 2. Between each ordered pair of stages, the k-th send meets the k-th receive: same kind, micro-batch, and the
-  // receiving chunk holds the neighbouring part. mate[s][i] is the index of the counterpart on the peer.
-  std::vector<std::vector<int>> mate(P_);
-  for (int s = 0; s < P; ++s) mate[static_cast<std::size_t>(s)].assign(static_cast<std::size_t>(len(s)), -1);
+  // receiving chunk holds the neighbouring part. mate[first[s] + i] is the counterpart's index on the peer.
+  std::vector<int> mate_v(static_cast<std::size_t>(total), -1);
+  int* const mate = mate_v.data();
   {
-    std::vector<std::vector<int>> sends(P_ * P_), recvs(P_ * P_);
+    // The sends of channel a -> b in order at sends[send_first[a*P + b] ...], its receives likewise: a counting
+    // sort, so that no vector grows.
+    const int channels = P * P;
+    std::vector<int> send_first_v(static_cast<std::size_t>(channels) + 1, 0), recv_first_v(send_first_v);
+    int* const send_first = send_first_v.data();
+    int* const recv_first = recv_first_v.data();
     for (int s = 0; s < P; ++s)
       for (int i = 0; i < len(s); ++i) {
         const Action& a = at(s, i);
-        if (is_send(a.kind)) sends[static_cast<std::size_t>(s * P + a.peer)].push_back(i);
-        if (is_recv(a.kind)) recvs[static_cast<std::size_t>(a.peer * P + s)].push_back(i);
+        if (is_send(a.kind)) ++send_first[s * P + a.peer + 1];
+        if (is_recv(a.kind)) ++recv_first[a.peer * P + s + 1];
+      }
+    for (int c = 0; c < channels; ++c) {
+      send_first[c + 1] += send_first[c];
+      recv_first[c + 1] += recv_first[c];
+    }
+    std::vector<int> sends_v(static_cast<std::size_t>(send_first[channels])), recvs_v(static_cast<std::size_t>(recv_first[channels]));
+    std::vector<int> send_fill_v(send_first_v), recv_fill_v(recv_first_v);
+    int* const sends = sends_v.data();
+    int* const recvs = recvs_v.data();
+    int* const send_fill = send_fill_v.data();
+    int* const recv_fill = recv_fill_v.data();
+    for (int s = 0; s < P; ++s)
+      for (int i = 0; i < len(s); ++i) {
+        const Action& a = at(s, i);
+        if (is_send(a.kind)) sends[send_fill[s * P + a.peer]++] = i;
+        if (is_recv(a.kind)) recvs[recv_fill[a.peer * P + s]++] = i;
       }
     for (int from = 0; from < P; ++from)
       for (int to = 0; to < P; ++to) {
-        const auto& ss = sends[static_cast<std::size_t>(from * P + to)];
-        const auto& rr = recvs[static_cast<std::size_t>(from * P + to)];
-        const std::size_t n = std::min(ss.size(), rr.size());
-        for (std::size_t q = 0; q < n; ++q) {
+        const int c = from * P + to;
+        const int* const ss = sends + send_first[c];
+        const int* const rr = recvs + recv_first[c];
+        const int ns = send_first[c + 1] - send_first[c], nr = recv_first[c + 1] - recv_first[c];
+        const int n = ns < nr ? ns : nr;
+        for (int q = 0; q < n; ++q) {
           const Action& a = at(from, ss[q]);
           const Action& b = at(to, rr[q]);
           const bool act = a.kind == Kind::send_act;
           const bool same = (act ? b.kind == Kind::recv_act : b.kind == Kind::recv_grad) && a.micro == b.micro &&
                             vs(to, b.chunk) == vs(from, a.chunk) + (act ? 1 : -1);
           if (!same) return fail(Problem::crossed, from, ss[q], a.micro, a.chunk);
-          mate[static_cast<std::size_t>(from)][static_cast<std::size_t>(ss[q])] = rr[q];
-          mate[static_cast<std::size_t>(to)][static_cast<std::size_t>(rr[q])] = ss[q];
+          mate[first[from] + ss[q]] = rr[q];
+          mate[first[to] + rr[q]] = ss[q];
         }
-        if (ss.size() > n) return fail(Problem::unmatched, from, ss[n], at(from, ss[n]).micro, at(from, ss[n]).chunk);
-        if (rr.size() > n) return fail(Problem::unmatched, to, rr[n], at(to, rr[n]).micro, at(to, rr[n]).chunk);
+        if (ns > n) return fail(Problem::unmatched, from, ss[n], at(from, ss[n]).micro, at(from, ss[n]).chunk);
+        if (nr > n) return fail(Problem::unmatched, to, rr[n], at(to, rr[n]).micro, at(to, rr[n]).chunk);
       }
   }
 
-  // 3. Batches: batch_end[s][i] is one past the maximal run of exchanges that contains action i.
-  std::vector<std::vector<int>> batch_end(P_);
-  for (int s = 0; s < P; ++s) {
-    auto& e = batch_end[static_cast<std::size_t>(s)];
-    e.assign(static_cast<std::size_t>(len(s)), 0);
+  // 3. Batches: batch_end[first[s] + i] is one past the maximal run of exchanges that contains action i.
+  std::vector<int> batch_end_v(static_cast<std::size_t>(total), 0);
+  int* const batch_end = batch_end_v.data();
+  for (int s = 0; s < P; ++s)
     for (int i = len(s) - 1; i >= 0; --i) {
       if (is_compute(at(s, i).kind)) continue;
       const bool next_exchange = i + 1 < len(s) && !is_compute(at(s, i + 1).kind);
-      e[static_cast<std::size_t>(i)] = next_exchange ? e[static_cast<std::size_t>(i + 1)] : i + 1;
+      batch_end[first[s] + i] = next_exchange ? batch_end[first[s] + i + 1] : i + 1;
     }
-  }
 
   // 4. The run. Compute actions go as far as their stage's list allows; then every stage that reached a batch
   // issues it, and a batch whose every operation's counterpart has been issued completes at the latest issue time.
-  std::vector<Progress> progress(static_cast<std::size_t>(m) * static_cast<std::size_t>(K));
-  auto prog = [&](int micro, int k) -> Progress& {
-    return progress[static_cast<std::size_t>(micro) * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)];
+  std::vector<Progress> progress_v(static_cast<std::size_t>(m) * static_cast<std::size_t>(K));
+  Progress* const progress = progress_v.data();
+  auto prog = [&](int micro, int k) -> Progress& { return progress[micro * K + k]; };
+  std::vector<int> pc_v(P_, 0), in_flight_v(P_, 0), held_v(P_, 0), peak_v(P_, 0), peak_held_v(P_, 0);
+  std::vector<double> clock_v(P_, 0.0), busy_v(P_, 0.0), issue_time_v(static_cast<std::size_t>(total), 0.0);
+  std::vector<char> issued_v(P_, 0);
+  int* const pc = pc_v.data();
+  int* const in_flight = in_flight_v.data();
+  int* const held = held_v.data();
+  int* const peak = peak_v.data();
+  int* const peak_held = peak_held_v.data();
+  double* const clock = clock_v.data();
+  double* const busy = busy_v.data();
+  double* const issue_time = issue_time_v.data();
+  char* const issued = issued_v.data();
+
+  // A counterpart is issued when its stage has passed it or is waiting on the batch that holds it.
+  auto counterpart_issued = [&](int s, int j) {
+    const int r = at(s, j).peer;
+    const int q = mate[first[s] + j];
+    return q < pc[r] || (issued[r] && q < batch_end[first[r] + pc[r]]);
   };
-  std::vector<int> pc(P_, 0), in_flight(P_, 0), held(P_, 0);
-  std::vector<double> clock(P_, 0.0);
-  std::vector<char> issued(P_, 0);
-  std::vector<std::vector<double>> issue_time(P_);
-  for (int s = 0; s < P; ++s) issue_time[static_cast<std::size_t>(s)].assign(static_cast<std::size_t>(len(s)), 0.0);
 
   for (;;) {
     bool moved = false;
     for (int s = 0; s < P; ++s) {
-      const auto su = static_cast<std::size_t>(s);
-      while (pc[su] < len(s) && is_compute(at(s, pc[su]).kind)) {
-        const int i = pc[su];
+      while (pc[s] < len(s) && is_compute(at(s, pc[s]).kind)) {
+        const int i = pc[s];
         const Action& a = at(s, i);
         const int k = vs(s, a.chunk);
         Progress& g = prog(a.micro, k);
@@ -177,8 +224,8 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
             const bool have = k == 0 || (holder(k - 1) == s ? prog(a.micro, k - 1).f : g.act);
             if (!have) return fail(Problem::input_missing, s, i, a.micro, a.chunk);
             g.f = true;
-            ++in_flight[su];
-            ++held[su];
+            ++in_flight[s];
+            ++held[s];
             break;
           }
           case Kind::B:
@@ -188,10 +235,10 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
             const bool have = k == K - 1 || (holder(k + 1) == s ? prog(a.micro, k + 1).b : g.grad);
             if (!have) return fail(Problem::gradient_missing, s, i, a.micro, a.chunk);
             g.b = true;
-            --in_flight[su];
+            --in_flight[s];
             if (a.kind == Kind::BW) {
               g.w = g.bw = true;
-              --held[su];
+              --held[s];
             }
             break;
           }
@@ -199,26 +246,26 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
             if (g.w) return fail(Problem::duplicate, s, i, a.micro, a.chunk);
             if (!g.b || g.bw) return fail(Problem::out_of_order, s, i, a.micro, a.chunk);
             g.w = true;
-            --held[su];
+            --held[s];
             break;
           }
         }
-        out.peak_in_flight[su] = std::max(out.peak_in_flight[su], in_flight[su]);
-        out.peak_held[su] = std::max(out.peak_held[su], held[su]);
+        if (in_flight[s] > peak[s]) peak[s] = in_flight[s];
+        if (held[s] > peak_held[s]) peak_held[s] = held[s];
         const double c = cost_of(a.kind, costs);
-        record(s, i, clock[su], clock[su] + c);
-        clock[su] += c;
-        out.busy[su] += c;
-        ++pc[su];
+        record(s, i, clock[s], clock[s] + c);
+        clock[s] += c;
+        busy[s] += c;
+        ++pc[s];
         moved = true;
       }
-      if (pc[su] < len(s) && !issued[su]) {
-        issued[su] = 1;
+      if (pc[s] < len(s) && !issued[s]) {
+        issued[s] = 1;
         moved = true;
-        for (int j = pc[su]; j < batch_end[su][static_cast<std::size_t>(pc[su])]; ++j) {
+        for (int j = pc[s]; j < batch_end[first[s] + pc[s]]; ++j) {
           const Action& a = at(s, j);
           const Progress& g = prog(a.micro, vs(s, a.chunk));
-          issue_time[su][static_cast<std::size_t>(j)] = clock[su];
+          issue_time[first[s] + j] = clock[s];
           if ((a.kind == Kind::send_act && !g.f) || (a.kind == Kind::send_grad && !g.b))
             return fail(Problem::out_of_order, s, j, a.micro, a.chunk);
           if ((a.kind == Kind::recv_act && g.act) || (a.kind == Kind::recv_grad && g.grad))
@@ -227,57 +274,53 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
       }
     }
 
-    // A counterpart is issued when its stage has passed it or is waiting on the batch that holds it.
-    auto counterpart_issued = [&](int s, int j) {
-      const int r = at(s, j).peer;
-      const auto ru = static_cast<std::size_t>(r);
-      const int q = mate[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)];
-      return q < pc[ru] || (issued[ru] && q < batch_end[ru][static_cast<std::size_t>(pc[ru])]);
-    };
     for (int s = 0; s < P; ++s) {
-      const auto su = static_cast<std::size_t>(s);
-      if (!issued[su]) continue;
-      const int first = pc[su];
-      const int last = batch_end[su][static_cast<std::size_t>(first)];
+      if (!issued[s]) continue;
+      const int begin = pc[s];
+      const int end = batch_end[first[s] + begin];
       bool complete = true;
-      double done = clock[su];
-      for (int j = first; j < last && complete; ++j) {
+      double done = clock[s];
+      for (int j = begin; j < end && complete; ++j) {
         complete = counterpart_issued(s, j);
         if (complete) {
-          const Action& a = at(s, j);
-          const double other = issue_time[static_cast<std::size_t>(a.peer)]
-                                         [static_cast<std::size_t>(mate[su][static_cast<std::size_t>(j)])];
-          done = std::max(done, other);
+          const int r = at(s, j).peer;
+          const double other = issue_time[first[r] + mate[first[s] + j]];
+          if (other > done) done = other;
         }
       }
       if (!complete) continue;
-      for (int j = first; j < last; ++j) {
+      for (int j = begin; j < end; ++j) {
         const Action& a = at(s, j);
         Progress& g = prog(a.micro, vs(s, a.chunk));
         if (a.kind == Kind::recv_act) g.act = true;
         if (a.kind == Kind::recv_grad) g.grad = true;
-        record(s, j, issue_time[su][static_cast<std::size_t>(j)], done);
+        record(s, j, issue_time[first[s] + j], done);
       }
-      pc[su] = last;
-      clock[su] = done;
-      issued[su] = 0;
+      pc[s] = end;
+      clock[s] = done;
+      issued[s] = 0;
       moved = true;
     }
 
     bool finished = true;
-    for (int s = 0; s < P; ++s) finished = finished && pc[static_cast<std::size_t>(s)] == len(s);
+    for (int s = 0; s < P; ++s) finished = finished && pc[s] == len(s);
     if (finished) break;
     if (!moved) {
       for (int s = 0; s < P; ++s) {
-        const auto su = static_cast<std::size_t>(s);
-        if (pc[su] == len(s)) continue;
-        for (int j = pc[su]; j < batch_end[su][static_cast<std::size_t>(pc[su])]; ++j)
+        if (pc[s] == len(s)) continue;
+        for (int j = pc[s]; j < batch_end[first[s] + pc[s]]; ++j)
           if (!counterpart_issued(s, j)) return fail(Problem::deadlock, s, j, at(s, j).micro, at(s, j).chunk);
       }
       return fail(Problem::deadlock, -1, -1, -1, -1);  // not reached: a stuck stage has an unmet exchange
     }
   }
-  for (double c : clock) out.makespan = std::max(out.makespan, c);
+  for (int s = 0; s < P; ++s) {
+    const auto su = static_cast<std::size_t>(s);
+    out.makespan = std::max(out.makespan, clock[s]);
+    out.peak_in_flight[su] = peak[s];
+    out.peak_held[su] = peak_held[s];
+    out.busy[su] = busy[s];
+  }
 
   // 5. Everything ran once, and no stage held more than its bound.
   for (int k = 0; k < K; ++k)
@@ -289,8 +332,7 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
       }
     }
   for (int s = 0; s < P; ++s)
-    if (out.peak_in_flight[static_cast<std::size_t>(s)] > activation_bound(sched, P, m, v, s))
-      return fail(Problem::over_bound, s, -1, -1, -1);
+    if (peak[s] > activation_bound(sched, P, m, v, s)) return fail(Problem::over_bound, s, -1, -1, -1);
   return out;
 }
 
