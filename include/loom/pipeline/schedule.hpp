@@ -321,7 +321,7 @@ template <ScheduleTable T>
   return r;
 }
 
-//! verify() for a compile-time table; the signature tools and tests name.
+//! verify() for a compile-time table (at most max_stages stages).
 template <int P, int N>
 [[nodiscard]] constexpr VerifyResult verify(const Table<P, N>& table, Costs costs = {}) {
   static_assert(P <= max_stages, "loom: verify reports on at most 64 pipeline stages");
