@@ -102,7 +102,7 @@ Args parse(int argc, char** argv) {
 }
 
 //! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2"; "single" for one rank).
-std::string parse_parallel(const std::string& spec) {
+std::string parse_parallel(const std::string& spec, Args& a) {
   std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}, {"cp", 1}, {"ep", 1}};
   bool sp = false;
   std::stringstream ss(spec);
@@ -118,8 +118,13 @@ std::string parse_parallel(const std::string& spec) {
       continue;
     }
     if (tok == "single") continue;
-    if (tok.rfind("zero", 0) == 0 || (tok[0] == 'v' && tok.size() > 1)) {
-      if (tok == "zero0" || tok == "v1") continue;
+    if (tok[0] == 'v' && tok.size() > 1) {
+      a.chunks = number<int>("--parallel " + tok, tok.substr(1));
+      LOOM_CHECK(a.chunks >= 1, "--parallel ", tok, ": chunks per stage must be at least 1");
+      continue;
+    }
+    if (tok.rfind("zero", 0) == 0) {
+      if (tok == "zero0") continue;
       throw Error("loom: --parallel " + spec + ": '" + tok + "' is not in this build's layouts (" + compiled() + ")");
     }
     const std::string axis = tok.substr(0, 2);
@@ -136,7 +141,7 @@ std::string parse_parallel(const std::string& spec) {
   auto part = [&](const std::string& p) { name += (name.empty() ? "" : ".") + p; };
   if (size["tp"] > 1) part("tp" + std::to_string(size["tp"]));
   if (sp) part("sp");
-  for (const char* axis : {"cp", "dp", "pp", "ep"})
+  for (const char* axis : {"cp", "pp", "dp", "ep"})
     if (size[axis] > 1) part(axis + std::to_string(size[axis]));
   if (name.empty()) name = "single";
   const auto known = layouts();
@@ -151,7 +156,8 @@ std::string parse_parallel(const std::string& spec) {
 
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
-  for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts})
+  for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts,
+                  &pipeline_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
 }
@@ -161,9 +167,9 @@ std::vector<std::string> layouts() {
 int main(int argc, char** argv) {
   using namespace train_gpt;
   try {
-    const Args a = parse(argc, argv);
-    const std::string layout = parse_parallel(a.parallel);
-    for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel})
+    Args a = parse(argc, argv);
+    const std::string layout = parse_parallel(a.parallel, a);
+    for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);
   } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
+#include <loom/train/pipeline_parallel.hpp>
 #ifdef LOOM_HAS_MPI
 #include <loom/comm/mpi.hpp>
 #endif
@@ -37,119 +38,169 @@ struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
+  int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
   double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0;
   float dropout = 0.0f, bucket_mb = 25.0f;
   std::uint64_t seed = 1234;
   bool progress = true;
 };
 
-//! What every rank does: its part of the model (tensor parallelism), its slice of each global batch, gradients
-//! averaged over the data-parallel group.
+//! The --schedule name as a Schedule.
+inline Schedule parse_schedule(const std::string& s) {
+  for (Schedule x : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::zero_bubble_h1,
+                     Schedule::zero_bubble_v})
+    if (describe_schedule(x) == s) return x;
+  throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + s + "'");
+}
+
+//! What each rank holds, in bytes (the largest over ranks: the vocabulary may split unevenly).
+struct Held {
+  double replicated = 0, sharded = 0, grads = 0, state = 0;
+};
+
+//! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
+//! optimizer step i and returns its train::StepResult.
+template <models::GptShape S, class Ctx, class Step>
+void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Held held, Step&& step) {
+  using Cfg = typename Ctx::config;
+  const bool lead = ctx.rank() == 0;
+  std::ofstream log;
+  if (lead && !a.log_json.empty()) {
+    log.open(a.log_json, std::ios::trunc);
+    LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
+    log.precision(12);
+  }
+  const bool bar = lead && a.progress && isatty(fileno(stderr));
+  if (lead) {
+    std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, layout %s (%s), "
+                "batch %d x %d tokens, %d micro-batches per rank, %zu data tokens\n",
+                a.model.c_str(), static_cast<long long>(S.params()), S.layers, S.d_model, S.heads, S.kv_heads,
+                a.dtype.c_str(), a.optimizer.c_str(), std::string(Cfg::name()).c_str(), a.backend.c_str(), a.batch,
+                a.seq, a.micro_batches, data_tokens);
+    if (Cfg::template size<Axis::pp> > 1)
+      std::printf("train_gpt: pipeline of %d stages, schedule %s, %d chunks per stage\n", Cfg::template size<Axis::pp>,
+                  a.schedule.c_str(), a.schedule == "zb-v" ? 2 : a.chunks);
+  }
+  std::vector<double> bytes{held.replicated, held.sharded, held.grads, held.state};
+  ctx.world().all_reduce(bytes, comm::Reduce::max);
+  constexpr double mib = 1 << 20;
+  if (lead)
+    std::printf("train_gpt: per rank: parameters %.3f MiB (%.3f replicated + %.3f sharded over tp%d), gradients "
+                "%.3f MiB, optimizer state %.3f MiB\n",
+                (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, Cfg::template size<Axis::tp>,
+                bytes[2] / mib, bytes[3] / mib);
+  if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
+  double first_loss = 0, loss = 0;
+  int skipped = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int i = start; i < a.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const train::StepResult r = step(i);
+    loss = r.loss;
+    if (!std::isfinite(loss))
+      throw Error(loom::detail::cat("loom: the loss is ", loss, " at step ", i, "; lower --lr or set --grad-clip"));
+    if (r.skipped) {
+      ++skipped;
+      if (lead) std::printf("step %5d  skipped: the gradient norm is %g\n", i, r.grad_norm);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tps = static_cast<double>(a.batch) * a.seq / secs;
+    std::vector<double> peak{static_cast<double>(host_memory().peak())};
+    ctx.world().all_reduce(peak, comm::Reduce::max);
+    if (i == start) first_loss = loss;
+    if (!lead) continue;
+    if (log.is_open()) {
+      log << "{\"step\": " << i << ", \"loss\": " << loss << ", \"lr\": " << r.lr << ", \"tokens_per_s\": " << tps
+          << ", \"peak_bytes\": " << static_cast<std::uint64_t>(peak[0]) << "}\n";
+      log.flush();
+    }
+    if (bar) {
+      const int width = 30, done = a.steps ? (i + 1) * width / a.steps : width;
+      std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
+                   width - done, "", i + 1, a.steps, loss, tps);
+      std::fflush(stderr);
+    } else if (i % 25 == 0 || i + 1 == a.steps) {
+      std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s\n", i, loss, r.lr, tps);
+      std::fflush(stdout);
+    }
+  }
+  if (!lead) return;
+  if (bar) std::fputc('\n', stderr);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  const int ran = std::max(0, a.steps - start);
+  if (ran > 0)
+    std::printf("train_gpt: loss %.4f -> %.4f in %d steps (%d skipped), %.1f s, %.0f tokens/s, peak host memory "
+                "%.1f MiB\n",
+                first_loss, loss, ran, skipped, total, static_cast<double>(ran) * a.batch * a.seq / total,
+                static_cast<double>(host_memory().peak()) / (1 << 20));
+}
+
+template <class Opt>
+double state_bytes(const Opt& opt) {
+  std::size_t n = 0;
+  for (const auto& [name, t] : opt.state()) n += t.bytes();
+  return static_cast<double>(n);
+}
+
+//! What every rank does: its part of the model (tensor parallelism; with pipeline parallelism the parts of its
+//! stage), its slice of each global batch, gradients averaged over the data-parallel group.
 template <models::GptShape S, class T, class Ctx>
 void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens) {
+  using Cfg = typename Ctx::config;
+  using Model = models::Gpt<S, T, models::ModelLayout<Cfg>>;
   const bool lead = ctx.rank() == 0;
-  const int ranks = Ctx::world_size;
 #ifdef _OPENMP
-  omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
+  omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / Ctx::world_size));
 #endif
   train::Batches batches(tokens, a.batch, a.seq,
                          a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
                          a.seed);
   models::GptOptions mo;
   mo.dropout = a.dropout;
-  using Cfg = typename Ctx::config;
-  models::Gpt<S, T, Cfg> model(a.seed, ctx.template comm<Axis::tp>(), mo);
-  if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, model);
-  std::optional<optim::AdamW<T>> adamw;
-  std::optional<optim::Sgd<T>> sgd;
-  const auto n = model.params().numel();
-  if (a.optimizer == "adamw") adamw.emplace(model.specs(), n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
-  else sgd.emplace(model.specs(), n, optim::SgdConfig{0.9, a.weight_decay});
   train::StepConfig cfg;
   cfg.batch = a.batch, cfg.seq = a.seq, cfg.micro_batches = a.micro_batches, cfg.lr = a.lr, cfg.warmup = a.warmup;
   cfg.grad_clip = a.grad_clip, cfg.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
-  auto& dp = ctx.template comm<Axis::dp>();
-  auto run = [&](auto& opt) {
-    const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, model, opt);
-    train::DataParallelTrainer trainer(model, opt, dp, batches, cfg);
-    std::ofstream log;
-    if (lead && !a.log_json.empty()) {
-      log.open(a.log_json, std::ios::trunc);
-      LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
-      log.precision(12);
-    }
-    const bool bar = lead && a.progress && isatty(fileno(stderr));
-    if (lead)
-      std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, layout %s (%s), "
-                  "batch %d x %d tokens, %d micro-batches per rank, %zu data tokens\n",
-                  a.model.c_str(), static_cast<long long>(S.params()), S.layers, S.d_model, S.heads, S.kv_heads,
-                  a.dtype.c_str(), a.optimizer.c_str(), std::string(Ctx::config::name()).c_str(), a.backend.c_str(),
-                  a.batch, a.seq, a.micro_batches, tokens.size());
-    double first_loss = 0, loss = 0;
-    int skipped = 0;
-    const auto t_start = std::chrono::steady_clock::now();
-    // What each rank holds (the largest over ranks: the vocabulary may split unevenly).
-    std::size_t state = 0;
-    for (const auto& [name, t] : opt.state()) state += t.bytes();
-    const auto pb = model.param_bytes();
-    std::vector<double> bytes{double(pb.replicated), double(pb.sharded), double(model.grads().bytes()), double(state)};
-    ctx.world().all_reduce(bytes, comm::Reduce::max);
-    constexpr double mib = 1 << 20;
-    if (lead)
-      std::printf("train_gpt: per rank: parameters %.3f MiB (%.3f replicated + %.3f sharded over tp%d), gradients "
-                  "%.3f MiB, optimizer state %.3f MiB\n",
-                  (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, Cfg::template size<Axis::tp>,
-                  bytes[2] / mib, bytes[3] / mib);
-    if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
-    for (int step = start; step < a.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const auto r = trainer.step(step);
-      loss = r.loss;
-      if (!std::isfinite(loss))
-        throw Error(loom::detail::cat("loom: the loss is ", loss, " at step ", step, "; lower --lr or set --grad-clip"));
-      if (r.skipped) {
-        ++skipped;
-        if (lead) std::printf("step %5d  skipped: the gradient norm is %g\n", step, r.grad_norm);
-      }
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double tps = static_cast<double>(a.batch) * a.seq / secs;
-      std::vector<double> peak{static_cast<double>(host_memory().peak())};
-      ctx.world().all_reduce(peak, comm::Reduce::max);
-      if (step == start) first_loss = loss;
-      if (!lead) continue;
-      if (log.is_open()) {
-        log << "{\"step\": " << step << ", \"loss\": " << loss << ", \"lr\": " << r.lr << ", \"tokens_per_s\": "
-            << tps << ", \"peak_bytes\": " << static_cast<std::uint64_t>(peak[0]) << "}\n";
-        log.flush();
-      }
-      if (bar) {
-        const int width = 30, done = a.steps ? (step + 1) * width / a.steps : width;
-        std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
-                     width - done, "", step + 1, a.steps, loss, tps);
-        std::fflush(stderr);
-      } else if (step % 25 == 0 || step + 1 == a.steps) {
-        std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s\n", step, loss, r.lr, tps);
-        std::fflush(stdout);
-      }
-    }
-    if (!a.save.empty()) {  // every rank: the whole model is gathered over tensor parallelism
-      checkpoint::save_training(a.save, model, opt, std::max(a.steps, start), lead);
-      if (lead)
-        std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
-                    a.save.c_str());
-    }
-    if (!lead) return;
-    if (bar) std::fputc('\n', stderr);
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    const int ran = std::max(0, a.steps - start);
-    if (ran > 0)
-      std::printf("train_gpt: loss %.4f -> %.4f in %d steps (%d skipped), %.1f s, %.0f tokens/s, peak host memory "
-                  "%.1f MiB\n",
-                  first_loss, loss, ran, skipped, total, static_cast<double>(ran) * a.batch * a.seq / total,
-                  static_cast<double>(host_memory().peak()) / (1 << 20));
+  auto with_optimizer = [&](auto&& go) {
+    if (a.optimizer == "adamw")
+      go([&](const auto& specs, std::int64_t n) {
+        return optim::AdamW<T>(specs, n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
+      });
+    else
+      go([&](const auto& specs, std::int64_t n) { return optim::Sgd<T>(specs, n, optim::SgdConfig{0.9, a.weight_decay}); });
   };
-  if (adamw) run(*adamw);
-  else run(*sgd);
+  if constexpr (Cfg::template size<Axis::pp> > 1) {
+    with_optimizer([&](auto make) {
+      using Opt = decltype(make(std::vector<models::ParamSpec>{}, 0));
+      train::PipelineTrainer<S, T, Opt, Ctx> trainer(ctx, a.seed, mo, batches, cfg, parse_schedule(a.schedule),
+                                                      a.chunks, make);
+      Held held;
+      for (const auto& p : trainer.parts()) {
+        if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
+        const auto pb = p->param_bytes();
+        held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
+        held.grads += double(p->grads().bytes());
+      }
+      for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
+      train_loop<S>(a, ctx, tokens.size(), 0, held, [&](int i) { return trainer.step(i); });
+    });
+  } else {
+    Model model(a.seed, ctx.template comm<Axis::tp>(), mo);
+    if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, model);
+    with_optimizer([&](auto make) {
+      auto opt = make(model.specs(), model.params().numel());
+      const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, model, opt);
+      train::DataParallelTrainer trainer(model, opt, ctx.template comm<Axis::dp>(), batches, cfg);
+      const auto pb = model.param_bytes();
+      const Held held{double(pb.replicated), double(pb.sharded), double(model.grads().bytes()), state_bytes(opt)};
+      train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
+      if (!a.save.empty()) {  // every rank: the whole model is gathered over tensor parallelism
+        checkpoint::save_training(a.save, model, opt, std::max(a.steps, start), lead);
+        if (lead)
+          std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
+                      a.save.c_str());
+      }
+    });
+  }
 }
 
 //! Runs layout Cfg on the chosen backend.
@@ -157,6 +208,14 @@ template <models::GptShape S, class T, class Cfg>
 int train(const Args& a, int& argc, char**& argv) {
   constexpr int dp = Cfg::template size<Axis::dp>;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
+  constexpr int pp = Cfg::template size<Axis::pp>;
+  LOOM_CHECK(pp == 1 || (a.save.empty() && a.resume.empty()), "--parallel ", Cfg::name(), ": --save and --resume "
+             "do not support pipeline parallelism yet (--init-from does); save from a layout without pp");
+  if constexpr (pp > 1) {
+    const int parts = pp * (a.schedule == "zb-v" ? 2 : a.chunks);
+    LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
+               parts, " pipeline parts (pp", pp, " x ", parts / pp, " chunks)");
+  }
   LOOM_CHECK(a.batch % (dp * a.micro_batches) == 0, "--batch ", a.batch, " must be a multiple of dp x micro-batches = ",
              dp, " x ", a.micro_batches);
   LOOM_CHECK(!Cfg::sequence_parallel || a.seq % Cfg::template size<Axis::tp> == 0, "--parallel ", Cfg::name(),
@@ -212,9 +271,11 @@ struct Family {
 std::optional<int> run_data_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_sequence_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
+std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> data_parallel_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> sequence_parallel_layouts();
+std::vector<std::string> pipeline_parallel_layouts();
 //! Every compiled layout.
 std::vector<std::string> layouts();
 

@@ -28,10 +28,13 @@ if(TARGET train_gpt)
       "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "non_finite_loss|--lr^1e30^--grad-clip^0^--steps^20|loom: the"
-      "too_many_ranks|--parallel^tp2,pp2|loom: --parallel tp2,pp2 needs 4 ranks"
+      "too_many_ranks|--parallel^tp2,cp2|loom: --parallel tp2,cp2 needs 4 ranks"
       "sp_without_tp|--parallel^sp,dp2|loom: --parallel sp,dp2: sp (sequence parallelism) splits over the tp ranks"
       "shape_cannot_split|--parallel^tp8^--model^tiny|loom: --model tiny cannot run on --parallel tp8: heads must be divisible by TP"
       "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30"
+      "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts"
+      "interleaved_needs_chunks|--parallel^pp2^--schedule^interleaved^--micro-batches^2|loom: the interleaved schedule needs v >= 2 chunks per stage, got v = 1"
+      "pp_save|--parallel^pp2^--save^x|--save and --resume do not support pipeline parallelism yet"
       "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
       "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
     string(REPLACE "|" ";" parts "${case}")
@@ -95,6 +98,11 @@ if(TARGET train_gpt)
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_layouts
             "-DLAYOUTS=tp2;tp4,sp;tp2,sp,dp2;tp4,dp2;tp2,dp4" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_tensor_parallel_layouts PROPERTIES LABELS "model;tp")
+  add_test(NAME train_gpt_pipeline_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_pp_layouts
+            "-DLAYOUTS=pp2;tp2,pp2,dp2;tp2,sp,pp2,dp2;pp2,dp4" "-DEXTRA=--micro-batches;2;--schedule;zb-h1"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
   add_test(NAME train_gpt_resume_continues_the_run
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)

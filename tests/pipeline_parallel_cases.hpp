@@ -57,7 +57,7 @@ inline Run single_rank() {
 //! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step.
 template <class Cfg, class Ctx>
 Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
-  using Model = models::Gpt<shape, double, Cfg>;
+  using Model = models::Gpt<shape, double, models::ModelLayout<Cfg>>;
   const auto d = data();
   train::StepConfig cfg;
   cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;

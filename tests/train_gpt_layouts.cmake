@@ -1,9 +1,9 @@
-# train_gpt on tensor-parallel layouts trains the single-rank model: in double, with dropout, the losses of 5 steps
+# train_gpt on tensor- and pipeline-parallel layouts trains the single-rank model: in double, with dropout, the losses of 5 steps
 # agree with the single-rank run's to 9 significant digits for each layout in LAYOUTS.
-#   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." -P this
+#   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." ["-DEXTRA=--micro-batches;4"] -P this
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
-set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --steps 5)
+set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --steps 5 ${EXTRA})
 function(losses layout out)
   execute_process(COMMAND ${TG} ${common} --parallel ${layout} --log-json ${DIR}/${layout}.jsonl
                   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE err)

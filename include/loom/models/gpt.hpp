@@ -88,6 +88,14 @@ struct TensorParallelRules {
   static constexpr bool ok = true;
 };
 
+//! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism. Gpt<S, T,
+//! ModelLayout<Cfg>> is one type for every layout that differs from Cfg only in its other axes.
+template <class Cfg>
+using ModelLayout = std::conditional_t<
+    Cfg::template size<Axis::tp> == 1, Parallel<>,
+    std::conditional_t<Cfg::sequence_parallel, Parallel<TP<Cfg::template size<Axis::tp>, SequenceParallel>>,
+                       Parallel<TP<Cfg::template size<Axis::tp>>>>>;
+
 //! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg. Other axes of Cfg (data
 //! parallelism, ...) replicate or feed the model; they do not change it.
 template <GptShape S, class T = float, class Cfg = Parallel<>>

@@ -16,12 +16,12 @@
 
 namespace loom::train {
 
-//! Trains models::Gpt<S, T, Cfg> on rank ctx of layout Cfg with `schedule` (v chunks per stage for interleaved).
+//! Trains models::Gpt<S, T, ModelLayout<Cfg>> on rank ctx of layout Cfg with `schedule` (v chunks per stage for interleaved).
 template <models::GptShape S, class T, class Optimizer, class Ctx>
 class PipelineTrainer {
  public:
   using Cfg = typename Ctx::config;
-  using Model = models::Gpt<S, T, Cfg>;
+  using Model = models::Gpt<S, T, models::ModelLayout<Cfg>>;
   static constexpr int P = Cfg::template size<Axis::pp>;
 
   //! make_optimizer(specs, numel) builds one part's optimizer.
@@ -58,6 +58,7 @@ class PipelineTrainer {
   }
 
   const std::vector<std::unique_ptr<Model>>& parts() const { return parts_; }
+  const std::vector<Optimizer>& optimizers() const { return opts_; }
 
   StepResult step(int step) {
     for (auto& p : parts_) p->zero_grad();
