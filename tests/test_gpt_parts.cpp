@@ -46,8 +46,10 @@ struct Found {
   std::size_t names = 0, ref_names = 0;
 };
 
+//! split: each backward as B (input gradients, every micro-batch, last first) then W (weight gradients, in
+//! another order), as zero-bubble schedules run it.
 template <class Cfg>
-void check_parts(models::GptOptions opt, std::vector<models::GptPart> parts) {
+void check_parts(models::GptOptions opt, std::vector<models::GptPart> parts, bool split = false) {
   std::vector<Found> found(Cfg::world_size);
   run_local<Cfg>([&](auto& ctx) {
     Found& f = found[ctx.rank()];
@@ -73,8 +75,14 @@ void check_parts(models::GptOptions opt, std::vector<models::GptPart> parts) {
       for (std::size_t i = 0; i < p.size(); ++i) got[m] = p[i]->forward(m, mb, i ? p[i - 1]->output(m) : nullptr);
     }
     for (int m = micro; m-- > 0;)
-      for (std::size_t i = p.size(); i-- > 0;)
-        p[i]->backward(m, 1.0 / micro, i + 1 < p.size() ? p[i + 1]->input_grad() : nullptr);
+      for (std::size_t i = p.size(); i-- > 0;) {
+        const double* dout = i + 1 < p.size() ? p[i + 1]->input_grad() : nullptr;
+        if (split) p[i]->backward_inputs(m, 1.0 / micro, dout);
+        else p[i]->backward(m, 1.0 / micro, dout);
+      }
+    if (split)
+      for (int m = 0; m < micro; ++m)
+        for (auto& part : p) part->backward_weights(m);
     auto ref = grads_by_name(whole);
     std::map<std::string, std::vector<double>> sum;
     for (auto& part : p)
@@ -114,6 +122,11 @@ TEST_CASE("parts of the model compute the whole model", "[model][pipeline]") {
   }
   SECTION("tp2 with sequence parallelism, three parts") { check_parts<Parallel<TP<2, SequenceParallel>>>(opt, three); }
   SECTION("tp4, two parts") { check_parts<Parallel<TP<4>>>(opt, two); }
+  SECTION("split backward, one rank") { check_parts<Parallel<>>(opt, three, true); }
+  SECTION("split backward, tp2 with sequence parallelism") {
+    check_parts<Parallel<TP<2, SequenceParallel>>>(opt, three, true);
+  }
+  SECTION("split backward, tp4 (shared kv heads)") { check_parts<Parallel<TP<4>>>(opt, two, true); }
 }
 
 TEST_CASE("a part holds its blocks' parameters and the embedding where it is used", "[model][pipeline]") {

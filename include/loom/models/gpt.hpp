@@ -301,23 +301,9 @@ class Gpt {
     T* dx = dx_.data();
     if (!head()) ++c;  // no loss chunk
     if (c == 0) {  // loss, head, final norm
-      tp_.phase = layers::Phase::other;
-      keep_shared({lnf_w_, lnf_b_ + 1});
-      for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
-      T* logits = st.logits.data();
-      ce_->backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss_.data(), logits);
-      T* dlnf_full = sp_or(dlnf_full_, dlnf_.data());
-      k::matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
-      region_.enter_backward(dlnf_full, dlnf_.data());
-      k::matmul(logits, sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false, 1.0f,
-                1.0f);
-      const T* xl = next_input(last_ - 1);
-      k::layernorm_backward_input(dlnf_.data(), xl, param_ptr(lnf_w_), st.lnf_mean.data(), st.lnf_rstd.data(), dx,
-                                  rows, d);
-      k::layernorm_backward_weight(dlnf_.data(), xl, st.lnf_mean.data(), st.lnf_rstd.data(), grad_ptr(lnf_w_),
-                                   grad_ptr(lnf_b_), rows, d);
+      head_input(scale, dlnf_.data());
+      head_weight(dlnf_.data());
       // The tied table's gradient is complete here unless this part also holds the embedding.
-      sync_grads({lnf_w_, lnf_b_ + 1});
       return {lnf_w_, lnf_b_ + 1, embedding() ? no_param : wte_};
     }
     if (c <= last_ - first_) {
@@ -327,13 +313,38 @@ class Gpt {
       const std::size_t p = block_param(l);
       return {p, p + 12};
     }
-    // Embedding: dropout, tokens (scatter-add into this rank's rows of the tied table), positions.
-    tp_.phase = layers::Phase::other;
-    keep_shared({wte_, wpe_ + 1});
-    drop_backward(dx, dx, std::size_t(rows) * d, 0, 0);
-    emb_->backward(st.ids, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
-    positions_backward(dx);
-    return sync_grads({wte_, wpe_ + 1});
+    (void)N, (void)rows;
+    embedding_weight(dx);
+    return {wte_, wpe_ + 1};
+  }
+
+  //! The backward of the micro-batch in `slot` split in two, as zero-bubble schedules run it. B: the gradient of
+  //! this part's input (from the loss, scaled by `scale`, in the part with the loss, else from doutput), left in
+  //! input_grad(); what the weight gradients need is kept in the slot. Not with recompute.
+  void backward_inputs(int slot, double scale, const T* doutput = nullptr) {
+    LOOM_CHECK(!opt_.recompute, "the split backward (B, then W) keeps every block's branch gradients; it does not "
+               "combine with recompute");
+    LOOM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot ", slot, " is outside 0..",
+               slots_.size() - 1);
+    LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
+    cur_ = slot;
+    Split& sp = split(slot);
+    if (head()) head_input(scale, sp.dlnf.data());
+    else std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    split_ = &sp;
+    for (int l = last_ - 1; l >= first_; --l) backward_input(l);
+    split_ = nullptr;
+    if (embedding()) std::copy_n(dx_.data(), sp.dx.numel(), sp.dx.data());
+  }
+  //! W: the weight gradients of the micro-batch in `slot`, after backward_inputs(slot); accumulates into grads().
+  void backward_weights(int slot) {
+    cur_ = slot;
+    Split& sp = split(slot);
+    if (head()) head_weight(sp.dlnf.data());
+    split_ = &sp;
+    for (int l = last_ - 1; l >= first_; --l) backward_weight(l);
+    split_ = nullptr;
+    if (embedding()) embedding_weight(sp.dx.data());
   }
 
   //! Block l's part of backward that produces the gradient of its input: on entry dx holds d(output of block l),
@@ -348,18 +359,19 @@ class Gpt {
     const int d = S.d_model, rows = region_.rows();
     const std::size_t nd = std::size_t(rows) * d;
     T* dx = dx_.data();
+    Grads& g = grads_of(l);
     // MLP branch: x3 = x2 + drop(mlp(ln2(x2)))
-    drop_backward(dx, g_.dfcp.data(), nd, l, 2);
-    mlp_->backward_input(g_.dfcp.data(), w.mlp, a.mlp, g_.mlp, g_.dln2.data());
-    k::layernorm_backward_input(g_.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
-                                g_.dtmp.data(), rows, d);
-    k::accumulate(g_.dtmp.data(), dx, nd);  // dx is now d(x2)
+    drop_backward(dx, g.dfcp.data(), nd, l, 2);
+    mlp_->backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
+    k::layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
+                                g.dtmp.data(), rows, d);
+    k::accumulate(g.dtmp.data(), dx, nd);  // dx is now d(x2)
     // Attention branch: x2 = x + drop(attention(ln1(x)))
-    drop_backward(dx, g_.dattp.data(), nd, l, 1);
-    attn_->backward_input(g_.dattp.data(), w.attn, a.attn, g_.attn, g_.dln1.data());
-    k::layernorm_backward_input(g_.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
-                                g_.dtmp.data(), rows, d);
-    k::accumulate(g_.dtmp.data(), dx, nd);  // d(x)
+    drop_backward(dx, g.dattp.data(), nd, l, 1);
+    attn_->backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
+    k::layernorm_backward_input(g.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
+                                g.dtmp.data(), rows, d);
+    k::accumulate(g.dtmp.data(), dx, nd);  // d(x)
     tp_.phase = layers::Phase::other;
   }
 
@@ -370,14 +382,15 @@ class Gpt {
     namespace k = kernels::cpu;
     Act& a = opt_.recompute ? scratch_act_ : act(l);
     const Block gw = block(grads_, l);
+    Grads& g = grads_of(l);
     const std::size_t p = block_param(l);
     keep_shared({p, p + 12});
     const int d = S.d_model, rows = region_.rows();
-    mlp_->backward_weight(a.ln2.data(), g_.dfcp.data(), a.mlp, g_.mlp, gw.mlp);
-    k::layernorm_backward_weight(g_.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
+    mlp_->backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, gw.mlp);
+    k::layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
                                  rows, d);
-    attn_->backward_weight(a.ln1.data(), g_.dattp.data(), a.attn, g_.attn, gw.attn);
-    k::layernorm_backward_weight(g_.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
+    attn_->backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, gw.attn);
+    k::layernorm_backward_weight(g.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
                                  rows, d);
     sync_grads({p, p + 12});
   }
@@ -466,7 +479,7 @@ class Gpt {
   }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
-  std::size_t activation_bytes() const { return act_bytes_; }
+  std::size_t activation_bytes() const { return held_bytes(); }
 
  private:
   //! Pointers to block l's parameters (or gradients) inside a flat buffer.
@@ -543,6 +556,71 @@ class Gpt {
   }
   //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
   T* sp_or(const Tensor<T>& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
+
+  //! The loss's backward to the gradient of the last block's output (dx_): cross-entropy, the tied output layer's
+  //! input gradient, the final norm's input gradient; dlnf (this rank's rows x d) keeps the norm's output gradient.
+  void head_input(double scale, T* dlnf) {
+    namespace k = kernels::cpu;
+    Slot& st = sl();
+    const int N = B_ * T_, d = S.d_model, rows = region_.rows();
+    tp_.phase = layers::Phase::other;
+    for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
+    T* logits = st.logits.data();
+    ce_->backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss_.data(), logits);
+    T* dlnf_full = sp_or(dlnf_full_, dlnf);
+    k::matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
+    region_.enter_backward(dlnf_full, dlnf);
+    k::layernorm_backward_input(dlnf, next_input(last_ - 1), param_ptr(lnf_w_), st.lnf_mean.data(),
+                                st.lnf_rstd.data(), dx_.data(), rows, d);
+  }
+  //! The loss's weight gradients: the tied table (this rank's vocabulary rows) and the final norm.
+  void head_weight(const T* dlnf) {
+    namespace k = kernels::cpu;
+    Slot& st = sl();
+    const int N = B_ * T_, d = S.d_model, rows = region_.rows();
+    tp_.phase = layers::Phase::other;
+    keep_shared({lnf_w_, lnf_b_ + 1});
+    k::matmul(st.logits.data(), sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
+              1.0f, 1.0f);
+    k::layernorm_backward_weight(dlnf, next_input(last_ - 1), st.lnf_mean.data(), st.lnf_rstd.data(),
+                                 grad_ptr(lnf_w_), grad_ptr(lnf_b_), rows, d);
+    sync_grads({lnf_w_, lnf_b_ + 1});
+  }
+  //! The embedding's weight gradients from dx, the gradient of its output (overwritten): dropout, tokens (a
+  //! scatter-add into this rank's rows of the tied table), positions.
+  void embedding_weight(T* dx) {
+    tp_.phase = layers::Phase::other;
+    keep_shared({wte_, wpe_ + 1});
+    drop_backward(dx, dx, std::size_t(region_.rows()) * S.d_model, 0, 0);
+    emb_->backward(sl().ids, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
+    positions_backward(dx);
+    sync_grads({wte_, wpe_ + 1});
+  }
+
+  //! What the split backward keeps per slot between B and W: each block's branch gradients, the final norm's
+  //! output gradient, the embedding's output gradient.
+  struct Split {
+    std::vector<Grads> blocks;
+    Tensor<T> dlnf, dx;
+  };
+  Split& split(int slot) {
+    if (splits_.size() != slots_.size()) splits_.assign(slots_.size(), Split{});
+    Split& sp = splits_[static_cast<std::size_t>(slot)];
+    if (sp.blocks.empty()) {
+      const std::int64_t rows = region_.rows(), d = S.d_model;
+      for (int l = first_; l < last_; ++l) sp.blocks.push_back(make_grads());
+      if (head()) sp.dlnf = Tensor<T>({rows, d});
+      if (embedding()) sp.dx = Tensor<T>({rows, d});
+    }
+    return sp;
+  }
+  //! The branch gradients block l uses: its own in a split backward, else the shared ones.
+  Grads& grads_of(int l) { return split_ ? split_->blocks[static_cast<std::size_t>(l - first_)] : g_; }
+  Grads make_grads() const {
+    const std::int64_t rows = region_.rows(), d = S.d_model;
+    return Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
+                 Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
+  }
 
   //! Sums over the tensor-parallel group the gradients that several of its ranks hold, of parameters [first, last):
   //! with sequence parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that
@@ -724,9 +802,8 @@ class Gpt {
       dlnf_full_ = Tensor<T>({n, d});
     }
     dloss_ = Tensor<T>({n});
-    g_ = Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
-               Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
-    act_bytes_ = held_bytes();
+    g_ = make_grads();
+    splits_.clear();
   }
 
   //! Bytes of every activation and scratch tensor this model holds (its own count: ranks that are threads of one
@@ -745,8 +822,15 @@ class Gpt {
     }
     add_act(scratch_act_);
     add(recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_);
-    add(g_.dfcp, g_.dln2, g_.dtmp, g_.dattp, g_.dln1, g_.attn.dy_full, g_.attn.dout, g_.attn.dqkv, g_.attn.dx_full,
-        g_.mlp.dy_full, g_.mlp.dg, g_.mlp.dx_full);
+    auto add_grads = [&](const Grads& g) {
+      add(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
+          g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full);
+    };
+    add_grads(g_);
+    for (const auto& sp : splits_) {
+      for (const auto& g : sp.blocks) add_grads(g);
+      add(sp.dlnf, sp.dx);
+    }
     return n;
   }
 
@@ -768,8 +852,9 @@ class Gpt {
   Act scratch_act_;
   Tensor<T> recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_;
   Grads g_;
+  std::vector<Split> splits_;
+  Split* split_ = nullptr;  //!< during a split backward: the slot's
   std::vector<T> shared_before_;
-  std::size_t act_bytes_ = 0;
 };
 
 }  // namespace loom::models

@@ -14,8 +14,8 @@
 namespace loom::pipeline {
 
 //! Runs tables on one pipeline stage. Model is a part of a model with forward(slot, micro_batch, input),
-//! backward(slot, scale, doutput), output(slot), input_grad(), embedding(), head() and set_slots(n) (models::Gpt
-//! with a GptPart); chunks[c] is the part this stage holds as its chunk c. Comm is the pipeline group's
+//! backward(slot, scale, doutput) (BW), backward_inputs(slot, scale, doutput) (B), backward_weights(slot) (W),
+//! output(slot), input_grad(), slots() and set_slots(n) (models::Gpt with a GptPart); chunks[c] is the part this stage holds as its chunk c. Comm is the pipeline group's
 //! communicator: its rank is the stage.
 template <class Model, class Comm>
 class Executor {
@@ -41,8 +41,19 @@ class Executor {
     LOOM_CHECK(table.schedule == schedule_, "a ", describe_schedule(table.schedule), " table on an executor built for ",
                describe_schedule(schedule_));
     const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
+    // Activation slots: a (micro-batch, chunk) holds one from its F to its W (or BW); the table's verified peak
+    // of such pairs on this stage bounds what each chunk needs.
+    const VerifyResult check = verify(table);
+    LOOM_CHECK(check.ok, "the ", describe_schedule(table.schedule), " table fails verification: ",
+               describe(check.problem));
+    const int capacity = std::max(1, std::min(m, check.peak_held[static_cast<std::size_t>(stage)]));
     for (auto* c : chunks_)
-      if (c->slots() != m) c->set_slots(m);
+      if (c->slots() != capacity) c->set_slots(capacity);
+    free_.assign(std::size_t(V), {});
+    for (auto& f : free_)
+      for (int i = capacity; i-- > 0;) f.push_back(i);
+    slot_.assign(std::size_t(V) * m, -1);
+    in_use_ = peak_ = 0;
     if (static_cast<int>(act_in_.size()) != V * m) {
       act_in_.assign(std::size_t(V) * m, {});
       grad_in_.assign(std::size_t(V) * m, {});
@@ -57,6 +68,12 @@ class Executor {
       return v;
     };
     auto vstage = [&](int chunk) { return virtual_stage(schedule_, P, stage, chunk); };
+    auto slot = [&](int micro, int chunk) -> int& { return slot_[std::size_t(chunk) * m + micro]; };
+    auto release = [&](int micro, int chunk) {
+      free_[std::size_t(chunk)].push_back(slot(micro, chunk));
+      slot(micro, chunk) = -1;
+      --in_use_;
+    };
     //! The chunk of this stage that holds virtual stage k, or -1.
     auto local = [&](int k) {
       const auto sc = stage_chunk(schedule_, P, k);
@@ -74,7 +91,7 @@ class Executor {
           Model& part = *chunks_[static_cast<std::size_t>(x.chunk)];
           switch (x.kind) {
             case Kind::send_act:
-              ops.push_back(comm::send_op(std::span<const T>(part.output(x.micro), n), x.peer));
+              ops.push_back(comm::send_op(std::span<const T>(part.output(slot(x.micro, x.chunk)), n), x.peer));
               break;
             case Kind::recv_act: ops.push_back(comm::recv_op(buf(act_in_, x.micro, x.chunk), x.peer)); break;
             case Kind::send_grad: ops.push_back(comm::send_op(buf(grad_out_, x.micro, x.chunk), x.peer)); break;
@@ -94,27 +111,46 @@ class Executor {
         const T* input = nullptr;
         if (k > 0) {
           const int prev = local(k - 1);
-          input = prev >= 0 ? chunks_[static_cast<std::size_t>(prev)]->output(a.micro) : buf(act_in_, a.micro, a.chunk).data();
+          input = prev >= 0 ? chunks_[static_cast<std::size_t>(prev)]->output(slot(a.micro, prev))
+                            : buf(act_in_, a.micro, a.chunk).data();
         }
-        const double l = part.forward(a.micro, mbs[static_cast<std::size_t>(a.micro)], input);
+        auto& f = free_[static_cast<std::size_t>(a.chunk)];
+        LOOM_CHECK(!f.empty(), "stage ", stage, " has no free activation slot for micro-batch ", a.micro);
+        slot(a.micro, a.chunk) = f.back();
+        f.pop_back();
+        peak_ = std::max(peak_, ++in_use_);
+        const double l = part.forward(slot(a.micro, a.chunk), mbs[static_cast<std::size_t>(a.micro)], input);
         if (k == last) loss += l / m;
       } else if (a.kind == Kind::B || a.kind == Kind::BW) {
-        // B runs the whole backward of the chunk (input and weight gradients): the model keeps one layer's branch
-        // gradients at a time, so W's work is done here and W is a no-op. The values are the same either way.
         trace::Scope span(a.kind == Kind::B ? "B" : "BW", "compute");
         const T* dout = nullptr;
         if (k < last) {
           const int next = local(k + 1);
           dout = next >= 0 ? buf(grad_out_, a.micro, next).data() : buf(grad_in_, a.micro, a.chunk).data();
         }
-        part.backward(a.micro, 1.0 / m, dout);
+        if (a.kind == Kind::B) {
+          part.backward_inputs(slot(a.micro, a.chunk), 1.0 / m, dout);
+        } else {
+          part.backward(slot(a.micro, a.chunk), 1.0 / m, dout);
+          release(a.micro, a.chunk);
+        }
         if (k > 0) std::copy_n(part.input_grad(), n, buf(grad_out_, a.micro, a.chunk).data());
+      } else {  // W
+        trace::Scope span("W", "compute");
+        part.backward_weights(slot(a.micro, a.chunk));
+        release(a.micro, a.chunk);
       }
     }
     return loss;
   }
 
+  //! The most (micro-batch, chunk) activations this stage held at once in the last run.
+  int peak_activations() const { return peak_; }
+
  private:
+  std::vector<std::vector<int>> free_;  //!< per chunk: free activation slots
+  std::vector<int> slot_;               //!< per (chunk, micro-batch): its slot, or -1
+  int in_use_ = 0, peak_ = 0;
   std::vector<Model*> chunks_;
   Comm& pp_;
   Schedule schedule_;
