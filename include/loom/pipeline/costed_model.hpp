@@ -1,0 +1,66 @@
+// A stand-in for a model part that only takes time: F, B and W sleep for given costs and are logged, so that a
+// schedule run by the executor can be timed against the table's simulation (its bubble, its makespan) without
+// the noise of real compute.
+#pragma once
+
+#include <loom/tensor/tensor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace loom::pipeline {
+
+class CostedModel {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct MicroBatch {
+    const std::int32_t* ids;
+    const std::int32_t* targets;
+    int batch, seq;
+    std::uint64_t step = 0;
+    std::int64_t row0 = 0;
+  };
+  //! One compute action as it ran.
+  struct Span {
+    Clock::time_point start, end;
+  };
+
+  //! Costs in seconds; head: this part computes the loss (forward returns 1).
+  CostedModel(double f, double b, double w, bool head = false) : f_(f), b_(b), w_(w), head_(head) {}
+
+  static constexpr std::size_t io_elements(int, int) { return 1; }
+  double forward(int slot, const MicroBatch&, const float*) {
+    run(f_);
+    out_.at(static_cast<std::size_t>(slot)) = 0;
+    return head_ ? 1.0 : 0.0;
+  }
+  void backward(int, double, const float*) { run(b_ + w_); }
+  void backward_inputs(int, double, const float*) { run(b_); }
+  void backward_weights(int) { run(w_); }
+  const float* output(int slot) const { return &out_.at(static_cast<std::size_t>(slot)); }
+  const float* input_grad() const { return &dx_; }
+  int slots() const { return static_cast<int>(out_.size()); }
+  void set_slots(int n) { out_.assign(static_cast<std::size_t>(n), 0.0f); }
+  const Tensor<float>& grads() const { return grads_; }
+
+  const std::vector<Span>& spans() const { return spans_; }
+  void clear() { spans_.clear(); }
+
+ private:
+  void run(double seconds) {
+    const auto start = Clock::now();
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+    spans_.push_back({start, Clock::now()});
+  }
+
+  double f_, b_, w_;
+  bool head_;
+  std::vector<float> out_;
+  float dx_ = 0;
+  Tensor<float> grads_;
+  std::vector<Span> spans_;
+};
+
+}  // namespace loom::pipeline
