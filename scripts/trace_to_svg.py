@@ -5,7 +5,8 @@ import json
 import sys
 
 COLOURS = {"forward block": "#4e79a7", "backward_input block": "#f28e2b", "backward_weight block": "#e15759",
-           "backward": "#bab0ac", "all_reduce buckets": "#d4d4d4", "all_reduce": "#59a14f", "barrier": "#9c755f"}
+           "backward": "#bab0ac", "all_reduce buckets": "#d4d4d4", "all_reduce": "#59a14f", "barrier": "#9c755f",
+           "F": "#4e79a7", "B": "#f28e2b", "W": "#e15759", "BW": "#f28e2b", "pipeline exchange": "#d4d4d4"}
 
 
 def main():

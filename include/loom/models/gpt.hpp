@@ -212,7 +212,7 @@ class Gpt {
     resize(B, T_);
     cur_ = slot;
     Slot& st = sl();
-    st.ids = mb.ids, st.targets = mb.targets, st.step = mb.step, st.row0 = mb.row0;
+    st.ids = mb.ids, st.targets = mb.targets, st.step = mb.step, st.row0 = mb.row0, st.forwarded = true;
     tp_.phase = layers::Phase::other;
     namespace k = kernels::cpu;
     const int N = B * T_, d = S.d_model, rows = region_.rows();
@@ -294,7 +294,7 @@ class Gpt {
   //! (summed over the tensor-parallel ranks that share them).
   ParamRange backward_chunk(int c, double scale = 1.0) {
     Slot& st = sl();
-    LOOM_CHECK(B_ > 0 && (st.ids != nullptr || st.targets != nullptr), "backward() before forward()");
+    LOOM_CHECK(B_ > 0 && st.forwarded, "backward() before forward()");
     LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
     namespace k = kernels::cpu;
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
@@ -515,6 +515,7 @@ class Gpt {
     const std::int32_t* targets = nullptr;
     std::uint64_t step = 0;
     std::int64_t row0 = 0;
+    bool forwarded = false;
   };
   Slot& sl() { return slots_[static_cast<std::size_t>(cur_)]; }
   const Slot& sl() const { return slots_[static_cast<std::size_t>(cur_)]; }
@@ -789,6 +790,7 @@ class Gpt {
         st.row_sumexp = Tensor<acc>({n});
       }
       st.ids = st.targets = nullptr;
+      st.forwarded = false;
     }
     if (opt_.recompute) {
       make_act(scratch_act_, false);

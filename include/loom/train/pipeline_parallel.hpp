@@ -11,6 +11,7 @@
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -63,7 +64,9 @@ class PipelineTrainer {
   StepResult step(int step) {
     for (auto& p : parts_) p->zero_grad();
     const int dp_rank = ctx_.template coord<Axis::dp>();
-    for (int i = 0; i < cfg_.micro_batches; ++i) {
+    // Data only where it is needed: token ids for the embedding, targets for the loss.
+    const bool needs_data = std::any_of(parts_.begin(), parts_.end(), [](auto& p) { return p->embedding() || p->head(); });
+    for (int i = 0; needs_data && i < cfg_.micro_batches; ++i) {
       auto& in = in_[static_cast<std::size_t>(i)];
       auto& tg = tg_[static_cast<std::size_t>(i)];
       in.resize(static_cast<std::size_t>(micro_) * cfg_.seq);
@@ -71,7 +74,8 @@ class PipelineTrainer {
       data_.fill(step, dp_rank * rows_ + i * micro_, micro_, in.data(), tg.data());
     }
     double loss = exec_->run(table_, [&](int i) {
-      return typename Model::MicroBatch{in_[static_cast<std::size_t>(i)].data(), tg_[static_cast<std::size_t>(i)].data(),
+      const auto u = static_cast<std::size_t>(i);
+      return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
                                         micro_, cfg_.seq, static_cast<std::uint64_t>(step),
                                         dp_rank * rows_ + i * micro_};
     });
