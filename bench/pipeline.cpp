@@ -59,37 +59,6 @@ double formula(Schedule s, int p, int m, int v) {
   return 0;
 }
 
-template <int P>
-double measure_bubble(const RuntimeTable& t, double unit, std::vector<int>& peak) {
-  const int V = chunks_per_stage(t.schedule, t.chunks);
-  std::vector<std::vector<CostedModel::Span>> spans(P);
-  peak.assign(P, 0);
-  run_local<Parallel<PP<P>>>([&](auto& ctx) {
-    const int stage = ctx.rank();
-    std::vector<std::unique_ptr<CostedModel>> parts;
-    std::vector<CostedModel*> raw;
-    for (int k = 0; k < V; ++k) {
-      parts.push_back(std::make_unique<CostedModel>(unit, unit, unit,
-                                                    virtual_stage(t.schedule, P, stage, k) == P * V - 1));
-      raw.push_back(parts.back().get());
-    }
-    auto& pp = ctx.template comm<Axis::pp>();
-    Executor<CostedModel, std::remove_reference_t<decltype(pp)>> exec(raw, pp, t.schedule);
-    pp.barrier();
-    exec.run(t, [](int) { return CostedModel::MicroBatch{nullptr, nullptr, 1, 1}; });
-    for (auto& p : parts) spans[stage].insert(spans[stage].end(), p->spans().begin(), p->spans().end());
-    peak[stage] = exec.peak_activations();
-  });
-  auto first = spans[0].front().start, last = spans[0].front().end;
-  double busy = 0;
-  for (const auto& s : spans)
-    for (const auto& x : s) {
-      first = std::min(first, x.start), last = std::max(last, x.end);
-      busy += std::chrono::duration<double>(x.end - x.start).count();
-    }
-  return 1 - busy / (P * std::chrono::duration<double>(last - first).count());
-}
-
 //! Each stage's GPT parts after one step of the schedule: their activation bytes (slots for the verified peak).
 template <models::GptShape S, int P>
 std::vector<double> activation_mib(const RuntimeTable& t) {
@@ -125,7 +94,8 @@ std::vector<Row> run_all(const BenchOptions& o) {
     const auto t = make_schedule_checked(s, P, o.m, v);
     Row r{std::string(describe_schedule(s)), P, o.m, chunks_per_stage(s, v), formula(s, P, o.m, v),
           simulate(t).bubble, 0, {}, {}, {}};
-    r.measured = measure_bubble<P>(t, o.unit_ms / 1000, r.peak);
+    const auto step = time_schedule<P>(t, o.unit_ms / 1000);
+    r.measured = step.bubble, r.peak = step.peak;
     const auto check = verify(t);
     for (int st = 0; st < P; ++st) r.bound.push_back(check.peak_held[static_cast<std::size_t>(st)]);
     if (o.model == "tiny" && models::tiny.layers % (P * r.v) == 0) r.act_mib = activation_mib<models::tiny, P>(t);

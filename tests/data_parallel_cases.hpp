@@ -6,6 +6,8 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data_parallel.hpp>
 
+#include "reference_run.hpp"
+
 #include <cmath>
 #include <vector>
 
@@ -27,29 +29,8 @@ inline train::Batches data() {
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 11);
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<double> params;
-};
-
 //! One rank, the whole batch, written directly against the model: the reference.
-inline Run single_rank() {
-  Model m(3, options());
-  optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
-  const auto d = data();
-  std::vector<std::int32_t> in(batch * seq), tg(in.size());
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    d.fill(s, 0, batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    optim::clip_grad_norm(m.grads(), 1.0);
-    opt.step(m.params(), m.grads(), 1e-2);
-  }
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
-  return r;
-}
+inline Run single_rank() { return test::single_rank<shape>(data(), options(), steps, batch, seq); }
 
 //! Rank `rank`'s run of `steps` data-parallel steps over communicator dp.
 template <class Comm>
@@ -69,18 +50,6 @@ Run data_parallel_rank(Comm& dp, int micro_batches, std::size_t bucket_bytes, bo
   }
   r.params.assign(m.params().data(), m.params().data() + m.params().numel());
   return r;
-}
-
-//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter.
-inline std::pair<double, double> difference(const Run& ref, const Run& run) {
-  double loss = 0, worst = 0, scale = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
-  for (std::size_t i = 0; i < ref.params.size(); ++i) {
-    worst = std::max(worst, std::abs(run.params.at(i) - ref.params[i]));
-    scale = std::max(scale, std::abs(ref.params[i]));
-  }
-  return {loss, worst / scale};
 }
 
 }  // namespace loom::test

@@ -148,3 +148,4 @@ if(LOOM_WITH_MPI)
   endforeach()
 endif()
 loom_add_test(test_pipeline_executor test_pipeline_executor.cpp LABELS "pipeline")
+set_tests_properties(test_pipeline_executor PROPERTIES RUN_SERIAL TRUE)  # it times sleeps: alone, or it measures the load

@@ -8,6 +8,8 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/pipeline_parallel.hpp>
 
+#include "reference_run.hpp"
+
 #include <cmath>
 #include <vector>
 
@@ -28,31 +30,11 @@ inline train::Batches data() {
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 9);
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<double> params;  //!< the whole model's layout; only `held` elements are this rank's
-  std::vector<char> held;
-};
+using test::Run;
+using test::difference;
 
 //! One rank, the whole batch: the reference.
-inline Run single_rank() {
-  models::Gpt<shape, double> m(3, options());
-  optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
-  const auto d = data();
-  std::vector<std::int32_t> in(batch * seq), tg(in.size());
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    d.fill(s, 0, batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    optim::clip_grad_norm(m.grads(), 1.0);
-    opt.step(m.params(), m.grads(), 1e-2);
-  }
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
-  r.held.assign(r.params.size(), 1);
-  return r;
-}
+inline Run single_rank() { return test::single_rank<shape>(data(), options(), steps, batch, seq); }
 
 //! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step.
 template <class Cfg, class Ctx>
@@ -99,18 +81,6 @@ inline Run combine(const std::vector<Run>& runs, std::string& disagreement) {
   for (std::size_t i = 0; i < seen.size(); ++i)
     if (!seen[i] && disagreement.empty()) disagreement = "no rank holds parameter element " + std::to_string(i);
   return whole;
-}
-
-//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter.
-inline std::pair<double, double> difference(const Run& ref, const Run& run) {
-  double loss = 0, worst = 0, scale = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
-  for (std::size_t i = 0; i < ref.params.size(); ++i) {
-    worst = std::max(worst, std::abs(run.params.at(i) - ref.params[i]));
-    scale = std::max(scale, std::abs(ref.params[i]));
-  }
-  return {loss, worst / scale};
 }
 
 }  // namespace loom::test::pp

@@ -8,6 +8,8 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data_parallel.hpp>
 
+#include "reference_run.hpp"
+
 #include <cmath>
 #include <vector>
 
@@ -32,29 +34,13 @@ train::Batches data() {
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 5);
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<double> params;  //!< gathered: the whole model in the single-rank layout
-};
+using test::Run;
+using test::difference;
 
 //! One rank, the whole batch: the reference.
 template <models::GptShape S>
 Run single_rank() {
-  models::Gpt<S, double> m(3, options());
-  optim::AdamW<double> opt(m.specs(), S.params(), {0.9, 0.999, 1e-8, 0.1});
-  const auto d = data<S>();
-  std::vector<std::int32_t> in(batch * seq), tg(in.size());
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    d.fill(s, 0, batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    optim::clip_grad_norm(m.grads(), 1.0);
-    opt.step(m.params(), m.grads(), 1e-2);
-  }
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
-  return r;
+  return test::single_rank<S>(data<S>(), options(), steps, batch, seq);
 }
 
 //! One rank of layout Cfg (tp, optionally sp and dp): its part of the model, trained for `steps` steps, each of
@@ -75,19 +61,6 @@ Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
   }
   r.params = m.gather(m.params().data());
   return r;
-}
-
-//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter.
-inline std::pair<double, double> difference(const Run& ref, const Run& run) {
-  double loss = 0, worst = 0, scale = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
-  if (run.params.size() != ref.params.size()) return {loss, INFINITY};
-  for (std::size_t i = 0; i < ref.params.size(); ++i) {
-    worst = std::max(worst, std::abs(run.params[i] - ref.params[i]));
-    scale = std::max(scale, std::abs(ref.params[i]));
-  }
-  return {loss, worst / scale};
 }
 
 }  // namespace loom::test::tp

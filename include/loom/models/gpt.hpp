@@ -270,7 +270,7 @@ class Gpt {
                slots_.size() - 1);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
     cur_ = slot;
-    if (!head()) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    if (!head() && doutput) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
     for (int c = 0; c < backward_chunks(); ++c) backward_chunk(c, scale);
   }
 
@@ -296,8 +296,6 @@ class Gpt {
     Slot& st = sl();
     LOOM_CHECK(B_ > 0 && st.forwarded, "backward() before forward()");
     LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
-    namespace k = kernels::cpu;
-    const int N = B_ * T_, d = S.d_model, rows = region_.rows();
     T* dx = dx_.data();
     if (!head()) ++c;  // no loss chunk
     if (c == 0) {  // loss, head, final norm
@@ -313,7 +311,6 @@ class Gpt {
       const std::size_t p = block_param(l);
       return {p, p + 12};
     }
-    (void)N, (void)rows;
     embedding_weight(dx);
     return {wte_, wpe_ + 1};
   }
@@ -330,7 +327,7 @@ class Gpt {
     cur_ = slot;
     Split& sp = split(slot);
     if (head()) head_input(scale, sp.dlnf.data());
-    else std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    else if (doutput) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
     split_ = &sp;
     for (int l = last_ - 1; l >= first_; --l) backward_input(l);
     split_ = nullptr;

@@ -3,7 +3,13 @@
 // the noise of real compute.
 #pragma once
 
+#include <loom/comm/local.hpp>
+#include <loom/config.hpp>
+#include <loom/pipeline/executor.hpp>
 #include <loom/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <memory>
 
 #include <chrono>
 #include <cstdint>
@@ -62,5 +68,46 @@ class CostedModel {
   Tensor<float> grads_;
   std::vector<Span> spans_;
 };
+
+//! A table as the executor ran it with costed stand-ins.
+struct MeasuredStep {
+  double makespan = 0;    //!< in units of `unit`
+  double bubble = 0;      //!< idle share of the step: 1 - busy / (P x step)
+  std::vector<int> peak;  //!< per stage: the most (micro-batch, chunk) activations held at once
+};
+
+//! Runs `table` on P ranks (threads) whose chunks sleep c.f, c.b and c.w units of `unit` seconds for F, B and W,
+//! and measures the step.
+template <int P, ScheduleTable Table>
+MeasuredStep time_schedule(const Table& table, double unit, Costs c = {}) {
+  const int V = chunks_per_stage(table.schedule, table.chunks);
+  std::vector<std::vector<CostedModel::Span>> spans(P);
+  std::vector<int> peak(P);
+  run_local<Parallel<PP<P>>>([&](auto& ctx) {
+    const int stage = ctx.rank();
+    std::vector<std::unique_ptr<CostedModel>> parts;
+    std::vector<CostedModel*> raw;
+    for (int k = 0; k < V; ++k) {
+      const bool head = virtual_stage(table.schedule, P, stage, k) == P * V - 1;
+      parts.push_back(std::make_unique<CostedModel>(c.f * unit, c.b * unit, c.w * unit, head));
+      raw.push_back(parts.back().get());
+    }
+    auto& pp = ctx.template comm<Axis::pp>();
+    Executor<CostedModel, std::remove_reference_t<decltype(pp)>> exec(raw, pp, table.schedule);
+    pp.barrier();
+    exec.run(table, [](int) { return CostedModel::MicroBatch{nullptr, nullptr, 1, 1}; });
+    for (auto& p : parts) spans[stage].insert(spans[stage].end(), p->spans().begin(), p->spans().end());
+    peak[stage] = exec.peak_activations();
+  });
+  auto first = spans[0].front().start, last = spans[0].front().end;
+  double busy = 0;
+  for (const auto& s : spans)
+    for (const auto& x : s) {
+      first = std::min(first, x.start), last = std::max(last, x.end);
+      busy += std::chrono::duration<double>(x.end - x.start).count();
+    }
+  const double makespan = std::chrono::duration<double>(last - first).count();
+  return {makespan / unit, 1 - busy / (P * makespan), peak};
+}
 
 }  // namespace loom::pipeline

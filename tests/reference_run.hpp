@@ -1,0 +1,55 @@
+// What the parallel tests compare against: a GPT trained on one rank over the whole batch, and the measure of how
+// far another run is from it.
+#pragma once
+
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/train/data.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace loom::test {
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<double> params;  //!< the whole model, in the single-rank layout
+  std::vector<char> held;      //!< where a rank holds only some of it: which elements (empty: all)
+};
+
+//! `steps` AdamW steps (lr 1e-2, weight decay 0.1, clipping at 1) of the GPT of shape S from seed 3, on one rank,
+//! over the whole batch of each step.
+template <models::GptShape S>
+Run single_rank(const train::Batches& d, models::GptOptions opt, int steps, int batch, int seq) {
+  models::Gpt<S, double> m(3, opt);
+  optim::AdamW<double> adamw(m.specs(), S.params(), {0.9, 0.999, 1e-8, 0.1});
+  std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * seq), tg(in.size());
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    d.fill(s, 0, batch, in.data(), tg.data());
+    m.zero_grad();
+    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
+    m.backward();
+    optim::clip_grad_norm(m.grads(), 1.0);
+    adamw.step(m.params(), m.grads(), 1e-2);
+  }
+  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  return r;
+}
+
+//! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter
+//! (infinite when the runs hold different numbers of parameters).
+inline std::pair<double, double> difference(const Run& ref, const Run& run) {
+  double loss = 0, worst = 0, scale = 0;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
+  if (run.params.size() != ref.params.size()) return {loss, INFINITY};
+  for (std::size_t i = 0; i < ref.params.size(); ++i) {
+    worst = std::max(worst, std::abs(run.params[i] - ref.params[i]));
+    scale = std::max(scale, std::abs(ref.params[i]));
+  }
+  return {loss, worst / scale};
+}
+
+}  // namespace loom::test
