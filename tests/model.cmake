@@ -1,4 +1,22 @@
 # Tensors, data, checkpoints, the GPT model and train_gpt.
+
+# loom_add_mpi_test(TARGET SOURCE LABELS labels [DEFS definitions...]): an executable run under mpirun with 2, 4
+# and 8 processes, as tests TARGET_np2, TARGET_np4, TARGET_np8.
+function(loom_add_mpi_test target source)
+  cmake_parse_arguments(A "" "" "LABELS;DEFS" ${ARGN})
+  add_executable(${target} ${source})
+  target_link_libraries(${target} PRIVATE loom::mpi)
+  target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  if(A_DEFS)
+    target_compile_definitions(${target} PRIVATE ${A_DEFS})
+  endif()
+  foreach(np 2 4 8)
+    add_test(NAME ${target}_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:${target}>)
+    set_tests_properties(${target}_np${np} PROPERTIES LABELS "${A_LABELS}" TIMEOUT 300
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
+  endforeach()
+endfunction()
 if(nlohmann_json_FOUND)
   loom_add_test(test_tensor test_tensor.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
 endif()
@@ -55,15 +73,7 @@ endif()
 # Data parallelism against the single-rank run.
 loom_add_test(test_data_parallel test_data_parallel.cpp LABELS "ddp;model")
 if(LOOM_WITH_MPI)
-  add_executable(test_data_parallel_mpi test_data_parallel_mpi.cpp)
-  target_link_libraries(test_data_parallel_mpi PRIVATE loom::mpi)
-  target_include_directories(test_data_parallel_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  foreach(np 2 4 8)
-    add_test(NAME test_data_parallel_mpi_np${np}
-             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_data_parallel_mpi>)
-    set_tests_properties(test_data_parallel_mpi_np${np} PROPERTIES LABELS "mpi;ddp" TIMEOUT 300
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
-  endforeach()
+  loom_add_mpi_test(test_data_parallel_mpi test_data_parallel_mpi.cpp LABELS "mpi;ddp")
 endif()
 
 if(TARGET train_gpt AND LOOM_WITH_MPI)
@@ -116,18 +126,8 @@ foreach(shape mha gqa mqa)
 endforeach()
 if(LOOM_WITH_MPI)
   foreach(shape mha gqa mqa)
-    add_executable(test_tensor_parallel_mpi_${shape} test_tensor_parallel_mpi.cpp)
-    target_link_libraries(test_tensor_parallel_mpi_${shape} PRIVATE loom::mpi)
-    target_include_directories(test_tensor_parallel_mpi_${shape} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-    target_compile_definitions(test_tensor_parallel_mpi_${shape} PRIVATE LOOM_TP_SHAPE=loom::test::tp::${shape}
-                               LOOM_TP_SHAPE_NAME="${shape}")
-    foreach(np 2 4 8)
-      add_test(NAME test_tensor_parallel_mpi_${shape}_np${np}
-               COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np}
-                       $<TARGET_FILE:test_tensor_parallel_mpi_${shape}>)
-      set_tests_properties(test_tensor_parallel_mpi_${shape}_np${np} PROPERTIES LABELS "mpi;tp" TIMEOUT 300
-        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
-    endforeach()
+    loom_add_mpi_test(test_tensor_parallel_mpi_${shape} test_tensor_parallel_mpi.cpp LABELS "mpi;tp"
+                      DEFS LOOM_TP_SHAPE=loom::test::tp::${shape} LOOM_TP_SHAPE_NAME="${shape}")
   endforeach()
 endif()
 
@@ -137,15 +137,7 @@ loom_add_test(test_gpt_parts test_gpt_parts.cpp LABELS "model;pipeline")
 # Pipeline parallelism (every schedule, and with TP, SP and DP) against the single-rank run.
 loom_add_test(test_pipeline_parallel test_pipeline_parallel.cpp LABELS "pipeline;model")
 if(LOOM_WITH_MPI)
-  add_executable(test_pipeline_parallel_mpi test_pipeline_parallel_mpi.cpp)
-  target_link_libraries(test_pipeline_parallel_mpi PRIVATE loom::mpi)
-  target_include_directories(test_pipeline_parallel_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  foreach(np 2 4 8)
-    add_test(NAME test_pipeline_parallel_mpi_np${np}
-             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np} $<TARGET_FILE:test_pipeline_parallel_mpi>)
-    set_tests_properties(test_pipeline_parallel_mpi_np${np} PROPERTIES LABELS "mpi;pipeline" TIMEOUT 300
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;LOOM_TIMEOUT_S=120;OMP_NUM_THREADS=1")
-  endforeach()
+  loom_add_mpi_test(test_pipeline_parallel_mpi test_pipeline_parallel_mpi.cpp LABELS "mpi;pipeline")
 endif()
 loom_add_test(test_pipeline_executor test_pipeline_executor.cpp LABELS "pipeline")
 set_tests_properties(test_pipeline_executor PROPERTIES RUN_SERIAL TRUE)  # it times sleeps: alone, or it measures the load
