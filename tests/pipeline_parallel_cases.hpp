@@ -16,7 +16,8 @@
 namespace loom::test::pp {
 
 constexpr models::GptShape shape{4, 4, 2, 16, 37, 8};
-constexpr int steps = 5, batch = 8, seq = 8;
+constexpr models::GptShape deep{8, 4, 2, 16, 37, 8};  // eight blocks: p = 4 with two chunks per stage
+constexpr int steps = 5, batch = 24, seq = 8;  // 24 sequences: split by every m and dp used
 
 inline models::GptOptions options() {
   models::GptOptions o;
@@ -25,6 +26,7 @@ inline models::GptOptions options() {
 }
 
 inline train::Batches data() {
+  static_assert(shape.vocab == deep.vocab);
   std::vector<std::int32_t> tok(2000);
   for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 5 * i + 2) % shape.vocab);
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 9);
@@ -34,16 +36,19 @@ using test::Run;
 using test::difference;
 
 //! One rank, the whole batch: the reference.
-inline Run single_rank() { return test::single_rank<shape>(data(), options(), steps, batch, seq); }
+template <models::GptShape S = shape>
+Run single_rank() {
+  return test::single_rank<S>(data(), options(), steps, batch, seq);
+}
 
 //! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step.
-template <class Cfg, class Ctx>
+template <class Cfg, models::GptShape S = shape, class Ctx>
 Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
-  using Model = models::Gpt<shape, double, models::ModelLayout<Cfg>>;
+  using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
   const auto d = data();
   train::StepConfig cfg;
   cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
-  train::PipelineTrainer<shape, double, optim::AdamW<double>, Ctx> trainer(
+  train::PipelineTrainer<S, double, optim::AdamW<double>, Ctx> trainer(
       ctx, 3, options(), d, cfg, schedule, v, [](const auto& specs, std::int64_t n) {
         return optim::AdamW<double>(specs, n, {0.9, 0.999, 1e-8, 0.1});
       });
@@ -54,7 +59,7 @@ Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
     r.losses.push_back(res.loss);
   }
   const auto global = Model::param_specs(0, true);
-  r.params.assign(static_cast<std::size_t>(shape.params()), 0.0);
+  r.params.assign(static_cast<std::size_t>(S.params()), 0.0);
   r.held.assign(r.params.size(), 0);
   for (const auto& part : trainer.parts()) {
     const auto whole = part->gather(part->params().data());

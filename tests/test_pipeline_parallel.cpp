@@ -14,11 +14,12 @@ using namespace loom::test::pp;
 
 namespace {
 
-template <class Cfg>
+template <class Cfg, models::GptShape S = shape>
 void check(const Run& ref, Schedule schedule, int micro_batches, int v = 1) {
-  INFO("layout " << Cfg::name() << ", " << describe_schedule(schedule) << ", m = " << micro_batches << ", v = " << v);
+  INFO("layout " << Cfg::name() << ", " << describe_schedule(schedule) << ", m = " << micro_batches << ", v = " << v
+                 << ", " << S.layers << " blocks");
   std::vector<Run> runs(Cfg::world_size);
-  run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = pipeline_rank<Cfg>(ctx, schedule, micro_batches, v); });
+  run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = pipeline_rank<Cfg, S>(ctx, schedule, micro_batches, v); });
   std::string disagreement;
   const Run whole = combine(runs, disagreement);
   CHECK(disagreement.empty());
@@ -33,18 +34,21 @@ void check(const Run& ref, Schedule schedule, int micro_batches, int v = 1) {
 }  // namespace
 
 TEST_CASE("every schedule trains the single-rank model", "[pipeline]") {
-  const auto ref = single_rank();
-  for (int m : {2, 4}) {
+  // p in {2, 4} x m in {p, 2p, 3p}; two chunks per stage for interleaved and zb-v (eight blocks for p = 4).
+  const auto ref = single_rank(), ref_deep = single_rank<deep>();
+  for (int m : {2, 4, 6}) {
     check<Parallel<PP<2>>>(ref, Schedule::gpipe, m);
     check<Parallel<PP<2>>>(ref, Schedule::one_f_one_b, m);
     check<Parallel<PP<2>>>(ref, Schedule::interleaved, m, 2);
     check<Parallel<PP<2>>>(ref, Schedule::zero_bubble_h1, m);
     check<Parallel<PP<2>>>(ref, Schedule::zero_bubble_v, m);
   }
-  for (int m : {4, 8}) {
+  for (int m : {4, 8, 12}) {
     check<Parallel<PP<4>>>(ref, Schedule::gpipe, m);
     check<Parallel<PP<4>>>(ref, Schedule::one_f_one_b, m);
     check<Parallel<PP<4>>>(ref, Schedule::zero_bubble_h1, m);
+    check<Parallel<PP<4>>, deep>(ref_deep, Schedule::interleaved, m, 2);
+    check<Parallel<PP<4>>, deep>(ref_deep, Schedule::zero_bubble_v, m);
   }
 }
 
