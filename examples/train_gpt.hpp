@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/checkpoint/gpt.hpp>
+#include <loom/checkpoint/pipeline.hpp>
 #include <loom/checkpoint/training.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
@@ -181,7 +182,14 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
         held.grads += double(p->grads().bytes());
       }
       for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
-      train_loop<S>(a, ctx, tokens.size(), 0, held, [&](int i) { return trainer.step(i); });
+      const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
+      train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
+      if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
+        checkpoint::save_training(a.save, trainer, std::max(a.steps, start), lead);
+        if (lead)
+          std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
+                      a.save.c_str());
+      }
     });
   } else {
     Model model(a.seed, ctx.template comm<Axis::tp>(), mo);
@@ -209,8 +217,6 @@ int train(const Args& a, int& argc, char**& argv) {
   constexpr int dp = Cfg::template size<Axis::dp>;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
   constexpr int pp = Cfg::template size<Axis::pp>;
-  LOOM_CHECK(pp == 1 || (a.save.empty() && a.resume.empty()), "--parallel ", Cfg::name(), ": --save and --resume "
-             "do not support pipeline parallelism yet (--init-from does); save from a layout without pp");
   if constexpr (pp > 1) {
     const int parts = pp * (a.schedule == "zb-v" ? 2 : a.chunks);
     LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",

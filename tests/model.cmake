@@ -52,7 +52,6 @@ if(TARGET train_gpt)
       "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30"
       "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts"
       "interleaved_needs_chunks|--parallel^pp2^--schedule^interleaved^--micro-batches^2|loom: the interleaved schedule needs v >= 2 chunks per stage, got v = 1"
-      "pp_save|--parallel^pp2^--save^x|--save and --resume do not support pipeline parallelism yet"
       "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
       "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
     string(REPLACE "|" ";" parts "${case}")

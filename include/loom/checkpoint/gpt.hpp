@@ -23,18 +23,15 @@ inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps
   return c;
 }
 
-//! Writes DIR/model.safetensors and DIR/config.json, each under a temporary name that is then renamed. The tensors
-//! are the whole model's, whatever its layout: a collective over the model's tensor-parallel group, where only the
-//! ranks with `write` write.
-template <models::GptShape S, class T, class Cfg>
-void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write = true) {
-  const auto whole = model.gather(model.params().data());
-  if (!write) return;
+//! Writes DIR/model.safetensors and DIR/config.json from the whole model's parameters in the single-rank layout,
+//! each file under a temporary name that is then renamed.
+template <models::GptShape S, class T>
+void write_gpt(const std::string& dir, const std::vector<T>& whole, float ln_eps) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("loom: cannot create the directory " + dir + ": " + ec.message());
   std::vector<std::pair<std::string, StoredTensor>> tensors;
-  for (const auto& s : model.param_specs(0, true)) {
+  for (const auto& s : models::Gpt<S, T>::param_specs(0, true)) {
     StoredTensor t;
     t.dtype = dtype_of<T>;
     t.shape = s.shape;
@@ -46,11 +43,19 @@ void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write 
   const std::string cfg = dir + "/config.json", tmp = cfg + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << gpt_config(S, model.options().ln_eps).dump(2) << "\n";
+    f << gpt_config(S, ln_eps).dump(2) << "\n";
     if (!f) throw Error("loom: writing " + tmp + " failed");
   }
   std::filesystem::rename(tmp, cfg, ec);
   if (ec) throw Error("loom: cannot rename " + tmp + " to " + cfg + ": " + ec.message());
+}
+
+//! Writes the model's checkpoint (write_gpt), whatever its layout: a collective over the model's tensor-parallel
+//! group, where only the ranks with `write` write.
+template <models::GptShape S, class T, class Cfg>
+void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write = true) {
+  const auto whole = model.gather(model.params().data());
+  if (write) write_gpt<S>(dir, whole, model.options().ln_eps);
 }
 
 //! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's; every

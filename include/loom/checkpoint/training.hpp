@@ -10,38 +10,44 @@
 
 namespace loom::checkpoint {
 
-//! The optimizer's state is saved whole, in the single-rank layout, so that any layout can resume it. A collective
-//! over the model's tensor-parallel group; only the ranks with `write` write.
-template <models::GptShape S, class T, class Cfg, class Optimizer>
-void save_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, const Optimizer& opt, int next_step,
-                   bool write = true) {
-  save_gpt(dir, model, write);
+//! Writes the optimizer's state (each tensor whole, in the single-rank layout, so that any layout can resume it)
+//! and where training stands.
+template <class Optimizer, class A>
+void write_training(const std::string& dir, const std::vector<std::pair<std::string, std::vector<A>>>& state,
+                    int counter, int next_step) {
   std::vector<std::pair<std::string, StoredTensor>> tensors;
-  const auto state = opt.state();
-  using A = typename std::remove_cvref_t<decltype(state.front().second)>::value_type;
-  std::vector<std::vector<A>> whole;
-  for (const auto& [name, t] : state) whole.push_back(model.gather(t.data()));
-  if (!write) return;
-  for (std::size_t i = 0; i < state.size(); ++i) {
+  for (const auto& [name, whole] : state) {
     StoredTensor s;
     s.dtype = dtype_of<A>;
-    s.shape = {static_cast<std::int64_t>(whole[i].size())};
-    s.data = whole[i].data();
-    s.byte_count = whole[i].size() * sizeof(A);
-    tensors.emplace_back(state[i].first, std::move(s));
+    s.shape = {static_cast<std::int64_t>(whole.size())};
+    s.data = whole.data();
+    s.byte_count = whole.size() * sizeof(A);
+    tensors.emplace_back(name, std::move(s));
   }
   write_safetensors(dir + "/optimizer.safetensors", tensors,
-                    {{"optimizer", Optimizer::name}, {"counter", std::to_string(opt.counter())}});
+                    {{"optimizer", Optimizer::name}, {"counter", std::to_string(counter)}});
   const std::string file = dir + "/trainer.json", tmp = file + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << nlohmann::json{{"next_step", next_step}, {"optimizer", Optimizer::name}, {"counter", opt.counter()}}.dump(2)
+    f << nlohmann::json{{"next_step", next_step}, {"optimizer", Optimizer::name}, {"counter", counter}}.dump(2)
       << "\n";
     if (!f) throw Error("loom: writing " + tmp + " failed");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, file, ec);
   if (ec) throw Error("loom: cannot rename " + tmp + " to " + file + ": " + ec.message());
+}
+
+//! A training checkpoint of a model on any tensor-parallel layout: a collective over its tensor-parallel group;
+//! only the ranks with `write` write.
+template <models::GptShape S, class T, class Cfg, class Optimizer>
+void save_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, const Optimizer& opt, int next_step,
+                   bool write = true) {
+  save_gpt(dir, model, write);
+  using A = typename Optimizer::acc;
+  std::vector<std::pair<std::string, std::vector<A>>> state;
+  for (const auto& [name, t] : opt.state()) state.emplace_back(name, model.gather(t.data()));
+  if (write) write_training<Optimizer>(dir, state, opt.counter(), next_step);
 }
 
 //! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.

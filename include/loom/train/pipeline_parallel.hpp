@@ -61,6 +61,8 @@ class PipelineTrainer {
   const std::vector<std::unique_ptr<Model>>& parts() const { return parts_; }
   const std::vector<Optimizer>& optimizers() const { return opts_; }
 
+  std::vector<Optimizer>& optimizers() { return opts_; }
+
   StepResult step(int step) {
     for (auto& p : parts_) p->zero_grad();
     const int dp_rank = ctx_.template coord<Axis::dp>();
@@ -102,6 +104,25 @@ class PipelineTrainer {
       opts_[c].step(parts_[c]->params(), parts_[c]->grads(), lr);
     }
     return {l[0], norm, false, lr};
+  }
+
+  //! A buffer laid out as the whole model's parameters, put together from every stage's parts: gather(c) gives part
+  //! c's (zero where it holds nothing); the tied table is taken from the part with the embedding. A collective over
+  //! the pipeline group (and, through gather, the tensor-parallel group).
+  template <class U, class Gather>
+  std::vector<U> assemble(Gather&& gather) {
+    std::vector<U> whole(static_cast<std::size_t>(S.params()), U(0));
+    const auto global = Model::param_specs(0, true);
+    for (std::size_t c = 0; c < parts_.size(); ++c) {
+      const auto g = gather(c);
+      for (const auto& s : parts_[c]->specs()) {
+        if (s.index == 0 && !parts_[c]->embedding()) continue;  // the tied table's second holder
+        const auto& at = global[s.index];
+        std::copy_n(g.begin() + at.offset, numel_of(at.shape), whole.begin() + at.offset);
+      }
+    }
+    ctx_.template comm<Axis::pp>().all_reduce(whole, comm::Reduce::sum);
+    return whole;
   }
 
  private:
