@@ -1,6 +1,9 @@
 // The pipeline executor: runs one stage's list of a schedule table (schedule.hpp) on that stage's model chunks,
 // moving activations and gradients over the pipeline communicator as the table says: each maximal run of send/recv
 // actions is one batched exchange, as the verifier assumed, so a table that passed verify() cannot hang here.
+// Exchanges overlap computation: each is posted and runs on the communicator's worker while the stage computes on,
+// and the stage waits only before a computation that reads what an exchange receives. Waiting later than the
+// verifier's blocking model never delays a peer, so what completes there completes here.
 #pragma once
 
 #include <loom/comm/types.hpp>
@@ -100,13 +103,15 @@ class Executor {
           }
         }
         --i;
-        trace::Scope span("pipeline exchange", "comm");
-        pp_.exchange(ops);
+        // Posted, not waited for: the stage computes on while the exchange runs on the communicator's worker, and
+        // waits only before a compute that reads what it receives. Exchanges complete in the order posted.
+        pending_.push_back(pp_.exchange_async(ops));
         continue;
       }
       Model& part = *chunks_[static_cast<std::size_t>(a.chunk)];
       const int k = vstage(a.chunk);
       if (a.kind == Kind::F) {
+        if (k > 0 && local(k - 1) < 0) wait_exchanges();
         trace::Scope span("F", "compute");
         const T* input = nullptr;
         if (k > 0) {
@@ -122,6 +127,7 @@ class Executor {
         const double l = part.forward(slot(a.micro, a.chunk), mbs[static_cast<std::size_t>(a.micro)], input);
         if (k == last) loss += l / m;
       } else if (a.kind == Kind::B || a.kind == Kind::BW) {
+        if (k < last && local(k + 1) < 0) wait_exchanges();
         trace::Scope span(a.kind == Kind::B ? "B" : "BW", "compute");
         const T* dout = nullptr;
         if (k < last) {
@@ -141,6 +147,7 @@ class Executor {
         release(a.micro, a.chunk);
       }
     }
+    wait_exchanges();
     return loss;
   }
 
@@ -148,6 +155,14 @@ class Executor {
   int peak_activations() const { return peak_; }
 
  private:
+  void wait_exchanges() {
+    if (pending_.empty()) return;
+    trace::Scope span("wait for exchanges", "comm");
+    for (auto& h : pending_) h.wait();
+    pending_.clear();
+  }
+
+  std::vector<comm::Handle> pending_;     //!< exchanges posted and not yet waited for, in order
   std::vector<std::vector<int>> free_;  //!< per chunk: free activation slots
   std::vector<int> slot_;               //!< per (chunk, micro-batch): its slot, or -1
   int in_use_ = 0, peak_ = 0;
