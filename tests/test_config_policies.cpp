@@ -59,7 +59,8 @@ static_assert(loom::Parallel<TP<4, loom::SequenceParallel>>::sequence_parallel);
 static_assert(loom::Parallel<PP<4, loom::Interleaved<2>>>::virtual_stages == 2);
 static_assert(loom::Parallel<PP<4, loom::Interleaved<2>>>::schedule == Schedule::interleaved);
 static_assert(loom::Parallel<PP<4, loom::Interleaved<1>>>::schedule == Schedule::one_f_one_b);
-static_assert(loom::Parallel<PP<4, loom::Interleaved<2>, loom::OneFOneB>>::schedule == Schedule::one_f_one_b);
+static_assert(loom::Parallel<PP<4, loom::Interleaved<2>, loom::OneFOneB>>::schedule == Schedule::interleaved);
+static_assert(loom::Parallel<PP<4, loom::Interleaved<1>, loom::OneFOneB>>::schedule == Schedule::one_f_one_b);
 static_assert(loom::Parallel<PP<4, loom::ZeroBubbleV, loom::Interleaved<2>>>::schedule == Schedule::zero_bubble_v);
 static_assert(loom::Parallel<PP<4, loom::ZeroBubbleV, loom::Interleaved<2>>>::virtual_stages == 2);
 static_assert(loom::Parallel<PP<4, loom::GPipe>>::schedule == Schedule::gpipe);
@@ -68,13 +69,13 @@ static_assert(loom::Parallel<CP<2, loom::Ulysses>>::cp_algorithm == CpAlgorithm:
 static_assert(loom::Parallel<CP<2, loom::Ring>>::cp_algorithm == CpAlgorithm::ring);
 
 // Every option at once, axes and options in an unusual order.
-using Everything = loom::Parallel<EP<2>, DP<2, loom::ZeRO<2>>, PP<2, loom::ZeroBubbleH1, loom::Interleaved<3>>,
+using Everything = loom::Parallel<EP<2>, DP<2, loom::ZeRO<2>>, PP<2, loom::OneFOneB, loom::Interleaved<3>>,
                                   CP<2, loom::Ulysses>, TP<2, loom::SequenceParallel>>;
 static_assert(Everything::world_size == 16);
 static_assert(Everything::zero_stage == 2);
 static_assert(Everything::sequence_parallel);
 static_assert(Everything::virtual_stages == 3);
-static_assert(Everything::schedule == Schedule::zero_bubble_h1);
+static_assert(Everything::schedule == Schedule::interleaved);
 static_assert(Everything::cp_algorithm == CpAlgorithm::ulysses);
 static_assert(Everything::size<Axis::edp> == 2);
 
@@ -97,7 +98,7 @@ static_assert(loom::Parallel<PP<12, loom::OneFOneB>>::name() == "pp12.1f1b");
 static_assert(loom::Parallel<PP<2, loom::ZeroBubbleV, loom::Interleaved<2>>>::name() == "pp2.zb-v.v2");
 static_assert(loom::Parallel<TP<1>, DP<1024>>::name() == "tp1.dp1024");
 static_assert(loom::Parallel<>::name() == "single");
-static_assert(Everything::name() == "ep2.dp2.zero2.pp2.zb-h1.v3.cp2.ulysses.tp2.sp");
+static_assert(Everything::name() == "ep2.dp2.zero2.pp2.1f1b.v3.cp2.ulysses.tp2.sp");
 
 // ---- describe_* -----------------------------------------------------------------------------------------------------
 static_assert(loom::describe_axis(Axis::edp) == "edp");

@@ -68,6 +68,9 @@ struct Parallel {
     using S = option_<OptionFamily::schedule, Axis::pp>;
     using V = option_<OptionFamily::interleaved, Axis::pp>;
     if constexpr (!std::is_void_v<S>) {
+      // 1F1B with several chunks per stage is Megatron-LM's interleaved 1F1B.
+      if constexpr (!std::is_void_v<V>)
+        if (S::schedule == Schedule::one_f_one_b && V::virtual_stages > 1) return Schedule::interleaved;
       return S::schedule;
     } else if constexpr (!std::is_void_v<V>) {
       return V::virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
@@ -183,8 +186,13 @@ struct Parallel {
     }
   }();
 
-  //! The pipeline schedule: the one given; else interleaved when Interleaved<v> with v > 1; else 1F1B.
+  //! The pipeline schedule: the one given (1F1B with Interleaved<v>, v > 1, is interleaved 1F1B); else interleaved
+  //! when Interleaved<v> with v > 1; else 1F1B.
   static constexpr Schedule schedule = schedule_();
+  static_assert(virtual_stages == 1 || schedule == Schedule::interleaved ||
+                    (schedule == Schedule::zero_bubble_v && virtual_stages == 2),
+                "loom: Interleaved<v> with v > 1 goes with 1F1B (interleaved 1F1B) or, with v = 2, ZeroBubbleV; GPipe "
+                "and ZeroBubbleH1 hold one chunk per stage");
 
   //! The context-parallel algorithm: the one given; else ring.
   static constexpr CpAlgorithm cp_algorithm = [] {
