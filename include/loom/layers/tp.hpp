@@ -70,7 +70,7 @@ class TpGroup {
   }
   //! all_gather in the arithmetic type (optimizer state).
   void all_gather_acc(const acc* in, acc* out, std::size_t n) {
-    if (size_ == 1) return (void)(in != out ? std::copy_n(in, n, out) : out);
+    if (size_ == 1) return copy(in, out, n);
     note(n * size_, 1).all_gather++;
     all_gather_acc_({in, n}, {out, n * size_});
   }
@@ -86,7 +86,8 @@ class TpGroup {
   void reset_counts() { counts_ = {}; }
 
  private:
-  static void copy(const T* in, T* out, std::size_t n) {
+  template <class U>
+  static void copy(const U* in, U* out, std::size_t n) {
     if (in != out) std::copy_n(in, n, out);
   }
   //! Records a collective over a tensor of n elements; an all-reduce sends its data twice.
