@@ -6,7 +6,7 @@
 //   train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]
 //             [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C] [--warmup N] [--dropout P]
 //             [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel dpN] [--bucket-mb MB]
-//             [--schedule NAME]
+//             [--schedule NAME] [--layer-split N,N,...]
 //             [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]
 #include "train_gpt.hpp"
 
@@ -20,7 +20,8 @@ const char* usage =
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel SPEC]\n"
     "                 [--bucket-mb MB]\n"
-    "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--data FILE]\n"
+    "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
+    "                 [--data FILE]\n"
     "                 [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]\n"
     "                 [--resume DIR]\n"
     "                 [--no-progress]\n";
@@ -66,6 +67,10 @@ Args parse(int argc, char** argv) {
     else if (f == "--backend") a.backend = v;
     else if (f == "--parallel") a.parallel = v;
     else if (f == "--schedule") a.schedule = v;
+    else if (f == "--layer-split") {
+      std::stringstream ss(v);
+      for (std::string n; std::getline(ss, n, ',');) a.layer_split.push_back(number<int>(f, n));
+    }
     else if (f == "--data") a.data = v;
     else if (f == "--batch-order") a.batch_order = v;
     else if (f == "--log-json") a.log_json = v;

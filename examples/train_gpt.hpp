@@ -40,6 +40,7 @@ struct Args {
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
   int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
+  std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
   double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0;
   float dropout = 0.0f, bucket_mb = 25.0f;
   std::uint64_t seed = 1234;
@@ -79,8 +80,13 @@ void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Hel
                 a.dtype.c_str(), a.optimizer.c_str(), std::string(Cfg::name()).c_str(), a.backend.c_str(), a.batch,
                 a.seq, a.micro_batches, data_tokens);
     if (Cfg::template size<Axis::pp> > 1)
-      std::printf("train_gpt: pipeline of %d stages, schedule %s, %d chunks per stage\n", Cfg::template size<Axis::pp>,
-                  a.schedule.c_str(), a.schedule == "zb-v" ? 2 : a.chunks);
+    {
+      std::string split = "even";
+      for (std::size_t i = 0; i < a.layer_split.size(); ++i)
+        split = (i ? split + "," : std::string()) + std::to_string(a.layer_split[i]);
+      std::printf("train_gpt: pipeline of %d stages, schedule %s, %d chunks per stage, layers split %s\n",
+                  Cfg::template size<Axis::pp>, a.schedule.c_str(), a.schedule == "zb-v" ? 2 : a.chunks, split.c_str());
+    }
   }
   std::vector<double> bytes{held.replicated, held.sharded, held.grads, held.state};
   ctx.world().all_reduce(bytes, comm::Reduce::max);
@@ -172,8 +178,9 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
   if constexpr (Cfg::template size<Axis::pp> > 1) {
     with_optimizer([&](auto make) {
       using Opt = decltype(make(std::vector<models::ParamSpec>{}, 0));
-      train::PipelineTrainer<S, T, Opt, Ctx> trainer(ctx, a.seed, mo, batches, cfg, parse_schedule(a.schedule),
-                                                      a.chunks, make);
+      train::PipelineTrainer<S, T, Opt, Ctx> trainer(
+          ctx, a.seed, mo, batches, cfg, train::PipelineOptions{parse_schedule(a.schedule), a.chunks, a.layer_split},
+          make);
       Held held;
       for (const auto& p : trainer.parts()) {
         if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
@@ -219,8 +226,14 @@ int train(const Args& a, int& argc, char**& argv) {
   constexpr int pp = Cfg::template size<Axis::pp>;
   if constexpr (pp > 1) {
     const int parts = pp * (a.schedule == "zb-v" ? 2 : a.chunks);
-    LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
-               parts, " pipeline parts (pp", pp, " x ", parts / pp, " chunks)");
+    if (a.layer_split.empty())
+      LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
+                 parts, " pipeline parts (pp", pp, " x ", parts / pp, " chunks); --layer-split can split them unevenly");
+    else
+      train::layer_bounds(S.layers, parts, a.layer_split);
+  } else {
+    LOOM_CHECK(a.layer_split.empty(), "--layer-split splits the layers over pipeline stages, but the layout ",
+               Cfg::name(), " has none (add ppN to --parallel)");
   }
   LOOM_CHECK(a.batch % (dp * a.micro_batches) == 0, "--batch ", a.batch, " must be a multiple of dp x micro-batches = ",
              dp, " x ", a.micro_batches);

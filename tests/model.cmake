@@ -51,6 +51,8 @@ if(TARGET train_gpt)
       "shape_cannot_split|--parallel^tp8^--model^tiny|loom: --model tiny cannot run on --parallel tp8: heads must be divisible by TP"
       "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30"
       "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts"
+      "split_does_not_add_up|--parallel^pp2^--model^small^--layer-split^1,2|loom: the layer split adds up to 3 layers but the model has 4"
+      "split_without_pp|--parallel^dp2^--layer-split^1,1|loom: --layer-split splits the layers over pipeline stages, but the layout dp2 has none"
       "interleaved_needs_chunks|--parallel^pp2^--schedule^interleaved^--micro-batches^2|loom: the interleaved schedule needs v >= 2 chunks per stage, got v = 1"
       "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
       "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
@@ -112,6 +114,12 @@ if(TARGET train_gpt)
             "-DLAYOUTS=pp2;tp2,pp2,dp2;tp2,sp,pp2,dp2;pp2,dp4" "-DEXTRA=--micro-batches;2;--schedule;zb-h1"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
+  # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last.
+  add_test(NAME train_gpt_pipeline_layer_split
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_pp_split
+            "-DLAYOUTS=pp2 --layer-split 1,3;tp2,pp2,dp2 --layer-split 3,1"
+            "-DEXTRA=--model;small;--micro-batches;2" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
   add_test(NAME train_gpt_resume_continues_the_run
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)

@@ -41,15 +41,16 @@ Run single_rank() {
   return test::single_rank<S>(data(), options(), steps, batch, seq);
 }
 
-//! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step.
+//! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step, the
+//! blocks split evenly over the virtual stages or as `split` says.
 template <class Cfg, models::GptShape S = shape, class Ctx>
-Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
+Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1, std::vector<int> split = {}) {
   using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
   const auto d = data();
   train::StepConfig cfg;
   cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
   train::PipelineTrainer<S, double, optim::AdamW<double>, Ctx> trainer(
-      ctx, 3, options(), d, cfg, schedule, v, [](const auto& specs, std::int64_t n) {
+      ctx, 3, options(), d, cfg, train::PipelineOptions{schedule, v, std::move(split)}, [](const auto& specs, std::int64_t n) {
         return optim::AdamW<double>(specs, n, {0.9, 0.999, 1e-8, 0.1});
       });
   Run r;
@@ -62,6 +63,8 @@ Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1) {
   r.params.assign(static_cast<std::size_t>(S.params()), 0.0);
   r.held.assign(r.params.size(), 0);
   for (const auto& part : trainer.parts()) {
+    r.blocks.push_back(part->first_layer());
+    r.blocks.push_back(part->last_layer());
     const auto whole = part->gather(part->params().data());
     for (const auto& s : part->specs()) {
       const auto& g = global[s.index];

@@ -16,6 +16,7 @@ struct Run {
   std::vector<double> losses;
   std::vector<double> params;  //!< the whole model, in the single-rank layout
   std::vector<char> held;      //!< where a rank holds only some of it: which elements (empty: all)
+  std::vector<int> blocks;     //!< on a pipeline stage: the first and last block of each part it holds, in turn
 };
 
 //! `steps` AdamW steps (lr 1e-2, weight decay 0.1, clipping at 1) of the GPT of shape S from seed 3, on one rank,

@@ -16,9 +16,10 @@ namespace {
 
 //! Layout Cfg on this process's rank; every rank's run is gathered on each, to put the model together.
 template <class Cfg>
-void check(const Run& ref, int rank, Schedule schedule, int micro_batches, int v = 1) {
+void check(const Run& ref, int rank, Schedule schedule, int micro_batches, int v = 1,
+           const std::vector<int>& split = {}) {
   Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
-  const Run mine = pipeline_rank<Cfg>(ctx, schedule, micro_batches, v);
+  const Run mine = pipeline_rank<Cfg>(ctx, schedule, micro_batches, v, split);
   // Put the model together: every rank's parameters and what it holds, gathered.
   const std::size_t n = mine.params.size();
   std::vector<double> params(n * Cfg::world_size), held(n * Cfg::world_size), h(mine.held.begin(), mine.held.end());
@@ -38,8 +39,8 @@ void check(const Run& ref, int rank, Schedule schedule, int micro_batches, int v
                                   micro_batches, ": loss differs by ", loss, ", parameters by ", diff, " ",
                                   disagreement));
   if (rank == 0)
-    std::printf("test_pipeline_parallel_mpi: %s %s m=%d equals the single-rank run\n", Cfg::name().data(),
-                describe_schedule(schedule).data(), micro_batches);
+    std::printf("test_pipeline_parallel_mpi: %s %s m=%d%s equals the single-rank run\n", Cfg::name().data(),
+                describe_schedule(schedule).data(), micro_batches, split.empty() ? "" : " (uneven layer split)");
 }
 
 template <int N, class F>
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
         check<Parallel<PP<2>>>(ref, r, Schedule::one_f_one_b, 4);
         check<Parallel<PP<2>>>(ref, r, Schedule::interleaved, 2, 2);
         check<Parallel<PP<2>>>(ref, r, Schedule::zero_bubble_v, 4);
+        check<Parallel<PP<2>>>(ref, r, Schedule::one_f_one_b, 2, 1, {1, 3});
       });
     case 4:
       return run<4>(argc, argv, [](const Run& ref, int r) {

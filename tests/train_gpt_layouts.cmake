@@ -1,11 +1,15 @@
 # train_gpt on tensor- and pipeline-parallel layouts trains the single-rank model: in double, with dropout, the losses of 5 steps
 # agree with the single-rank run's to 9 significant digits for each layout in LAYOUTS.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." ["-DEXTRA=--micro-batches;4"] -P this
+# A layout may carry flags of its own after a space: "pp2 --layer-split 1,3".
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --steps 5 ${EXTRA})
 function(losses layout out)
-  execute_process(COMMAND ${TG} ${common} --parallel ${layout} --log-json ${DIR}/${layout}.jsonl
+  separate_arguments(own UNIX_COMMAND "${layout}")
+  list(POP_FRONT own layout)
+  string(MAKE_C_IDENTIFIER "${layout}${own}" log)
+  execute_process(COMMAND ${TG} ${common} --parallel ${layout} ${own} --log-json ${DIR}/${log}.jsonl
                   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "train_gpt --parallel ${layout} failed (exit ${rc}):\n${stdout}${err}")
@@ -13,7 +17,7 @@ function(losses layout out)
   if(NOT layout STREQUAL "single" AND NOT stdout MATCHES "per rank: parameters [0-9.]+ MiB \\([0-9.]+ replicated \\+ [0-9.]+ sharded over tp[0-9]\\), gradients [0-9.]+ MiB, optimizer state [0-9.]+ MiB")
     message(FATAL_ERROR "train_gpt --parallel ${layout} does not print the per-rank bytes:\n${stdout}")
   endif()
-  file(STRINGS ${DIR}/${layout}.jsonl lines)
+  file(STRINGS ${DIR}/${log}.jsonl lines)
   set(result "")
   foreach(line ${lines})
     string(JSON loss GET "${line}" loss)

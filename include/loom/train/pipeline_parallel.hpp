@@ -1,5 +1,5 @@
 // Training on a layout with pipeline parallelism (and tensor and data parallelism): each rank builds the model parts
-// its pipeline stage holds (layers split evenly over the p·v parts), runs a schedule table over the micro-batches of
+// its pipeline stage holds (layers split evenly over the p·v parts, or as an explicit split says), runs a schedule table over the micro-batches of
 // its data-parallel slice, sums the tied embedding's gradient between the stages that hold its two uses, averages
 // gradients over the data-parallel group, clips by the global norm and steps every part's optimizer.
 #pragma once
@@ -17,6 +17,34 @@
 
 namespace loom::train {
 
+//! How a model is laid over the pipeline: the schedule, chunks per stage (v, for interleaved) and the blocks of
+//! each of the p·v virtual stages, in pipeline order; empty: layers / (p·v) each, which must divide.
+struct PipelineOptions {
+  Schedule schedule = Schedule::one_f_one_b;
+  int chunks = 1;
+  std::vector<int> split = {};
+};
+
+//! The first block of each of `parts` virtual stages and, last, `layers`: from an explicit split (blocks per virtual
+//! stage, each at least one, adding up to layers), or an even one. Errors name the numbers that do not fit.
+inline std::vector<int> layer_bounds(int layers, int parts, const std::vector<int>& split) {
+  std::vector<int> at{0};
+  if (split.empty()) {
+    LOOM_CHECK(layers % parts == 0, "the model's ", layers, " layers do not split evenly over ", parts,
+               " pipeline parts (pp x chunks); give an explicit split of the layers");
+    for (int k = 0; k < parts; ++k) at.push_back(at.back() + layers / parts);
+    return at;
+  }
+  LOOM_CHECK(static_cast<int>(split.size()) == parts, "the layer split has ", split.size(), " entries but the pipeline has ",
+             parts, " parts (pp x chunks)");
+  for (std::size_t k = 0; k < split.size(); ++k) {
+    LOOM_CHECK(split[k] >= 1, "part ", k, " of the layer split has ", split[k], " layers; each part needs at least one");
+    at.push_back(at.back() + split[k]);
+  }
+  LOOM_CHECK(at.back() == layers, "the layer split adds up to ", at.back(), " layers but the model has ", layers);
+  return at;
+}
+
 //! Trains models::Gpt<S, T, ModelLayout<Cfg>> on rank ctx of layout Cfg with `schedule` (v chunks per stage for interleaved).
 template <models::GptShape S, class T, class Optimizer, class Ctx>
 class PipelineTrainer {
@@ -28,23 +56,23 @@ class PipelineTrainer {
   //! make_optimizer(specs, numel) builds one part's optimizer.
   template <class MakeOptimizer>
   PipelineTrainer(Ctx& ctx, std::uint64_t seed, models::GptOptions opt, const Batches& data, StepConfig cfg,
-                  Schedule schedule, int v, MakeOptimizer&& make_optimizer)
-      : ctx_(ctx), data_(data), cfg_(cfg), schedule_(schedule),
-        table_(pipeline::make_schedule_checked(schedule, P, cfg.micro_batches, v)) {
-    const int V = pipeline::chunks_per_stage(schedule, v), parts = P * V;
-    LOOM_CHECK(S.layers % parts == 0, "the model's ", S.layers, " layers do not split evenly over pp x chunks = ",
-               P, " x ", V, " = ", parts, " parts");
+                  const PipelineOptions& pipe, MakeOptimizer&& make_optimizer)
+      : ctx_(ctx), data_(data), cfg_(cfg), schedule_(pipe.schedule),
+        table_(pipeline::make_schedule_checked(pipe.schedule, P, cfg.micro_batches, pipe.chunks)) {
+    const Schedule schedule = pipe.schedule;
+    const int V = pipeline::chunks_per_stage(schedule, pipe.chunks), parts = P * V;
+    const std::vector<int> at = layer_bounds(S.layers, parts, pipe.split);
     const int dp = Cfg::template size<Axis::dp>;
     LOOM_CHECK(cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ", cfg.batch,
                " sequences does not split into ", dp, " data-parallel ranks x ", cfg.micro_batches,
                " micro-batches");
     rows_ = cfg.batch / dp;
     micro_ = rows_ / cfg.micro_batches;
-    const int stage = ctx.template coord<Axis::pp>(), per = S.layers / parts;
+    const int stage = ctx.template coord<Axis::pp>();
     auto& tp = ctx.template comm<Axis::tp>();
     for (int c = 0; c < V; ++c) {
       const int k = pipeline::virtual_stage(schedule, P, stage, c);
-      parts_.push_back(std::make_unique<Model>(seed, tp, models::GptPart{k * per, (k + 1) * per}, opt));
+      parts_.push_back(std::make_unique<Model>(seed, tp, models::GptPart{at[std::size_t(k)], at[std::size_t(k) + 1]}, opt));
       opts_.push_back(make_optimizer(parts_.back()->specs(), parts_.back()->params().numel()));
     }
     std::vector<Model*> raw;
