@@ -1,9 +1,11 @@
 // The Local backend: ranks are threads of one process sharing memory. Collectives read peers' buffers directly;
 // all_reduce runs as a ring, by recursive halving and doubling, or directly, chosen by size or by the caller.
-// Every wait is bounded by the timeout, and a rank that fails stops the others with its message.
+// Every wait is bounded by the timeout, and a rank that fails stops the others with its message. Buffers may be
+// device memory when ranks share one GPU and <loom/comm/local_cuda.cuh> is included (see detail/device_memory.hpp).
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
 #include <loom/core/trace.hpp>
@@ -46,6 +48,7 @@ struct LocalGroup {
     std::atomic<std::uint64_t> progress{0};  // (seq << 20) | steps completed, for ring and halving-doubling
     std::uint64_t next_seq = 0;  // owned by the member's thread
     const Op* op = nullptr;      // the posted operation of collective `arrived`
+    bool device = false;         // whether that operation's buffers are device memory
   };
   struct Msg {
     const void* data;
@@ -127,6 +130,44 @@ struct Range {
 inline Range chunk(std::size_t count, int parts, int i) {
   return {count * i / parts, count * (i + 1) / parts};
 }
+
+//! The copies and reductions of one operation: on host memory, or through the installed device operations.
+struct Mover {
+  const DeviceMemoryOps* dev = nullptr;  //!< null: host memory
+
+  //! For buffers a and b: device operations when either is device memory.
+  static Mover for_buffers(const void* a, const void* b) {
+    const DeviceMemoryOps* ops = device_memory_ops().load(std::memory_order_acquire);
+    return {ops && (ops->holds(a) || ops->holds(b)) ? ops : nullptr};
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) const {
+    if (!bytes || dst == src) return;
+    if (dev) dev->copy(dst, src, bytes);
+    else std::memcpy(dst, src, bytes);
+  }
+  template <class T>
+  void reduce_into(T* dst, const T* src, std::size_t n, Reduce op) const {
+    if (dev) dev->reduce_into(dtype_of<T>, dst, src, n, op);
+    else detail::reduce_into(dst, src, n, op);
+  }
+  //! dst = the reduction of srcs[0..nsrc); dst may be one of them.
+  template <class T>
+  void reduce_sources(T* dst, const T* const* srcs, int nsrc, std::size_t n, Reduce op) const {
+    if (!dev) return detail::reduce_sources(dst, srcs, nsrc, n, op);
+    int first = 0;
+    for (int q = 0; q < nsrc; ++q)
+      if (srcs[q] == dst) first = q;
+    copy(dst, srcs[first], n * sizeof(T));
+    for (int q = 0; q < nsrc; ++q)
+      if (q != first) reduce_into(dst, srcs[q], n, op);
+  }
+  template <class T>
+  void finish_avg(T* dst, std::size_t n, int group_size, Reduce op) const {
+    if (op != Reduce::avg || !n) return;
+    if (dev) dev->divide(dtype_of<T>, dst, n, group_size);
+    else detail::finish_avg(dst, n, group_size, op);
+  }
+};
 
 }  // namespace detail
 
@@ -213,11 +254,13 @@ class LocalComm : public Frontend<LocalComm> {
     const std::uint64_t seq = ++g.mem[me_].next_seq;
     const Algorithm algo = op.kind == Collective::all_reduce ? algorithm_for(op.count * size_of(op.dtype))
                                                              : Algorithm::direct;
+    mv_ = detail::Mover::for_buffers(op.send, op.recv);
     if (op.kind == Collective::all_reduce && algo != Algorithm::direct && op.send != op.recv && op.count)
-      std::memcpy(op.recv, op.send, op.count * size_of(op.dtype));
+      mv_.copy(op.recv, op.send, op.count * size_of(op.dtype));
     {
       Lock lk(g.m);
       g.mem[me_].op = &op;
+      g.mem[me_].device = mv_.dev != nullptr;
       g.mem[me_].arrived = seq;
       g.mem[me_].progress = detail::step_key(seq, 0);
       g.cv.notify_all();
@@ -262,6 +305,11 @@ class LocalComm : public Frontend<LocalComm> {
         return loom::detail::cat("loom: ranks of group ", g.info.describe(), " disagree at collective #", seq,
                            ": global rank ", g.info.ranks[0], " called ", describe(a), " but global rank ",
                            g.info.ranks[q], " called ", describe(b));
+      if (a.kind != Collective::barrier && g.mem[0].device != g.mem[q].device)
+        return loom::detail::cat("loom: ranks of group ", g.info.describe(), " disagree at collective #", seq,
+                           " (", describe(a), "): global rank ", g.info.ranks[0], " passed ",
+                           g.mem[0].device ? "device" : "host", " memory but global rank ", g.info.ranks[q],
+                           " passed ", g.mem[q].device ? "device" : "host", " memory");
     }
     if (a.kind == Collective::all_to_all_v) {
       for (int p = 0; p < g.n; ++p)
@@ -295,35 +343,35 @@ class LocalComm : public Frontend<LocalComm> {
         return direct_all_reduce<T>(seq, op, deadline);
       case Collective::reduce_scatter:
         for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + me_ * c;
-        detail::reduce_sources(static_cast<T*>(op.recv), src.data(), n, c, op.reduce);
-        detail::finish_avg(static_cast<T*>(op.recv), c, n, op.reduce);
+        mv_.reduce_sources(static_cast<T*>(op.recv), src.data(), n, c, op.reduce);
+        mv_.finish_avg(static_cast<T*>(op.recv), c, n, op.reduce);
         return;
       case Collective::all_gather:
         for (int q = 0; q < n; ++q)
           if (static_cast<T*>(op.recv) + q * c != send_of<T>(q))
-            std::memcpy(static_cast<T*>(op.recv) + q * c, send_of<T>(q), c * sizeof(T));
+            mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q), c * sizeof(T));
         return;
       case Collective::broadcast:
-        if (me_ != op.root && c) std::memcpy(op.recv, recv_of<T>(op.root), c * sizeof(T));
+        if (me_ != op.root && c) mv_.copy(op.recv, recv_of<T>(op.root), c * sizeof(T));
         return;
       case Collective::reduce: {
         // Each rank reduces its slice of the buffer into the root's recv.
         const auto r = detail::chunk(c, n, me_);
         for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
         T* out = recv_of<T>(op.root) + r.lo;
-        detail::reduce_sources(out, src.data(), n, r.size(), op.reduce);
-        detail::finish_avg(out, r.size(), n, op.reduce);
+        mv_.reduce_sources(out, src.data(), n, r.size(), op.reduce);
+        mv_.finish_avg(out, r.size(), n, op.reduce);
         return;
       }
       case Collective::all_to_all:
         for (int q = 0; q < n; ++q)
-          std::memcpy(static_cast<T*>(op.recv) + q * c, send_of<T>(q) + me_ * c, c * sizeof(T));
+          mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q) + me_ * c, c * sizeof(T));
         return;
       case Collective::all_to_all_v:
         for (int q = 0; q < n; ++q) {
           const auto* peer = g_->mem[q].op;
-          std::memcpy(static_cast<T*>(op.recv) + op.recv_displs[q], send_of<T>(q) + peer->send_displs[me_],
-                      op.recv_counts[q] * sizeof(T));
+          mv_.copy(static_cast<T*>(op.recv) + op.recv_displs[q], send_of<T>(q) + peer->send_displs[me_],
+                   op.recv_counts[q] * sizeof(T));
         }
         return;
     }
@@ -354,8 +402,8 @@ class LocalComm : public Frontend<LocalComm> {
     std::vector<const T*> src(n);
     for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
     T* out = static_cast<T*>(op.recv);
-    detail::reduce_sources(out + r.lo, src.data(), n, r.size(), op.reduce);
-    detail::finish_avg(out + r.lo, r.size(), n, op.reduce);
+    mv_.reduce_sources(out + r.lo, src.data(), n, r.size(), op.reduce);
+    mv_.finish_avg(out + r.lo, r.size(), n, op.reduce);
     advance(seq, 1);
     for (int k = 1; k < n; ++k) {
       const int q = (me_ + k) % n;
@@ -365,7 +413,7 @@ class LocalComm : public Frontend<LocalComm> {
     for (int k = 1; k < n; ++k) {
       const int q = (me_ + k) % n;
       const auto rq = detail::chunk(op.count, n, q);
-      std::memcpy(out + rq.lo, recv_of<T>(q) + rq.lo, rq.size() * sizeof(T));
+      mv_.copy(out + rq.lo, recv_of<T>(q) + rq.lo, rq.size() * sizeof(T));
     }
   }
 
@@ -382,8 +430,8 @@ class LocalComm : public Frontend<LocalComm> {
     for (int k = 0; k < n - 1; ++k) {
       await(left, seq, k, op, deadline);
       const auto r = detail::chunk(op.count, n, ((me_ - 1 - k) % n + n) % n);
-      detail::reduce_into(mine + r.lo, theirs + r.lo, r.size(), op.reduce);
-      if (k == n - 2) detail::finish_avg(mine + r.lo, r.size(), n, op.reduce);  // chunk me+1 is complete
+      mv_.reduce_into(mine + r.lo, theirs + r.lo, r.size(), op.reduce);
+      if (k == n - 2) mv_.finish_avg(mine + r.lo, r.size(), n, op.reduce);  // chunk me+1 is complete
       advance(seq, k + 1);
     }
     for (int k = 0; k < n - 1; ++k) {
@@ -391,7 +439,7 @@ class LocalComm : public Frontend<LocalComm> {
       await(left, seq, step, op, deadline);
       await(right, seq, k + 1, op, deadline);
       const auto r = detail::chunk(op.count, n, ((me_ - k) % n + n) % n);
-      std::memcpy(mine + r.lo, theirs + r.lo, r.size() * sizeof(T));
+      mv_.copy(mine + r.lo, theirs + r.lo, r.size() * sizeof(T));
       advance(seq, step + 1);
     }
   }
@@ -408,11 +456,11 @@ class LocalComm : public Frontend<LocalComm> {
     const std::uint64_t last = 1 + 2 * static_cast<std::uint64_t>(levels);
     if (me_ >= m) {  // an extra rank: its partner me-m adds our data, and we copy the result back
       await(me_ - m, seq, last, op, deadline);
-      std::memcpy(mine, recv_of<T>(me_ - m), op.count * sizeof(T));
+      mv_.copy(mine, recv_of<T>(me_ - m), op.count * sizeof(T));
       advance(seq, last + 1);
       return;
     }
-    if (me_ + m < n) detail::reduce_into(mine, static_cast<const T*>(recv_of<T>(me_ + m)), op.count, op.reduce);
+    if (me_ + m < n) mv_.reduce_into(mine, static_cast<const T*>(recv_of<T>(me_ + m)), op.count, op.reduce);
     advance(seq, 1);
     detail::Range own{0, op.count};
     std::vector<detail::Range> kept;
@@ -423,8 +471,8 @@ class LocalComm : public Frontend<LocalComm> {
       const detail::Range lo{own.lo, mid}, hi{mid, own.hi};
       kept.push_back(own);
       own = (me_ & d) ? hi : lo;
-      detail::reduce_into(mine + own.lo, recv_of<T>(partner) + own.lo, own.size(), op.reduce);
-      if (d == 1) detail::finish_avg(mine + own.lo, own.size(), n, op.reduce);  // `own` is complete
+      mv_.reduce_into(mine + own.lo, recv_of<T>(partner) + own.lo, own.size(), op.reduce);
+      if (d == 1) mv_.finish_avg(mine + own.lo, own.size(), n, op.reduce);  // `own` is complete
       advance(seq, 2 + k);
     }
     for (int k = 0, d = 1; d < m; ++k, d *= 2) {
@@ -434,14 +482,14 @@ class LocalComm : public Frontend<LocalComm> {
       const detail::Range whole = kept[levels - 1 - k];
       // The partner owns the other half of `whole`.
       const detail::Range other = own.lo == whole.lo ? detail::Range{own.hi, whole.hi} : detail::Range{whole.lo, own.lo};
-      std::memcpy(mine + other.lo, recv_of<T>(partner) + other.lo, other.size() * sizeof(T));
+      mv_.copy(mine + other.lo, recv_of<T>(partner) + other.lo, other.size() * sizeof(T));
       own = whole;
       advance(seq, step + 1);
     }
   }
   template <class T>
   void finish_avg_all(const Op& op) {
-    detail::finish_avg(static_cast<T*>(op.recv), op.count, g_->n, op.reduce);
+    mv_.finish_avg(static_cast<T*>(op.recv), op.count, g_->n, op.reduce);
   }
 
   // --- point to point ----------------------------------------------------------------------------------------
@@ -490,7 +538,7 @@ class LocalComm : public Frontend<LocalComm> {
         throw MismatchError(msg->error);
       }
       lk.unlock();
-      if (p.count) std::memcpy(p.data, msg->data, p.count * size_of(p.dtype));
+      if (p.count) detail::Mover::for_buffers(p.data, msg->data).copy(p.data, msg->data, p.count * size_of(p.dtype));
       lk.lock();
       msg->consumed = true;
       g.cv.notify_all();
@@ -509,6 +557,7 @@ class LocalComm : public Frontend<LocalComm> {
   std::shared_ptr<detail::LocalGroup> g_;
   int me_;
   Algorithm algo_ = Algorithm::automatic;
+  detail::Mover mv_;  // the current collective's: host or device memory
   detail::SerialWorker worker_;  // last member: destroyed first, while the rest is still valid
 };
 
