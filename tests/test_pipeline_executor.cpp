@@ -1,6 +1,6 @@
 // The executor runs a table as the table says: with F, B and W costed by sleeping, every schedule's measured step
 // and bubble are within 10% of what simulate() computes for the table; the executor holds no more activations
-// than the verified peak; a table for another pipeline is refused.
+// than the verified peak; a table for another pipeline is refused; each chunk announces its finished gradients once.
 #include "catch.hpp"
 
 #include <loom/comm/local.hpp>
@@ -8,6 +8,7 @@
 #include <loom/pipeline/costed_model.hpp>
 #include <loom/pipeline/executor.hpp>
 
+#include <memory>
 #include <string>
 
 using namespace loom;
@@ -64,4 +65,44 @@ TEST_CASE("a table for another pipeline or schedule is refused", "[pipeline]") {
     }
   });
   for (const auto& m : msg) CHECK(m.find("a table for 4 stages on a pipeline of 2") != std::string::npos);
+}
+
+TEST_CASE("each chunk's gradients are announced once, as soon as its last weight gradient is in", "[pipeline]") {
+  // Per stage and chunk: the chunk's actions done when grads_ready(chunk) came, and all its actions in the end.
+  auto check = [](Schedule s, int v) {
+    constexpr int P = 2;
+    const auto table = make_schedule_checked(s, P, 4, v);
+    const int V = chunks_per_stage(s, v);
+    std::vector<std::vector<int>> calls(P, std::vector<int>(V, 0)), at(P, std::vector<int>(V, -1)),
+        total(P, std::vector<int>(V, 0)), other_at(P, std::vector<int>(V, -1));
+    run_local<Parallel<PP<P>>>([&](auto& ctx) {
+      const int stage = ctx.rank();
+      std::vector<std::unique_ptr<CostedModel>> parts;
+      std::vector<CostedModel*> raw;
+      for (int k = 0; k < V; ++k) {
+        parts.push_back(std::make_unique<CostedModel>(0, 0, 0, virtual_stage(s, P, stage, k) == P * V - 1));
+        raw.push_back(parts.back().get());
+      }
+      auto& pp = ctx.template comm<Axis::pp>();
+      Executor<CostedModel, std::remove_reference_t<decltype(pp)>> exec(raw, pp, s);
+      exec.run(table, [](int) { return CostedModel::MicroBatch{nullptr, nullptr, 1, 1}; }, [&](int c) {
+        ++calls[stage][c];
+        at[stage][c] = static_cast<int>(parts[c]->spans().size());
+        other_at[stage][c] = static_cast<int>(parts[(c + 1) % V]->spans().size());
+      });
+      for (int c = 0; c < V; ++c) total[stage][c] = static_cast<int>(parts[c]->spans().size());
+    });
+    for (int st = 0; st < P; ++st)
+      for (int c = 0; c < V; ++c) {
+        INFO(describe_schedule(s) << " stage " << st << " chunk " << c);
+        CHECK(calls[st][c] == 1);
+        CHECK(at[st][c] == total[st][c]);  // after the chunk's last action, and not later
+      }
+    return other_at[0][V - 1] < total[0][0];  // stage 0 announces its last chunk before its first is done
+  };
+  CHECK_FALSE(check(Schedule::one_f_one_b, 1));  // one chunk: its last backward is the stage's last action
+  check(Schedule::gpipe, 1);
+  check(Schedule::zero_bubble_h1, 1);
+  CHECK(check(Schedule::interleaved, 2));  // chunk 1's reduction overlaps chunk 0's last backwards
+  check(Schedule::zero_bubble_v, 1);
 }

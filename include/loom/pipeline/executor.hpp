@@ -36,9 +36,10 @@ class Executor {
 
   //! Runs this stage's list of `table`, micro-batch i being micro_batch(i) (each the same B x T), and accumulates
   //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
-  //! loss, 0 elsewhere.
-  template <ScheduleTable Table, class Provider>
-  double run(const Table& table, Provider&& micro_batch) {
+  //! loss, 0 elsewhere. grads_ready(c), when given, is called as soon as chunk c's weight gradients are complete
+  //! (after its last micro-batch's W or BW), so that their reduction can start while the stage computes on.
+  template <ScheduleTable Table, class Provider, class Ready = void (*)(int)>
+  double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = nullptr) {
     const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
     LOOM_CHECK(table.stage_count() == P, "a table for ", table.stage_count(), " stages on a pipeline of ", P);
     LOOM_CHECK(table.schedule == schedule_, "a ", describe_schedule(table.schedule), " table on an executor built for ",
@@ -57,6 +58,12 @@ class Executor {
       for (int i = capacity; i-- > 0;) f.push_back(i);
     slot_.assign(std::size_t(V) * m, -1);
     in_use_ = peak_ = 0;
+    std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
+    auto weights_in = [&](int chunk) {
+      if (++weights_done[std::size_t(chunk)] != m) return;
+      if constexpr (!std::is_pointer_v<std::remove_cvref_t<Ready>>) grads_ready(chunk);
+      else if (grads_ready) grads_ready(chunk);
+    };
     if (static_cast<int>(act_in_.size()) != V * m) {
       act_in_.assign(std::size_t(V) * m, {});
       grad_in_.assign(std::size_t(V) * m, {});
@@ -141,10 +148,12 @@ class Executor {
           release(a.micro, a.chunk);
         }
         if (k > 0) std::copy_n(part.input_grad(), n, buf(grad_out_, a.micro, a.chunk).data());
+        if (a.kind == Kind::BW) weights_in(a.chunk);
       } else {  // W
         trace::Scope span("W", "compute");
         part.backward_weights(slot(a.micro, a.chunk));
         release(a.micro, a.chunk);
+        weights_in(a.chunk);
       }
     }
     wait_exchanges();

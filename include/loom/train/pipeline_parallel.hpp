@@ -1,7 +1,8 @@
 // Training on a layout with pipeline parallelism (and tensor and data parallelism): each rank builds the model parts
-// its pipeline stage holds (layers split evenly over the p·v parts, or as an explicit split says), runs a schedule table over the micro-batches of
-// its data-parallel slice, sums the tied embedding's gradient between the stages that hold its two uses, averages
-// gradients over the data-parallel group, clips by the global norm and steps every part's optimizer.
+// its pipeline stage holds (layers split evenly over the p·v parts, or as an explicit split says), runs a schedule
+// table over the micro-batches of its data-parallel slice, averages each part's gradients over the data-parallel
+// group as soon as its backward is done (overlapping the rest of the pipeline), sums the tied embedding's gradient
+// between the stages that hold its two uses, clips by the global norm and steps every part's optimizer.
 #pragma once
 
 #include <loom/comm/context.hpp>
@@ -103,20 +104,32 @@ class PipelineTrainer {
       tg.resize(in.size());
       data_.fill(step, dp_rank * rows_ + i * micro_, micro_, in.data(), tg.data());
     }
-    double loss = exec_->run(table_, [&](int i) {
-      const auto u = static_cast<std::size_t>(i);
-      return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
-                                        micro_, cfg_.seq, static_cast<std::uint64_t>(step),
-                                        dp_rank * rows_ + i * micro_};
-    });
+    // Each part's gradients are averaged over data parallelism as soon as its last backward is done, while this
+    // stage (and the others) compute on; the tied table's sum over its two holders follows the average (both are
+    // sums over other ranks, so their order does not matter).
+    auto& dp = ctx_.template comm<Axis::dp>();
+    std::vector<comm::Handle> averaging;
+    double loss = exec_->run(
+        table_,
+        [&](int i) {
+          const auto u = static_cast<std::size_t>(i);
+          return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr,
+                                            needs_data ? tg_[u].data() : nullptr, micro_, cfg_.seq,
+                                            static_cast<std::uint64_t>(step), dp_rank * rows_ + i * micro_};
+        },
+        [&](int chunk) {
+          if (dp.size() > 1)
+            averaging.push_back(dp.all_reduce_async(parts_[std::size_t(chunk)]->grads().span(), comm::Reduce::avg));
+        });
+    {
+      trace::Scope span("wait for data-parallel averages", "comm");
+      for (auto& h : averaging) h.wait();
+    }
     reduce_tied();
     // The loss lives on the last stage: sum over the pipeline, average over data parallelism.
     std::vector<double> l{loss};
     ctx_.template comm<Axis::pp>().all_reduce(l, comm::Reduce::sum);
-    ctx_.template comm<Axis::dp>().all_reduce(l, comm::Reduce::avg);
-    auto& dp = ctx_.template comm<Axis::dp>();
-    if (dp.size() > 1)
-      for (auto& p : parts_) dp.all_reduce(p->grads().span(), comm::Reduce::avg);
+    dp.all_reduce(l, comm::Reduce::avg);
     // The global norm: every part once, the tied table on the first stage only.
     double sq = 0;
     for (auto& p : parts_) sq += p->grad_square(/*skip_tied=*/!p->embedding());
