@@ -3,6 +3,7 @@
 // integers, so every algorithm's order of operations gives exact results). Ranks that mix host and device memory
 // in one collective are told so. Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
 #include "catch.hpp"
+#include "gpu_skip.hpp"
 
 #include <loom/comm/local_cuda.cuh>
 
@@ -18,15 +19,6 @@ using comm::Algorithm;
 using comm::Reduce;
 
 namespace {
-
-[[maybe_unused]] const bool device_present = [] {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    std::exit(77);
-  }
-  return true;
-}();
 
 //! A device copy of a host vector, and back.
 template <class T>

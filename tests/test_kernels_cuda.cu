@@ -5,6 +5,7 @@
 // counts, GQA/MQA ratios, head sizes on both kernel paths, and a fused qkv layout. Also the caching allocator's
 // accounting and the error messages. Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
 #include "catch.hpp"
+#include "gpu_skip.hpp"
 
 #include <loom/kernels/cpu/ops.hpp>
 #include <loom/kernels/cuda/ops.cuh>
@@ -28,17 +29,6 @@ using loom::CudaAllocator;
 using loom::CudaBuffer;
 
 namespace {
-
-// Without a device every case would fail: leave before Catch2's main runs, with the code ctest reads as skipped.
-[[maybe_unused]] const bool device_present = [] {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
-  return true;
-}();
 
 // --- element types -----------------------------------------------------------------------------------------------
 

@@ -10,15 +10,13 @@
 
 #include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/local.hpp>
-#include <loom/kernels/cuda/check.cuh>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime_api.h>
+#include <loom/kernels/cuda/device.cuh>
 
 #include <cstdint>
 
 namespace loom::comm::detail::local_cuda {
+
+using kernels::cuda::device_t;
 
 //! The stream a thread's collectives run on: one per thread (rank threads and their communicators' workers), so
 //! that ranks do not serialise on the legacy default stream.
@@ -34,58 +32,43 @@ inline cudaStream_t stream() {
   return owned.s;
 }
 
-// Element arithmetic in float for the 16-bit types, natively otherwise.
+//! Arithmetic in float for the 16-bit types, natively otherwise (integers stay exact).
 template <class T>
-struct Arith {
-  using type = T;
-};
-template <>
-struct Arith<__nv_bfloat16> {
-  using type = float;
-};
-template <>
-struct Arith<__half> {
-  using type = float;
-};
+using arith_t = std::conditional_t<std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, float, T>;
 
+//! dst[i] = dst[i] op src[i].
 template <class T>
-__device__ inline T combine(T a, T b, Reduce op) {
-  using A = typename Arith<T>::type;
-  const A x = static_cast<A>(a), y = static_cast<A>(b);
-  switch (op) {
-    case Reduce::sum:
-    case Reduce::avg: return static_cast<T>(x + y);
-    case Reduce::prod: return static_cast<T>(x * y);
-    case Reduce::max: return x < y ? b : a;
-    case Reduce::min: return y < x ? b : a;
+struct ReduceInto {
+  static constexpr int width = 1;
+  T* dst;
+  const T* src;
+  Reduce op;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    using A = arith_t<T>;
+    const A x = static_cast<A>(dst[i]), y = static_cast<A>(src[i]);
+    switch (op) {
+      case Reduce::sum:
+      case Reduce::avg: dst[i] = static_cast<T>(x + y); break;
+      case Reduce::prod: dst[i] = static_cast<T>(x * y); break;
+      case Reduce::max: dst[i] = x < y ? src[i] : dst[i]; break;
+      case Reduce::min: dst[i] = y < x ? src[i] : dst[i]; break;
+    }
   }
-  return a;
-}
+};
 
+//! dst[i] /= by.
 template <class T>
-__global__ void reduce_kernel(T* __restrict__ dst, const T* __restrict__ src, std::size_t n, Reduce op) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
-    dst[i] = combine(dst[i], src[i], op);
-}
-
-template <class T>
-__global__ void divide_kernel(T* dst, std::size_t n, int by) {
-  using A = typename Arith<T>::type;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+struct Divide {
+  static constexpr int width = 1;
+  T* dst;
+  int by;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    using A = arith_t<T>;
     dst[i] = static_cast<T>(static_cast<A>(dst[i]) / static_cast<A>(by));
-}
-
-inline unsigned grid_for(std::size_t n) {
-  const std::size_t blocks = (n + 255) / 256;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
-}
-
-//! The device type with the bytes of loom's element type T (bf16 and fp16 are the same bits as CUDA's).
-template <class T>
-using device_t = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat16,
-                                    std::conditional_t<std::is_same_v<T, fp16>, __half, T>>;
+  }
+};
 
 inline bool holds(const void* p) {
   if (!p) return false;
@@ -109,9 +92,9 @@ inline void reduce_into(DType t, void* dst, const void* src, std::size_t n, Redu
   const cudaStream_t s = stream();
   visit_dtype(t, [&](auto tag) {
     using D = device_t<typename decltype(tag)::type>;
-    reduce_kernel<D><<<grid_for(n), 256, 0, s>>>(static_cast<D*>(dst), static_cast<const D*>(src), n, op);
+    kernels::cuda::detail::launch_map(ReduceInto<D>{static_cast<D*>(dst), static_cast<const D*>(src), op}, n, false,
+                                      s, "Local device reduce");
   });
-  kernels::cuda::detail::check_launch("Local device reduce");
   LOOM_CUDA(cudaStreamSynchronize(s));
 }
 
@@ -120,9 +103,8 @@ inline void divide(DType t, void* dst, std::size_t n, int by) {
   const cudaStream_t s = stream();
   visit_dtype(t, [&](auto tag) {
     using D = device_t<typename decltype(tag)::type>;
-    divide_kernel<D><<<grid_for(n), 256, 0, s>>>(static_cast<D*>(dst), n, by);
+    kernels::cuda::detail::launch_map(Divide<D>{static_cast<D*>(dst), by}, n, false, s, "Local device average");
   });
-  kernels::cuda::detail::check_launch("Local device average");
   LOOM_CUDA(cudaStreamSynchronize(s));
 }
 
