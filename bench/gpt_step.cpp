@@ -1,8 +1,11 @@
-// GPT training-step benchmark on the CPU: tokens/s and peak host memory of forward + backward + AdamW for the
-// tiny and small shapes, and, measured in the same run with the same thread count, the same model in PyTorch
-// (bench/gpt_torch.py under Debian's python3-torch) with the ratio loom / PyTorch.
+// GPT training-step benchmark: tokens/s and peak memory of forward + backward + AdamW. On the CPU (the default)
+// for the tiny and small shapes, measured in the same run against the same model in PyTorch on the CPU
+// (bench/gpt_torch.py under Debian's python3-torch, the same thread count), with the ratio loom / PyTorch. With
+// --device cuda (a build with CUDA) for the GPT-2 124M shape in bf16, with the MFU, against PyTorch on the same GPU
+// (bf16 autocast, fused AdamW, eager and torch.compile).
 //
-//   gpt_step [--models tiny,small] [--batch 4] [--seq 256] [--steps 5] [--threads 2] [--no-torch] [--json FILE]
+//   gpt_step [--device cpu|cuda] [--models tiny,small,gpt2] [--dtype f32|bf16] [--batch B] [--seq T] [--steps 5]
+//            [--threads 2] [--peak-tflops 989] [--python PATH] [--no-torch] [--no-compile] [--json FILE]
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 
@@ -10,8 +13,8 @@
 
 #include <Eigen/Core>
 
-#include <algorithm>
-#include <chrono>
+#include "gpt_step.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -22,64 +25,83 @@
 #define LOOM_SOURCE_DIR "."
 #endif
 
+#ifndef LOOM_GPT_STEP_CUDA
+std::vector<gpt_step::Row> gpt_step::measure_cuda(const StepOptions&) {
+  throw loom::Error("loom: --device cuda: this gpt_step was built without CUDA (configure with -DLOOM_WITH_CUDA=ON)");
+}
+#endif
+
 namespace {
 
 using namespace loom;
 
-struct Row {
-  std::string model, backend;
-  int threads, batch, seq;
-  double step_ms, tokens_per_s;
-  std::size_t peak_bytes;
-};
-
-struct StepOptions {
-  std::vector<std::string> models{"tiny", "small"};
-  int batch = 4, seq = 256, steps = 5, threads = 2;
-  bool torch = true;
-  std::string json;
-};
+using namespace gpt_step;
 
 template <models::GptShape S>
 Row measure(const std::string& name, const StepOptions& o) {
   const int T = std::min(o.seq, S.max_seq);
   models::Gpt<S, float> m(1);
   optim::AdamW<float> opt(m.specs(), S.params());
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(o.batch) * T), tg(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 31 + 7) % S.vocab),
-                                               tg[i] = static_cast<std::int32_t>((i * 17 + 3) % S.vocab);
+  std::vector<std::int32_t> ids, tg;
+  tokens(S.vocab, static_cast<std::size_t>(o.batch) * T, ids, tg);
   host_memory().reset_peak();
-  std::vector<double> times;
-  for (int i = 0; i < o.steps + 2; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    m.zero_grad();
-    m.forward(ids.data(), tg.data(), o.batch, T);
-    m.backward();
-    opt.step(m.params(), m.grads(), 1e-3f);
-    if (i >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  const double step = times[times.size() / 2];
-  return {name, "loom", o.threads, o.batch, T, step * 1e3, o.batch * T / step, host_memory().peak()};
+  const double step = median_step(
+      o.steps,
+      [&] {
+        m.zero_grad();
+        m.forward(ids.data(), tg.data(), o.batch, T);
+        m.backward();
+        opt.step(m.params(), m.grads(), 1e-3f);
+      },
+      [] {});
+  return {name, "loom", "cpu", "f32", o.threads, o.batch, T, step * 1e3, o.batch * T / step, host_memory().peak()};
 }
 
-Row measure_torch(const models::GptShape& s, const std::string& name, const StepOptions& o) {
+//! One line of JSON from bench/gpt_torch.py run with `args`.
+nlohmann::json run_torch(const StepOptions& o, const std::string& args) {
   std::ostringstream cmd;
-  const int T = std::min(o.seq, s.max_seq);
-  cmd << "OMP_NUM_THREADS=" << o.threads << " /usr/bin/python3 " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py bench "
-      << s.layers << " " << s.heads << " " << s.d_model << " " << s.vocab << " " << T << " " << o.batch << " "
-      << o.steps << " " << o.threads;
+  cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py " << args;
   FILE* p = popen(cmd.str().c_str(), "r");
   LOOM_CHECK(p, "cannot run ", cmd.str());
   std::string out;
   char buf[512];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   const int rc = pclose(p);
-  LOOM_CHECK(rc == 0 && !out.empty(), "the PyTorch reference failed (", cmd.str(),
-             "); install python3-torch or pass --no-torch");
-  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
-  return {name, "pytorch " + j.at("version").get<std::string>(), o.threads, o.batch, T, j.at("step_ms"),
-          j.at("tokens_per_s"), 0};
+  LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the PyTorch reference failed (", cmd.str(),
+             "); install PyTorch for ", o.python, " or pass --no-torch");
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+//! The same model and step in PyTorch: on the CPU with o.threads threads; on CUDA eager and (unless --no-compile)
+//! compiled.
+std::vector<Row> measure_torch(const models::GptShape& s, const std::string& name, const StepOptions& o) {
+  const int T = std::min(o.seq, s.max_seq);
+  std::ostringstream shape;
+  shape << s.layers << " " << s.heads << " " << s.d_model << " " << s.vocab << " " << T << " " << o.batch << " "
+        << o.steps;
+  std::vector<Row> rows;
+  if (o.device == "cpu") {
+    const auto j = run_torch(o, "bench " + shape.str() + " " + std::to_string(o.threads));
+    rows.push_back({name, "pytorch " + j.at("version").get<std::string>(), "cpu", "f32", o.threads, o.batch, T,
+                    j.at("step_ms"), j.at("tokens_per_s"), 0});
+    return rows;
+  }
+  for (const char* mode : {"eager", "compile"}) {
+    if (std::string(mode) == "compile" && !o.torch_compile) continue;
+    const auto j = run_torch(o, "bench-cuda " + shape.str() + " " + o.dtype + " " + mode);
+    const double tps = j.at("tokens_per_s");
+    rows.push_back({name, "pytorch " + j.at("version").get<std::string>(), "cuda", o.dtype, 0, o.batch, T,
+                    j.at("step_ms"), tps, j.at("peak_bytes").get<std::size_t>(),
+                    tps * flops_per_token(s, T) / (o.peak_tflops * 1e12)});
+  }
+  return rows;
+}
+
+models::GptShape shape_of(const std::string& name) {
+  if (name == "tiny") return models::tiny;
+  if (name == "small") return models::small;
+  if (name == "gpt2") return models::gpt2;
+  throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2)");
 }
 
 }  // namespace
@@ -97,40 +119,63 @@ int main(int argc, char** argv) {
         o.models.clear();
         std::stringstream ss(next());
         for (std::string x; std::getline(ss, x, ',');) o.models.push_back(x);
-      } else if (a == "--batch") o.batch = std::stoi(next());
+      } else if (a == "--device") o.device = next();
+      else if (a == "--dtype") o.dtype = next();
+      else if (a == "--batch") o.batch = std::stoi(next());
       else if (a == "--seq") o.seq = std::stoi(next());
       else if (a == "--steps") o.steps = std::stoi(next());
       else if (a == "--threads") o.threads = std::stoi(next());
+      else if (a == "--peak-tflops") o.peak_tflops = std::stod(next());
+      else if (a == "--python") o.python = next();
       else if (a == "--no-torch") o.torch = false;
+      else if (a == "--no-compile") o.torch_compile = false;
       else if (a == "--json") o.json = next();
       else throw Error("loom: unknown flag '" + a + "'");
     }
+    LOOM_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
+    const bool cuda = o.device == "cuda";
+    if (o.models.empty()) o.models = cuda ? std::vector<std::string>{"gpt2"} : std::vector<std::string>{"tiny", "small"};
+    if (o.dtype.empty()) o.dtype = cuda ? "bf16" : "f32";
+    if (o.batch == 0) o.batch = cuda ? 16 : 4;
+    if (o.seq == 0) o.seq = cuda ? 1024 : 256;
+    LOOM_CHECK(cuda || o.dtype == "f32", "--dtype ", o.dtype, ": the CPU benchmark runs f32");
     Eigen::setNbThreads(o.threads);
     std::vector<Row> rows;
-    for (const auto& name : o.models) {
-      models::GptShape s{};
-      if (name == "tiny") rows.push_back(measure<models::tiny>(name, o)), s = models::tiny;
-      else if (name == "small") rows.push_back(measure<models::small>(name, o)), s = models::small;
-      else throw Error("loom: unknown model '" + name + "' (tiny, small)");
-      if (o.torch) rows.push_back(measure_torch(s, name, o));
+    if (cuda) {
+      const auto mine = measure_cuda(o);
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        rows.push_back(mine[k]);
+        if (o.torch)
+          for (auto& r : measure_torch(shape_of(o.models[k]), o.models[k], o)) rows.push_back(r);
+      }
+    } else {
+      for (const auto& name : o.models) {
+        if (name == "tiny") rows.push_back(measure<models::tiny>(name, o));
+        else if (name == "small") rows.push_back(measure<models::small>(name, o));
+        else throw Error("loom: unknown model '" + name + "' on the CPU (tiny, small)");
+        if (o.torch)
+          for (auto& r : measure_torch(shape_of(name), name, o)) rows.push_back(r);
+      }
     }
-    std::printf("%-6s %-16s %7s %5s %5s %10s %12s %10s %14s\n", "model", "backend", "threads", "batch", "seq",
-                "step_ms", "tokens/s", "peak_MiB", "loom/pytorch");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
+    std::printf("%-6s %-24s %-5s %-5s %7s %5s %5s %10s %12s %10s %6s %14s\n", "model", "backend", "dev", "dtype",
+                "threads", "batch", "seq", "step_ms", "tokens/s", "peak_MiB", "mfu", "loom/pytorch");
+    const Row* mine = nullptr;
+    for (const auto& r : rows) {
+      if (r.backend == "loom") mine = &r;
       std::string ratio;
-      if (r.backend == "loom" && i + 1 < rows.size() && rows[i + 1].model == r.model)
-        ratio = std::to_string(r.tokens_per_s / rows[i + 1].tokens_per_s).substr(0, 5) + "x";
-      std::printf("%-6s %-16s %7d %5d %5d %10.1f %12.0f %10.1f %14s\n", r.model.c_str(), r.backend.c_str(), r.threads,
-                  r.batch, r.seq, r.step_ms, r.tokens_per_s, static_cast<double>(r.peak_bytes) / (1 << 20),
-                  ratio.c_str());
+      if (r.backend != "loom" && mine && mine->model == r.model)
+        ratio = std::to_string(mine->tokens_per_s / r.tokens_per_s).substr(0, 5) + "x";
+      std::printf("%-6s %-24s %-5s %-5s %7d %5d %5d %10.1f %12.0f %10.1f %6.3f %14s\n", r.model.c_str(),
+                  r.backend.c_str(), r.device.c_str(), r.dtype.c_str(), r.threads, r.batch, r.seq, r.step_ms,
+                  r.tokens_per_s, static_cast<double>(r.peak_bytes) / (1 << 20), r.mfu, ratio.c_str());
     }
     if (!o.json.empty()) {
       std::ofstream f(o.json + ".tmp");
       for (const auto& r : rows)
-        f << nlohmann::json{{"model", r.model}, {"backend", r.backend}, {"threads", r.threads}, {"batch", r.batch},
-                            {"seq", r.seq}, {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
-                            {"peak_bytes", r.peak_bytes}}.dump()
+        f << nlohmann::json{{"model", r.model},   {"backend", r.backend}, {"device", r.device},
+                            {"dtype", r.dtype},   {"threads", r.threads}, {"batch", r.batch},
+                            {"seq", r.seq},       {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
+                            {"peak_bytes", r.peak_bytes}, {"mfu", r.mfu}}.dump()
           << "\n";
       f.close();
       std::rename((o.json + ".tmp").c_str(), o.json.c_str());

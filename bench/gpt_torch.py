@@ -5,9 +5,12 @@ layout), the same forward. Two uses:
   reference: load DIR/model.safetensors and DIR/config.json (written by loom's save_gpt), compute the loss and the
              gradient for a batch given as JSON, print them as JSON (the oracle of tests/test_gpt_torch.cpp);
   bench:     time training steps (forward, backward, AdamW) of a shape on the CPU with a given thread count and
-             print one JSON line: tokens_per_s, step_ms.
+             print one JSON line: tokens_per_s, step_ms;
+  bench-cuda: the same on the GPU, float32 weights under bf16 autocast (or plain float32), fused AdamW, eager or
+             torch.compile'd, as PyTorch users train GPT-2.
 
 Usage: gpt_torch.py reference DIR BATCH.json   |   gpt_torch.py bench LAYERS HEADS D VOCAB SEQ BATCH STEPS THREADS
+       gpt_torch.py bench-cuda LAYERS HEADS D VOCAB SEQ BATCH STEPS bf16|f32 eager|compile
 """
 import json
 import math
@@ -147,10 +150,40 @@ def bench(layers, heads, d, vocab, seq, batch, steps, threads):
                       "step_ms": step * 1e3, "tokens_per_s": batch * seq / step}))
 
 
+def bench_cuda(layers, heads, d, vocab, seq, batch, steps, dtype, mode):
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    m = Gpt(layers, heads, heads, d, vocab, seq).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+    model = torch.compile(m) if mode == "compile" else m
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    targets = torch.randint(0, vocab, (batch, seq), device="cuda")
+    times = []
+    for i in range(steps + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(ids, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    step = sorted(times)[len(times) // 2]
+    print(json.dumps({"backend": "pytorch", "version": torch.__version__ + (" compile" if mode == "compile" else ""),
+                      "step_ms": step * 1e3, "tokens_per_s": batch * seq / step,
+                      "peak_bytes": torch.cuda.max_memory_allocated()}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "reference":
         reference(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "bench":
         bench(*[int(x) for x in sys.argv[2:10]])
+    elif sys.argv[1] == "bench-cuda":
+        bench_cuda(*[int(x) for x in sys.argv[2:9]], sys.argv[9], sys.argv[10])
     else:
         sys.exit(__doc__)

@@ -1,0 +1,62 @@
+// The GPT training step on a CUDA device for bench/gpt_step: forward, backward, global-norm clipping and AdamW of
+// models::Gpt<S, T, Parallel<>, Cuda>, in bf16 or f32, with tokens/s, the allocator's peak bytes and the MFU.
+#include <loom/kernels/cuda/device_ops.cuh>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/tensor/cuda_allocator.hpp>
+
+#include "gpt_step.hpp"
+
+namespace gpt_step {
+
+namespace {
+
+using namespace loom;
+
+template <models::GptShape S, class T>
+Row measure(const std::string& name, const std::string& dtype, const StepOptions& o) {
+  const int T_ = std::min(o.seq, S.max_seq);
+  models::Gpt<S, T, Parallel<>, Cuda> m(1);
+  optim::AdamW<T, Cuda> opt(m.specs(), m.params().numel(), {0.9, 0.95, 1e-8, 0.1}, m.ops());
+  std::vector<std::int32_t> ids, tg;
+  tokens(S.vocab, static_cast<std::size_t>(o.batch) * T_, ids, tg);
+  const int device = kernels::cuda::detail::current_device();
+  CudaAllocator::instance().reset_peak(device);
+  const double step = median_step(
+      o.steps,
+      [&] {
+        m.zero_grad();
+        m.forward(ids.data(), tg.data(), o.batch, T_);
+        m.backward();
+        optim::clip_grad_norm(m.grads(), 1.0, m.ops());
+        opt.step(m.params(), m.grads(), 1e-4);
+      },
+      [] { LOOM_CUDA(cudaDeviceSynchronize()); });
+  const double tps = o.batch * T_ / step;
+  return {name, "loom", "cuda", dtype, 0, o.batch, T_, step * 1e3, tps,
+          CudaAllocator::instance().peak_bytes(device), tps * flops_per_token(S, T_) / (o.peak_tflops * 1e12)};
+}
+
+template <models::GptShape S>
+Row measure_dtype(const std::string& name, const StepOptions& o) {
+  if (o.dtype == "bf16") return measure<S, bf16>(name, o.dtype, o);
+  if (o.dtype == "f32") return measure<S, float>(name, o.dtype, o);
+  throw Error("loom: --dtype " + o.dtype + " on cuda: bf16 or f32");
+}
+
+}  // namespace
+
+std::vector<Row> measure_cuda(const StepOptions& o) {
+  int devices = 0;
+  LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
+  std::vector<Row> rows;
+  for (const auto& name : o.models) {
+    if (name == "tiny") rows.push_back(measure_dtype<models::tiny>(name, o));
+    else if (name == "small") rows.push_back(measure_dtype<models::small>(name, o));
+    else if (name == "gpt2") rows.push_back(measure_dtype<models::gpt2>(name, o));
+    else throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2)");
+  }
+  return rows;
+}
+
+}  // namespace gpt_step
