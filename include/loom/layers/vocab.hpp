@@ -58,6 +58,7 @@ struct VocabParallelCrossEntropy {
 
   //! losses (N) and the global row_max and row_sumexp (N each) that backward needs; targets in Dev's memory.
   void forward(const T* logits, const std::int32_t* targets, T* losses, acc* row_max, acc* row_sumexp) const {
+    if (N <= 0) return;
     auto local_max = ops.template scratch<acc>(std::size_t(N)), sums = ops.template scratch<acc>(2 * std::size_t(N));
     ops.ce_partials(logits, local_max.data(), row_sumexp, N, slice.count);
     ops.copy(local_max.data(), row_max, std::size_t(N));
