@@ -89,6 +89,21 @@ struct TensorParallelRules {
   static constexpr bool ok = true;
 };
 
+//! The rules a layout must meet for a model on device Dev, checked where a model is declared.
+//!
+//! The tensor-parallel group (layers::TpGroup) moves host memory: the communicator's collectives take spans of host
+//! elements, and sync_grads and gather pack gradients in std::vector. On a device only a group of one, which issues
+//! no collective, is correct. What lifts the rule: a TpGroup over a communicator that takes device pointers (Nccl),
+//! and those packing buffers in the device's memory.
+template <class Dev, class Cfg>
+struct DeviceRules {
+  static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
+  static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
+                "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
+                "tensor-parallel collectives take host memory)");
+  static constexpr bool ok = true;
+};
+
 //! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism. Gpt<S, T,
 //! ModelLayout<Cfg>> is one type for every layout that differs from Cfg only in its other axes.
 template <class Cfg>
@@ -106,14 +121,7 @@ class Gpt {
   static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
-  static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
-  // The tensor-parallel group (TpGroup) moves host memory: a communicator's collectives on std::span of host
-  // elements, and the gradient packing of sync_grads and gather in std::vector. On a device only a group of one,
-  // which issues no collective, is correct. What lifts it: a TpGroup over a communicator that takes device
-  // pointers (Nccl), and those packing buffers in the device's memory.
-  static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
-                "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
-                "tensor-parallel collectives take host memory)");
+  static_assert(DeviceRules<Dev, Cfg>::ok);
 
  public:
   using acc = kernels::cpu::acc_t<T>;
