@@ -78,8 +78,8 @@ double squares(const T* x, std::int64_t n) {
 //! Each parameter's gradient from the device against the host's: the norm of the difference over the norm of the
 //! host's (over a thousandth of the whole gradient's norm for a parameter whose gradient is smaller than that).
 template <class T>
-void check_grads(const std::vector<models::ParamSpec>& specs, const Tensor<T>& want, const Tensor<T, Cuda>& got_on_device,
-                 double tolerance) {
+void check_grads(const std::vector<models::ParamSpec>& specs, const Tensor<T>& want,
+                 const Tensor<T, Cuda>& got_on_device, double tolerance) {
   const auto got = on_host(got_on_device);
   REQUIRE(static_cast<std::int64_t>(got.size()) == want.numel());
   const double total = std::sqrt(squares(want.data(), want.numel()));

@@ -134,7 +134,8 @@ struct Ops<Host> {
   }
 
   template <class T>
-  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const cpu::AttentionShape& s) const {
+  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                         const cpu::AttentionShape& s) const {
     cpu::attention_forward(q, k, v, out, lse, s);
   }
   template <class T>

@@ -33,7 +33,8 @@ struct VocabParallelEmbedding {
   Region<T, Dev> region;  //!< N tokens of dim features
   VocabSlice slice;
 
-  //! out (this rank's rows x dim) from the N ids (in Dev's memory), through full (N x dim; may be out without sequence parallelism).
+  //! out (this rank's rows x dim) from the N ids (in Dev's memory), through full (N x dim; may be out without
+  //! sequence parallelism).
   void forward(const std::int32_t* ids, const T* table, T* full, T* out) const {
     region.ops.embedding_forward(ids, table, full, region.N, region.C, slice.first, slice.count);
     region.exit_forward(full, out);

@@ -192,8 +192,9 @@ class Gpt {
   const layers::TpGroup<T>& tp() const { return tp_; }
 
   //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each in host memory, the same on every
-  //! tensor-parallel rank), keeping what backward needs. step and row0 (the global index of this batch's first sequence) key
-  //! dropout, so that its mask does not depend on how the batch is split. The whole model (every part).
+  //! tensor-parallel rank), keeping what backward needs. step and row0 (the global index of this batch's first
+  //! sequence) key dropout, so that its mask does not depend on how the batch is split. The whole model (every
+  //! part).
   double forward(const std::int32_t* ids, const std::int32_t* targets, int B, int T_, std::uint64_t step = 0,
                  std::int64_t row0 = 0) {
     LOOM_CHECK(embedding() && head(), "forward(ids, targets, ...) runs the whole model; this part holds blocks ",
@@ -678,8 +679,9 @@ class Gpt {
   Grads& grads_of(int l) { return split_ ? split_->blocks[static_cast<std::size_t>(l - first_)] : g_; }
   Grads make_grads() const {
     const std::int64_t rows = region_.rows(), d = S.d_model;
-    return Grads{Tensor<T, Dev>({rows, d}), Tensor<T, Dev>({rows, d}), Tensor<T, Dev>({rows, d}), Tensor<T, Dev>({rows, d}),
-                 Tensor<T, Dev>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
+    using Buf = Tensor<T, Dev>;
+    return Grads{Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), attn_->make_grads(),
+                 mlp_->make_grads()};
   }
 
   //! Sums over the tensor-parallel group the gradients that several of its ranks hold, of parameters [first, last):

@@ -185,7 +185,8 @@ struct Ops<Cuda> {
   }
 
   template <class T>
-  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const cpu::AttentionShape& s) const {
+  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                         const cpu::AttentionShape& s) const {
     cuda::attention_forward(q, k, v, out, lse, s, stream);
   }
   template <class T>
