@@ -3,6 +3,9 @@
 #include "catch.hpp"
 #include "test_kernels_cpu_support.hpp"
 
+#include <alloca.h>
+
+#include <cstring>
 #include <numbers>
 
 using namespace kt;
@@ -78,6 +81,32 @@ TEST_CASE("gelu forward is the tanh form and backward matches finite differences
     return dot(o, W);
   };
   REQUIRE(fd_error(loss, x, dx) < 1e-9);
+}
+
+//! f() run with the stack moved down by 16 * k bytes (the stack's own alignment).
+template <class F>
+[[gnu::noinline]] auto at_stack_depth(int k, F&& f) {
+  volatile char* pad = static_cast<volatile char*>(alloca(16 * static_cast<std::size_t>(k) + 16));
+  pad[0] = 0;
+  return f();
+}
+
+TEMPLATE_TEST_CASE("gelu gives the same bits wherever the stack is", "[kernels][gelu]", float, double) {
+  const std::size_t n = 1000;
+  const auto x = convert<TestType>(random_vector(n, 11, -6, 6)), g = convert<TestType>(random_vector(n, 12));
+  auto run = [&] {
+    std::vector<TestType> out(n), dx(n);
+    k::gelu_forward(x.data(), out.data(), n);
+    k::gelu_backward(x.data(), g.data(), dx.data(), n);
+    out.insert(out.end(), dx.begin(), dx.end());
+    return out;
+  };
+  const auto first = at_stack_depth(0, run);
+  for (int depth = 1; depth < 8; ++depth) {
+    const auto again = at_stack_depth(depth, run);
+    INFO("stack moved by " << 16 * depth << " bytes");
+    REQUIRE(std::memcmp(again.data(), first.data(), first.size() * sizeof(TestType)) == 0);
+  }
 }
 
 TEMPLATE_TEST_CASE("gelu in float, bf16 and fp16 against double", "[kernels][gelu][dtype]", float, bf16, fp16) {

@@ -11,21 +11,23 @@
 
 namespace loom::layers {
 
-template <class T>
+template <class T, class Dev = Host>
 struct ParallelAttention {
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = typename kernels::Ops<Dev>::template acc_t<T>;
+  using Tensor = loom::Tensor<T, Dev>;
+  using AccTensor = loom::Tensor<acc, Dev>;
   struct Params {
     T *qkv_w, *qkv_b, *proj_w, *proj_b;
   };
   //! Kept from forward for backward: the gathered input (sequence parallelism only), q|k|v, the attention output
   //! and its row log-sum-exp.
   struct Acts {
-    Tensor<T> in_full, qkv, out;
-    Tensor<acc> lse;
+    Tensor in_full, qkv, out;
+    AccTensor lse;
   };
   //! Gradient scratch, shared by the blocks.
   struct Grads {
-    Tensor<T> dy_full, dout, dqkv, dx_full;
+    Tensor dy_full, dout, dqkv, dx_full;
   };
 
   //! c_attn [d, (heads + 2 kv_heads) * hd] and c_proj [heads * hd, d] under prefix.
@@ -36,7 +38,7 @@ struct ParallelAttention {
     RowParallelLinear<T>::declare(t, prefix + "c_proj", {{heads, hd}}, d, std_proj);
   }
 
-  ParallelAttention(Region<T> r, int B, int T_, int heads, int kv_heads, int head_dim)
+  ParallelAttention(Region<T, Dev> r, int B, int T_, int heads, int kv_heads, int head_dim)
       : B_(B), T_(T_), hq_(heads / r.tp->size()), hkv_(static_cast<int>(units_of(kv_heads, r.tp->size(), 0).count)),
         hd_(head_dim), qkv_{r, (hq_ + 2 * hkv_) * head_dim}, proj_{r, hq_ * head_dim} {}
 
@@ -45,14 +47,14 @@ struct ParallelAttention {
 
   Acts make_acts() const {
     const std::int64_t N = qkv_.region.N;
-    Acts a{Tensor<T>(), Tensor<T>({N, qkv_.out}), Tensor<T>({N, proj_.in}), Tensor<acc>({std::int64_t{B_} * hq_ * T_})};
-    if (qkv_.region.sequence_parallel) a.in_full = Tensor<T>({N, qkv_.region.C});
+    Acts a{Tensor(), Tensor({N, qkv_.out}), Tensor({N, proj_.in}), AccTensor({std::int64_t{B_} * hq_ * T_})};
+    if (qkv_.region.sequence_parallel) a.in_full = Tensor({N, qkv_.region.C});
     return a;
   }
   Grads make_grads() const {
     const std::int64_t N = qkv_.region.N, d = qkv_.region.C;
-    Grads g{Tensor<T>(), Tensor<T>({N, proj_.in}), Tensor<T>({N, qkv_.out}), Tensor<T>()};
-    if (qkv_.region.sequence_parallel) g.dy_full = Tensor<T>({N, d}), g.dx_full = Tensor<T>({N, d});
+    Grads g{Tensor(), Tensor({N, proj_.in}), Tensor({N, qkv_.out}), Tensor()};
+    if (qkv_.region.sequence_parallel) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
     return g;
   }
 
@@ -64,7 +66,7 @@ struct ParallelAttention {
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
     qkv_.forward(x, sp() ? a.in_full.data() : const_cast<T*>(x), w.qkv_w, w.qkv_b, a.qkv.data());
     const T* q = a.qkv.data();
-    kernels::cpu::attention_forward(q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(), a.lse.data(), shape());
+    qkv_.region.ops.attention_forward(q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(), a.lse.data(), shape());
     proj_.forward(a.out.data(), w.proj_w, w.proj_b, sp() ? partial : y, y);
   }
   //! dx (this rank's rows x d) from dy; keeps what backward_weight needs in g.
@@ -73,8 +75,8 @@ struct ParallelAttention {
     proj_.backward_input(dy, dy_full, w.proj_w, g.dout.data());
     const T* q = a.qkv.data();
     T* dq = g.dqkv.data();
-    kernels::cpu::attention_backward(g.dout.data(), q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(),
-                                     a.lse.data(), dq, dq + hq_ * hd_, dq + (hq_ + hkv_) * hd_, shape());
+    qkv_.region.ops.attention_backward(g.dout.data(), q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(),
+                                       a.lse.data(), dq, dq + hq_ * hd_, dq + (hq_ + hkv_) * hd_, shape());
     qkv_.backward_input(dq, w.qkv_w, sp() ? g.dx_full.data() : dx, dx);
   }
   //! Accumulates the weight gradients; x is the block's input to this layer, dy the gradient of its output.
@@ -90,8 +92,8 @@ struct ParallelAttention {
   }
 
   int B_, T_, hq_, hkv_, hd_;
-  ColumnParallelLinear<T> qkv_;
-  RowParallelLinear<T> proj_;
+  ColumnParallelLinear<T, Dev> qkv_;
+  RowParallelLinear<T, Dev> proj_;
 };
 
 }  // namespace loom::layers

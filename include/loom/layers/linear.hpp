@@ -18,7 +18,7 @@ inline std::int64_t extent_of(const std::vector<Segment>& segments) {
   return n;
 }
 
-template <class T>
+template <class T, class Dev = Host>
 struct ColumnParallelLinear {
   using weight_placement = Shard<1>;
   using bias_placement = Shard<0>;
@@ -30,29 +30,28 @@ struct ColumnParallelLinear {
     t.add<bias_placement>(name + ".bias", {extent_of(out)}, false, 0, 0, out);
   }
 
-  Region<T> region;  //!< N tokens of `in` features
+  Region<T, Dev> region;  //!< N tokens of `in` features
   int out;           //!< local output features
 
   //! y (N x out) = x_full W + b, where x_full (N x in) is gathered from this rank's rows of x (or is x).
   void forward(const T* x, T* x_full, const T* w, const T* b, T* y) const {
-    namespace k = kernels::cpu;
     region.enter_forward(x, x_full);
-    k::matmul(x_full, w, y, region.N, out, region.C, false, false);
-    k::bias_add(y, b, y, region.N, out);
+    region.ops.matmul(x_full, w, y, region.N, out, region.C, false, false);
+    region.ops.bias_add(y, b, y, region.N, out);
   }
   //! dx (this rank's rows) from dy (N x out), through dx_full (N x in, may be dx without sequence parallelism).
   void backward_input(const T* dy, const T* w, T* dx_full, T* dx) const {
-    kernels::cpu::matmul(dy, w, dx_full, region.N, region.C, out, false, true);
+    region.ops.matmul(dy, w, dx_full, region.N, region.C, out, false, true);
     region.enter_backward(dx_full, dx);
   }
   //! dW += x_full^T dy, db += the column sums of dy.
   void backward_weight(const T* x_full, const T* dy, T* dw, T* db) const {
-    kernels::cpu::matmul(x_full, dy, dw, region.C, out, region.N, true, false, 1.0f, 1.0f);
-    kernels::cpu::bias_backward(dy, db, region.N, out);
+    region.ops.matmul(x_full, dy, dw, region.C, out, region.N, true, false, 1.0f, 1.0f);
+    region.ops.bias_backward(dy, db, region.N, out);
   }
 };
 
-template <class T>
+template <class T, class Dev = Host>
 struct RowParallelLinear {
   using weight_placement = Shard<0>;
   using bias_placement = Replicate;
@@ -64,25 +63,25 @@ struct RowParallelLinear {
     t.add<bias_placement>(name + ".bias", {out}, false, 0);
   }
 
-  Region<T> region;  //!< N tokens of `out` features
+  Region<T, Dev> region;  //!< N tokens of `out` features
   int in;            //!< local input features
 
   //! y (this rank's rows x out) = the sum over ranks of x W (partial: N x out, may be y without sequence
   //! parallelism), plus b.
   void forward(const T* x, const T* w, const T* b, T* partial, T* y) const {
-    kernels::cpu::matmul(x, w, partial, region.N, region.C, in, false, false);
+    region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
     region.exit_forward(partial, y);
-    kernels::cpu::bias_add(y, b, y, region.rows(), region.C);
+    region.ops.bias_add(y, b, y, region.rows(), region.C);
   }
   //! dx (N x in) from dy (this rank's rows), through dy_full (N x out, may be dy without sequence parallelism).
   void backward_input(const T* dy, T* dy_full, const T* w, T* dx) const {
     region.exit_backward(dy, dy_full);
-    kernels::cpu::matmul(dy_full, w, dx, region.N, in, region.C, false, true);
+    region.ops.matmul(dy_full, w, dx, region.N, in, region.C, false, true);
   }
   //! dW += x^T dy_full; db += the column sums of this rank's rows of dy (a partial sum with sequence parallelism).
   void backward_weight(const T* x, const T* dy_full, const T* dy, T* dw, T* db) const {
-    kernels::cpu::matmul(x, dy_full, dw, in, region.C, region.N, true, false, 1.0f, 1.0f);
-    kernels::cpu::bias_backward(dy, db, region.rows(), region.C);
+    region.ops.matmul(x, dy_full, dw, in, region.C, region.N, true, false, 1.0f, 1.0f);
+    region.ops.bias_backward(dy, db, region.rows(), region.C);
   }
 };
 

@@ -7,16 +7,17 @@
 
 namespace loom::layers {
 
-template <class T>
+template <class T, class Dev = Host>
 struct ParallelMlp {
+  using Tensor = loom::Tensor<T, Dev>;
   struct Params {
     T *fc_w, *fc_b, *proj_w, *proj_b;
   };
   struct Acts {
-    Tensor<T> in_full, h, g;  //!< gathered input (sequence parallelism only), pre- and post-GELU
+    Tensor in_full, h, g;  //!< gathered input (sequence parallelism only), pre- and post-GELU
   };
   struct Grads {
-    Tensor<T> dy_full, dg, dx_full;
+    Tensor dy_full, dg, dx_full;
   };
 
   //! c_fc [d, d_ff] and c_proj [d_ff, d] under prefix.
@@ -25,18 +26,18 @@ struct ParallelMlp {
     RowParallelLinear<T>::declare(t, prefix + "c_proj", {{d_ff, 1}}, d, std_proj);
   }
 
-  ParallelMlp(Region<T> r, int d_ff) : fc_{r, d_ff / r.tp->size()}, proj_{r, d_ff / r.tp->size()} {}
+  ParallelMlp(Region<T, Dev> r, int d_ff) : fc_{r, d_ff / r.tp->size()}, proj_{r, d_ff / r.tp->size()} {}
 
   Acts make_acts() const {
     const std::int64_t N = fc_.region.N;
-    Acts a{Tensor<T>(), Tensor<T>({N, fc_.out}), Tensor<T>({N, fc_.out})};
-    if (sp()) a.in_full = Tensor<T>({N, fc_.region.C});
+    Acts a{Tensor(), Tensor({N, fc_.out}), Tensor({N, fc_.out})};
+    if (sp()) a.in_full = Tensor({N, fc_.region.C});
     return a;
   }
   Grads make_grads() const {
     const std::int64_t N = fc_.region.N, d = fc_.region.C;
-    Grads g{Tensor<T>(), Tensor<T>({N, fc_.out}), Tensor<T>()};
-    if (sp()) g.dy_full = Tensor<T>({N, d}), g.dx_full = Tensor<T>({N, d});
+    Grads g{Tensor(), Tensor({N, fc_.out}), Tensor()};
+    if (sp()) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
     return g;
   }
 
@@ -44,12 +45,12 @@ struct ParallelMlp {
 
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
     fc_.forward(x, sp() ? a.in_full.data() : const_cast<T*>(x), w.fc_w, w.fc_b, a.h.data());
-    kernels::cpu::gelu_forward(a.h.data(), a.g.data(), a.h.numel());
+    fc_.region.ops.gelu_forward(a.h.data(), a.g.data(), a.h.numel());
     proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp() ? partial : y, y);
   }
   void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx) const {
     proj_.backward_input(dy, sp() ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, g.dg.data());
-    kernels::cpu::gelu_backward(a.h.data(), g.dg.data(), g.dg.data(), a.h.numel());
+    fc_.region.ops.gelu_backward(a.h.data(), g.dg.data(), g.dg.data(), a.h.numel());
     fc_.backward_input(g.dg.data(), w.fc_w, sp() ? g.dx_full.data() : dx, dx);
   }
   void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
@@ -59,8 +60,8 @@ struct ParallelMlp {
 
  private:
   bool sp() const { return fc_.region.sequence_parallel; }
-  ColumnParallelLinear<T> fc_;
-  RowParallelLinear<T> proj_;
+  ColumnParallelLinear<T, Dev> fc_;
+  RowParallelLinear<T, Dev> proj_;
 };
 
 }  // namespace loom::layers

@@ -8,7 +8,7 @@
 #pragma once
 
 #include <loom/comm/types.hpp>
-#include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/ops.hpp>
 
 #include <algorithm>
 #include <array>
@@ -106,12 +106,14 @@ class TpGroup {
 };
 
 //! The edges of a tensor-parallel region over N tokens of C features. Outside the region a rank holds rows()
-//! tokens: all N, or with sequence parallelism its N / t consecutive ones, starting at first_row().
-template <class T>
+//! tokens: all N, or with sequence parallelism its N / t consecutive ones, starting at first_row(). The layers of
+//! the region compute on Dev through ops; the group's collectives take host memory (a group of one issues none).
+template <class T, class Dev = Host>
 struct Region {
   TpGroup<T>* tp;
   bool sequence_parallel;
   int N, C;
+  kernels::Ops<Dev> ops{};
 
   int rows() const { return sequence_parallel ? N / tp->size() : N; }
   int first_row() const { return sequence_parallel ? tp->rank() * rows() : 0; }
@@ -119,13 +121,13 @@ struct Region {
   //! Entering, forward: full (N x C) from this rank's rows of x. Without sequence parallelism full may be x.
   void enter_forward(const T* x, T* full) const {
     if (sequence_parallel) tp->all_gather(x, full, std::size_t(rows()) * C);
-    else if (full != x) std::copy_n(x, std::size_t(N) * C, full);
+    else ops.copy(x, full, std::size_t(N) * C);
   }
   //! Entering, backward: dx (this rank's rows) from the partial gradients (N x C) of every rank; may be in place.
   void enter_backward(T* dfull, T* dx) const {
     if (sequence_parallel) return tp->reduce_scatter(dfull, dx, std::size_t(rows()) * C);
     tp->all_reduce(dfull, std::size_t(N) * C);
-    if (dx != dfull) std::copy_n(dfull, std::size_t(N) * C, dx);
+    ops.copy(dfull, dx, std::size_t(N) * C);
   }
   //! Leaving, forward: this rank's rows of the sum of every rank's partial output (N x C); may be in place.
   void exit_forward(T* partial, T* y) const { enter_backward(partial, y); }

@@ -22,7 +22,7 @@ inline VocabSlice vocab_slice(int V, int t, int r) {
 
 //! Looks up tokens in this rank's rows of the table (zero for tokens held elsewhere) and sums over the group, as
 //! the region's exit: all-reduce, or reduce-scatter to this rank's tokens with sequence parallelism.
-template <class T>
+template <class T, class Dev = Host>
 struct VocabParallelEmbedding {
   using weight_placement = Shard<0>;
 
@@ -30,48 +30,51 @@ struct VocabParallelEmbedding {
     t.add<weight_placement>(name + ".weight", {vocab, dim}, true, init_std);
   }
 
-  Region<T> region;  //!< N tokens of dim features
+  Region<T, Dev> region;  //!< N tokens of dim features
   VocabSlice slice;
 
-  //! out (this rank's rows x dim) from the N ids, through full (N x dim; may be out without sequence parallelism).
+  //! out (this rank's rows x dim) from the N ids (in Dev's memory), through full (N x dim; may be out without
+  //! sequence parallelism).
   void forward(const std::int32_t* ids, const T* table, T* full, T* out) const {
-    kernels::cpu::embedding_forward(ids, table, full, region.N, region.C, slice.first, slice.count);
+    region.ops.embedding_forward(ids, table, full, region.N, region.C, slice.first, slice.count);
     region.exit_forward(full, out);
   }
   //! dtable += the scatter of d(out), gathered into dfull (N x dim) first with sequence parallelism.
   void backward(const std::int32_t* ids, const T* dout, T* dfull, T* dtable) const {
     region.exit_backward(dout, dfull);
-    kernels::cpu::embedding_backward(ids, dfull, dtable, region.N, region.C, slice.first, slice.count);
+    region.ops.embedding_backward(ids, dfull, dtable, region.N, region.C, slice.first, slice.count);
   }
 };
 
 //! Cross-entropy of N rows of logits over this rank's slice of the vocabulary. Forward issues two all-reduces: the
-//! row maxima, then the rescaled sums of exp together with the target logits.
-template <class T>
+//! row maxima, then the rescaled sums of exp together with the target logits. The all-reduces take the group's
+//! memory (the host's): on another device only a group of one (which issues none) is supported.
+template <class T, class Dev = Host>
 struct VocabParallelCrossEntropy {
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = typename kernels::Ops<Dev>::template acc_t<T>;
   TpGroup<T>* tp;
   int N;
   VocabSlice slice;
+  kernels::Ops<Dev> ops{};
 
-  //! losses (N) and the global row_max and row_sumexp (N each) that backward needs.
+  //! losses (N) and the global row_max and row_sumexp (N each) that backward needs; targets in Dev's memory.
   void forward(const T* logits, const std::int32_t* targets, T* losses, acc* row_max, acc* row_sumexp) const {
-    namespace k = kernels::cpu;
-    std::vector<acc> local_max(N), sums(2 * std::size_t(N));
-    k::ce_partials(logits, local_max.data(), row_sumexp, N, slice.count);
-    std::copy(local_max.begin(), local_max.end(), row_max);
+    if (N <= 0) return;
+    auto local_max = ops.template scratch<acc>(std::size_t(N)), sums = ops.template scratch<acc>(2 * std::size_t(N));
+    ops.ce_partials(logits, local_max.data(), row_sumexp, N, slice.count);
+    ops.copy(local_max.data(), row_max, std::size_t(N));
     tp->all_reduce_acc(row_max, N, comm::Reduce::max);
-    k::ce_rescale<T>(local_max.data(), row_max, row_sumexp, N);
-    std::copy_n(row_sumexp, N, sums.data());
-    k::ce_target_logit(logits, targets, sums.data() + N, N, slice.count, slice.first);
-    tp->all_reduce_acc(sums.data(), sums.size(), comm::Reduce::sum);
-    std::copy_n(sums.data(), N, row_sumexp);
-    k::ce_losses<T>(row_max, row_sumexp, sums.data() + N, losses, N);
+    ops.template ce_rescale<T>(local_max.data(), row_max, row_sumexp, N);
+    ops.copy(row_sumexp, sums.data(), std::size_t(N));
+    ops.ce_target_logit(logits, targets, sums.data() + N, N, slice.count, slice.first);
+    tp->all_reduce_acc(sums.data(), 2 * std::size_t(N), comm::Reduce::sum);
+    ops.copy(sums.data(), row_sumexp, std::size_t(N));
+    ops.template ce_losses<T>(row_max, row_sumexp, sums.data() + N, losses, N);
   }
   //! dlogits (may be logits) from dloss (N).
   void backward(const T* logits, const std::int32_t* targets, const acc* row_max, const acc* row_sumexp,
                 const T* dloss, T* dlogits) const {
-    kernels::cpu::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, N, slice.count, slice.first);
+    ops.ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, N, slice.count, slice.first);
   }
 };
 

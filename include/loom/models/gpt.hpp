@@ -3,13 +3,14 @@
 // sequence parallelism) as the layout type Cfg says. Its shape is a compile-time value; its parameters are named
 // and laid out as Hugging Face's GPT-2 (h.{i}.attn.c_attn.weight is [d, 3d], ...), each rank holding its part of
 // each in one flat buffer. Each block has an explicit forward, backward_input and backward_weight; activations may
-// be recomputed per layer.
+// be recomputed per layer. The model computes on the device Dev (Host, or Cuda with
+// <loom/kernels/cuda/device_ops.cuh>): its parameters, gradients and activations live there.
 #pragma once
 
 #include <loom/config.hpp>
 #include <loom/core/random.hpp>
 #include <loom/core/trace.hpp>
-#include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/ops.hpp>
 #include <loom/layers/attention.hpp>
 #include <loom/layers/mlp.hpp>
 #include <loom/layers/param.hpp>
@@ -88,6 +89,21 @@ struct TensorParallelRules {
   static constexpr bool ok = true;
 };
 
+//! The rules a layout must meet for a model on device Dev, checked where a model is declared.
+//!
+//! The tensor-parallel group (layers::TpGroup) moves host memory: the communicator's collectives take spans of host
+//! elements, and sync_grads and gather pack gradients in std::vector. On a device only a group of one, which issues
+//! no collective, is correct. What lifts the rule: a TpGroup over a communicator that takes device pointers (Nccl),
+//! and those packing buffers in the device's memory.
+template <class Dev, class Cfg>
+struct DeviceRules {
+  static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
+  static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
+                "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
+                "tensor-parallel collectives take host memory)");
+  static constexpr bool ok = true;
+};
+
 //! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism. Gpt<S, T,
 //! ModelLayout<Cfg>> is one type for every layout that differs from Cfg only in its other axes.
 template <class Cfg>
@@ -96,19 +112,21 @@ using ModelLayout = std::conditional_t<
     std::conditional_t<Cfg::sequence_parallel, Parallel<TP<Cfg::template size<Axis::tp>, SequenceParallel>>,
                        Parallel<TP<Cfg::template size<Axis::tp>>>>>;
 
-//! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg. Other axes of Cfg (data
-//! parallelism, ...) replicate or feed the model; they do not change it.
-template <GptShape S, class T = float, class Cfg = Parallel<>>
+//! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg, computing on Dev. Other axes
+//! of Cfg (data parallelism, ...) replicate or feed the model; they do not change it.
+template <GptShape S, class T = float, class Cfg = Parallel<>, class Dev = Host>
 class Gpt {
   static_assert(S.layers >= 1 && S.heads >= 1 && S.kv_heads >= 1 && S.d_model >= 1 && S.vocab >= 1 && S.max_seq >= 1,
                 "loom: every GPT dimension must be at least 1");
   static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
+  static_assert(DeviceRules<Dev, Cfg>::ok);
 
  public:
   using acc = kernels::cpu::acc_t<T>;
   using config = Cfg;
+  using device = Dev;
   static constexpr GptShape shape = S;
   static constexpr int tp_size = Cfg::template size<Axis::tp>;
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;
@@ -158,21 +176,25 @@ class Gpt {
   Gpt& operator=(const Gpt&) = delete;
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
-  const Tensor<T>& params() const { return params_; }
-  const Tensor<T>& grads() const { return grads_; }
+  //! Parameters and gradients in one flat buffer each, on Dev.
+  const Tensor<T, Dev>& params() const { return params_; }
+  const Tensor<T, Dev>& grads() const { return grads_; }
   const GptOptions& options() const { return opt_; }
   //! A view of this rank's part of one parameter (or its gradient) by its Hugging Face name.
-  Tensor<T> param(std::string_view name) const { return view_of(params_, name); }
-  Tensor<T> grad(std::string_view name) const { return view_of(grads_, name); }
+  Tensor<T, Dev> param(std::string_view name) const { return view_of(params_, name); }
+  Tensor<T, Dev> grad(std::string_view name) const { return view_of(grads_, name); }
   void zero_grad() { grads_.fill(T(0)); }
+  //! The operations the model runs on its device (on CUDA: with the stream they are issued on).
+  const kernels::Ops<Dev>& ops() const { return ops_; }
   int tp_rank() const { return tp_.rank(); }
   //! The tensor-parallel group, with the counts of the collectives the model has issued.
   layers::TpGroup<T>& tp() { return tp_; }
   const layers::TpGroup<T>& tp() const { return tp_; }
 
-  //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each, the same on every tensor-parallel
-  //! rank), keeping what backward needs. step and row0 (the global index of this batch's first sequence) key
-  //! dropout, so that its mask does not depend on how the batch is split. The whole model (every part).
+  //! Mean cross-entropy of B sequences of T tokens (ids, targets: B*T each in host memory, the same on every
+  //! tensor-parallel rank), keeping what backward needs. step and row0 (the global index of this batch's first
+  //! sequence) key dropout, so that its mask does not depend on how the batch is split. The whole model (every
+  //! part).
   double forward(const std::int32_t* ids, const std::int32_t* targets, int B, int T_, std::uint64_t step = 0,
                  std::int64_t row0 = 0) {
     LOOM_CHECK(embedding() && head(), "forward(ids, targets, ...) runs the whole model; this part holds blocks ",
@@ -182,8 +204,8 @@ class Gpt {
 
   //! One micro-batch through this part of the model.
   struct MicroBatch {
-    const std::int32_t* ids;      //!< B*T, read by the part with the embedding
-    const std::int32_t* targets;  //!< B*T, read by the part with the loss
+    const std::int32_t* ids;      //!< B*T in host memory, read by the part with the embedding
+    const std::int32_t* targets;  //!< B*T in host memory, read by the part with the loss
     int batch, seq;               //!< B sequences of T tokens
     std::uint64_t step = 0;
     std::int64_t row0 = 0;
@@ -191,7 +213,8 @@ class Gpt {
 
   //! Forward of micro-batch mb, keeping what its backward needs in activation slot `slot` (a pipeline stage holds
   //! the micro-batches in flight, one slot each; every slot has the same B and T). The part with the embedding
-  //! reads mb.ids, the others `input` (this rank's rows x d_model, the previous part's output). Returns the mean
+  //! reads mb.ids, the others `input` (this rank's rows x d_model in Dev's memory, the previous part's output).
+  //! Returns the mean
   //! loss in the part with the loss; the others return 0 and leave their output in output(slot).
   double forward(int slot, const MicroBatch& mb, const T* input = nullptr) {
     const int B = mb.batch, T_ = mb.seq;
@@ -212,9 +235,10 @@ class Gpt {
     resize(B, T_);
     cur_ = slot;
     Slot& st = sl();
-    st.ids = mb.ids, st.targets = mb.targets, st.step = mb.step, st.row0 = mb.row0, st.forwarded = true;
+    st.ids = tokens_on_device(mb.ids, st.ids_on_device, embedding());
+    st.targets = tokens_on_device(mb.targets, st.targets_on_device, head());
+    st.step = mb.step, st.row0 = mb.row0, st.forwarded = true;
     tp_.phase = layers::Phase::other;
-    namespace k = kernels::cpu;
     const int N = B * T_, d = S.d_model, rows = region_.rows();
     T* x0 = st.act[0].x.data();
     if (embedding()) {
@@ -222,7 +246,7 @@ class Gpt {
       add_positions(x0);
       drop(x0, x0, std::size_t(rows) * d, 0, 0);
     } else {
-      std::copy_n(input, std::size_t(rows) * d, x0);
+      ops_.copy(input, x0, std::size_t(rows) * d);
     }
     tp_.phase = layers::Phase::forward;
     for (int l = first_; l < last_; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act(l), next_input(l));
@@ -230,20 +254,20 @@ class Gpt {
     if (!head()) return 0;
     // Final norm on this rank's rows, logits of this rank's vocabulary against the tied embedding, loss.
     T* xl = next_input(last_ - 1);
-    k::layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), st.lnf.data(), st.lnf_mean.data(),
+    ops_.layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), st.lnf.data(), st.lnf_mean.data(),
                          st.lnf_rstd.data(), rows, d, opt_.ln_eps);
     const T* lnf_full = sp_or(st.lnf_full, st.lnf.data());
     region_.enter_forward(st.lnf.data(), const_cast<T*>(lnf_full));
-    k::matmul(lnf_full, param_ptr(wte_), st.logits.data(), N, slice_.count, d, false, true);
-    ce_->forward(st.logits.data(), mb.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
-    double sum = 0;
-    for (int i = 0; i < N; ++i) sum += static_cast<double>(st.losses.data()[i]);
-    return sum / N;
+    ops_.matmul(lnf_full, param_ptr(wte_), st.logits.data(), N, slice_.count, d, false, true);
+    ce_->forward(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
+    return ops_.sum(st.losses.data(), std::size_t(N)) / N;
   }
 
-  //! This part's output of the micro-batch in `slot` (this rank's rows x d_model), for the next part.
+  //! This part's output of the micro-batch in `slot` (this rank's rows x d_model, in Dev's memory), for the next
+  //! part.
   const T* output(int slot) const { return slots_.at(slot).out.data(); }
-  //! The gradient of this part's input after its backward (this rank's rows x d_model), for the previous part.
+  //! The gradient of this part's input after its backward (this rank's rows x d_model, in Dev's memory), for the
+  //! previous part.
   const T* input_grad() const { return dx_.data(); }
   //! The micro-batches in flight: activation slots, each holding one forward's activations until its backward.
   void set_slots(int n) {
@@ -264,13 +288,14 @@ class Gpt {
   int last_layer() const { return last_; }
 
   //! Backward of the micro-batch in `slot`, accumulating into grads(): from its loss (scaled by `scale`) in the
-  //! part with the loss, else from doutput, the gradient of output(slot). Leaves input_grad() for the previous part.
+  //! part with the loss, else from doutput (Dev's memory), the gradient of output(slot). Leaves input_grad() for the
+  //! previous part.
   void backward(int slot, double scale, const T* doutput = nullptr) {
     LOOM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot ", slot, " is outside 0..",
                slots_.size() - 1);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
     cur_ = slot;
-    if (!head() && doutput) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    if (!head() && doutput) ops_.copy(doutput, dx_.data(), std::size_t(region_.rows()) * S.d_model);
     for (int c = 0; c < backward_chunks(); ++c) backward_chunk(c, scale);
   }
 
@@ -327,11 +352,11 @@ class Gpt {
     cur_ = slot;
     Split& sp = split(slot);
     if (head()) head_input(scale, sp.dlnf.data());
-    else if (doutput) std::copy_n(doutput, std::size_t(region_.rows()) * S.d_model, dx_.data());
+    else if (doutput) ops_.copy(doutput, dx_.data(), std::size_t(region_.rows()) * S.d_model);
     split_ = &sp;
     for (int l = last_ - 1; l >= first_; --l) backward_input(l);
     split_ = nullptr;
-    if (embedding()) std::copy_n(dx_.data(), sp.dx.numel(), sp.dx.data());
+    if (embedding()) ops_.copy(dx_.data(), sp.dx.data(), static_cast<std::size_t>(sp.dx.numel()));
   }
   //! W: the weight gradients of the micro-batch in `slot`, after backward_inputs(slot); accumulates into grads().
   void backward_weights(int slot) {
@@ -348,7 +373,6 @@ class Gpt {
   //! on return d(input of block l). Keeps the branch gradients that backward_weight(l) needs.
   void backward_input(int l) {
     trace::Scope span("backward_input block", "compute");
-    namespace k = kernels::cpu;
     tp_.phase = layers::Phase::backward;
     Act& a = opt_.recompute ? scratch_act_ : act(l);
     if (opt_.recompute) layer_forward(l, a, recompute_out_.data());
@@ -360,15 +384,15 @@ class Gpt {
     // MLP branch: x3 = x2 + drop(mlp(ln2(x2)))
     drop_backward(dx, g.dfcp.data(), nd, l, 2);
     mlp_->backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
-    k::layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
+    ops_.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
                                 g.dtmp.data(), rows, d);
-    k::accumulate(g.dtmp.data(), dx, nd);  // dx is now d(x2)
+    ops_.accumulate(g.dtmp.data(), dx, nd);  // dx is now d(x2)
     // Attention branch: x2 = x + drop(attention(ln1(x)))
     drop_backward(dx, g.dattp.data(), nd, l, 1);
     attn_->backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
-    k::layernorm_backward_input(g.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
+    ops_.layernorm_backward_input(g.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
                                 g.dtmp.data(), rows, d);
-    k::accumulate(g.dtmp.data(), dx, nd);  // d(x)
+    ops_.accumulate(g.dtmp.data(), dx, nd);  // d(x)
     tp_.phase = layers::Phase::other;
   }
 
@@ -376,7 +400,6 @@ class Gpt {
   //! sums the gradients that tensor-parallel ranks share.
   void backward_weight(int l) {
     trace::Scope span("backward_weight block", "compute");
-    namespace k = kernels::cpu;
     Act& a = opt_.recompute ? scratch_act_ : act(l);
     const Block gw = block(grads_, l);
     Grads& g = grads_of(l);
@@ -384,10 +407,10 @@ class Gpt {
     keep_shared({p, p + 12});
     const int d = S.d_model, rows = region_.rows();
     mlp_->backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, gw.mlp);
-    k::layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
+    ops_.layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
                                  rows, d);
     attn_->backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, gw.attn);
-    k::layernorm_backward_weight(g.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
+    ops_.layernorm_backward_weight(g.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
                                  rows, d);
     sync_grads({p, p + 12});
   }
@@ -403,9 +426,7 @@ class Gpt {
       const auto& s = specs_[p];
       const T* g = grads_.data() + s.offset;
       s.layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
-        double part = 0;
-        for (std::int64_t j = 0; j < n; ++j) part += static_cast<double>(g[lo + j]) * static_cast<double>(g[lo + j]);
-        local += part / replicas;
+        local += ops_.sum_squares(g + lo, static_cast<std::size_t>(n)) / replicas;
       });
     }
     std::vector<acc> sq{static_cast<acc>(local)};
@@ -415,7 +436,7 @@ class Gpt {
     tp_.phase = phase;
     return static_cast<double>(sq[0]);
   }
-  //! The tied embedding table's gradient (this rank's rows), in a part that holds it; else empty.
+  //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else empty.
   std::span<T> tied_grad() {
     if (wte_ == no_param) return {};
     return {grads_.data() + specs_[wte_].offset, static_cast<std::size_t>(numel_of(specs_[wte_].shape))};
@@ -436,11 +457,17 @@ class Gpt {
   }
 
   //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments) in the
-  //! single-rank layout: a collective over the tensor-parallel group; every rank receives the result. A part of the
-  //! model fills only its own parameters (the others are 0).
+  //! single-rank layout: a collective over the tensor-parallel group; every rank receives the result (in host
+  //! memory; local is in Dev's). A part of the model fills only its own parameters (the others are 0).
   template <class U>
   std::vector<U> gather(const U* local) {
     static_assert(std::is_same_v<U, T> || std::is_same_v<U, acc>, "loom: gather() takes parameters or moments");
+    std::vector<U> staged;
+    if constexpr (!on_host) {
+      staged.resize(static_cast<std::size_t>(params_.numel()));
+      ops_.to_host(local, staged.data(), staged.size());
+      local = staged.data();
+    }
     const auto global = param_specs(0, true);
     std::vector<U> out(static_cast<std::size_t>(S.params()));
     if (tp_size == 1 && specs_.size() == global.size()) {
@@ -467,12 +494,18 @@ class Gpt {
                                            out.data() + global[specs_[p].index].offset);
     return out;
   }
-  //! Sets this rank's part from a buffer in the single-rank layout (no communication).
+  //! Sets this rank's part (local, in Dev's memory) from a buffer in the single-rank layout in host memory (no
+  //! communication).
   template <class U>
   void scatter(const U* global_buffer, U* local) const {
-    const auto global = param_specs(0, true);
-    for (std::size_t p = 0; p < specs_.size(); ++p)
-      specs_[p].layout.scatter(global_buffer + global[specs_[p].index].offset, local + specs_[p].offset);
+    if constexpr (!on_host) {
+      std::vector<U> staged(static_cast<std::size_t>(params_.numel()));
+      ops_.to_host(local, staged.data(), staged.size());
+      Gpt::scatter_on_host(specs_, global_buffer, staged.data());
+      ops_.from_host(staged.data(), local, staged.size());
+    } else {
+      scatter_on_host(specs_, global_buffer, local);
+    }
   }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
@@ -482,21 +515,21 @@ class Gpt {
   //! Pointers to block l's parameters (or gradients) inside a flat buffer.
   struct Block {
     T *ln1_w, *ln1_b;
-    typename layers::ParallelAttention<T>::Params attn;
+    typename layers::ParallelAttention<T, Dev>::Params attn;
     T *ln2_w, *ln2_b;
-    typename layers::ParallelMlp<T>::Params mlp;
+    typename layers::ParallelMlp<T, Dev>::Params mlp;
   };
   //! What one block keeps from forward for backward; x, ln1, x2 and ln2 hold this rank's rows.
   struct Act {
-    Tensor<T> x, ln1, x2, ln2;
-    Tensor<acc> mean1, rstd1, mean2, rstd2;
-    typename layers::ParallelAttention<T>::Acts attn;
-    typename layers::ParallelMlp<T>::Acts mlp;
+    Tensor<T, Dev> x, ln1, x2, ln2;
+    Tensor<acc, Dev> mean1, rstd1, mean2, rstd2;
+    typename layers::ParallelAttention<T, Dev>::Acts attn;
+    typename layers::ParallelMlp<T, Dev>::Acts mlp;
   };
   struct Grads {
-    Tensor<T> dfcp, dln2, dtmp, dattp, dln1;
-    typename layers::ParallelAttention<T>::Grads attn;
-    typename layers::ParallelMlp<T>::Grads mlp;
+    Tensor<T, Dev> dfcp, dln2, dtmp, dattp, dln1;
+    typename layers::ParallelAttention<T, Dev>::Grads attn;
+    typename layers::ParallelMlp<T, Dev>::Grads mlp;
   };
 
   //! Block l's activations (l global).
@@ -505,11 +538,13 @@ class Gpt {
   //! What one micro-batch in flight keeps: its blocks' activations, its output (or final residual) and loss.
   struct Slot {
     std::vector<Act> act;
-    std::vector<Tensor<T>> inputs;  //!< with recompute: each block's input
-    Tensor<T> out, lnf, lnf_full, logits, losses;
-    Tensor<acc> lnf_mean, lnf_rstd, row_max, row_sumexp;
+    std::vector<Tensor<T, Dev>> inputs;  //!< with recompute: each block's input
+    Tensor<T, Dev> out, lnf, lnf_full, logits, losses;
+    Tensor<acc, Dev> lnf_mean, lnf_rstd, row_max, row_sumexp;
+    //! The tokens where the kernels read them: the caller's arrays on the host, the copies below on a device.
     const std::int32_t* ids = nullptr;
     const std::int32_t* targets = nullptr;
+    Tensor<std::int32_t, Dev> ids_on_device, targets_on_device;
     std::uint64_t step = 0;
     std::int64_t row0 = 0;
     bool forwarded = false;
@@ -531,56 +566,84 @@ class Gpt {
     LOOM_CHECK(tp_.size() == tp_size, "the tensor-parallel communicator has ", tp_.size(), " ranks but the layout ",
                Cfg::name(), " has tp = ", tp_size);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
-    params_ = Tensor<T>::zeros({n});
-    grads_ = Tensor<T>::zeros({n});
-    layers::initialise(specs_, params_.data(), seed);
+    params_ = Tensor<T, Dev>::zeros({n});
+    grads_ = Tensor<T, Dev>::zeros({n});
+    if constexpr (on_host) {
+      layers::initialise(specs_, params_.data(), seed);
+    } else {  // made on the host, element by element as there, then copied
+      const auto init = Tensor<T>::zeros({n});
+      layers::initialise(specs_, init.data(), seed);
+      ops_.from_host(init.data(), params_.data(), static_cast<std::size_t>(n));
+    }
     slice_ = layers::vocab_slice(S.vocab, tp_size, tp_.rank());
+  }
+
+  static constexpr bool on_host = kernels::is_host_v<Dev>;
+
+  //! The single-rank layout's buffer into this rank's part, both in host memory.
+  template <class U>
+  static void scatter_on_host(const std::vector<ParamSpec>& specs, const U* global_buffer, U* local) {
+    const auto global = param_specs(0, true);
+    for (std::size_t p = 0; p < specs.size(); ++p)
+      specs[p].layout.scatter(global_buffer + global[specs[p].index].offset, local + specs[p].offset);
+  }
+
+  //! Where the kernels read B_ x T_ tokens given in host memory: there on the host; on a device, a copy in buf
+  //! (when `used`: the part reads them).
+  const std::int32_t* tokens_on_device(const std::int32_t* host, Tensor<std::int32_t, Dev>& buf, bool used) const {
+    if constexpr (on_host) {
+      return host;
+    } else {
+      if (!used || host == nullptr) return nullptr;
+      const std::int64_t n = std::int64_t{B_} * T_;
+      if (buf.numel() != n) buf = Tensor<std::int32_t, Dev>({n});
+      ops_.from_host(host, buf.data(), static_cast<std::size_t>(n));
+      return buf.data();
+    }
   }
 
   T* param_ptr(std::size_t p) const { return params_.data() + specs_[p].offset; }
   T* grad_ptr(std::size_t p) const { return grads_.data() + specs_[p].offset; }
   //! The index in specs() of block l's first parameter.
   std::size_t block_param(int l) const { return block0_ + 12 * static_cast<std::size_t>(l - first_); }
-  Block block(const Tensor<T>& buf, int l) const {
+  Block block(const Tensor<T, Dev>& buf, int l) const {
     T* b = buf.data();
     const std::size_t p = block_param(l);
     auto at = [&](std::size_t i) { return b + specs_[p + i].offset; };
     return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}};
   }
-  Tensor<T> view_of(const Tensor<T>& buf, std::string_view name) const {
+  Tensor<T, Dev> view_of(const Tensor<T, Dev>& buf, std::string_view name) const {
     for (const auto& s : specs_)
       if (s.name == name) return buf.slice(0, s.offset, s.offset + numel_of(s.shape)).view(s.shape);
     throw Error(loom::detail::cat("loom: the model has no parameter named '", name, "'"));
   }
   //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
-  T* sp_or(const Tensor<T>& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
+  T* sp_or(const Tensor<T, Dev>& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
 
   //! The loss's backward to the gradient of the last block's output (dx_): cross-entropy, the tied output layer's
   //! input gradient, the final norm's input gradient; dlnf (this rank's rows x d) keeps the norm's output gradient.
   void head_input(double scale, T* dlnf) {
-    namespace k = kernels::cpu;
     Slot& st = sl();
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
     tp_.phase = layers::Phase::other;
-    for (int i = 0; i < N; ++i) dloss_.data()[i] = static_cast<T>(scale / N);
+    ops_.fill(dloss_.data(), std::size_t(N), static_cast<T>(scale / N));
     T* logits = st.logits.data();
     ce_->backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss_.data(), logits);
     T* dlnf_full = sp_or(dlnf_full_, dlnf);
-    k::matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
+    ops_.matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
     region_.enter_backward(dlnf_full, dlnf);
-    k::layernorm_backward_input(dlnf, next_input(last_ - 1), param_ptr(lnf_w_), st.lnf_mean.data(),
+    ops_.layernorm_backward_input(dlnf, next_input(last_ - 1), param_ptr(lnf_w_), st.lnf_mean.data(),
                                 st.lnf_rstd.data(), dx_.data(), rows, d);
   }
   //! The loss's weight gradients: the tied table (this rank's vocabulary rows) and the final norm.
   void head_weight(const T* dlnf) {
-    namespace k = kernels::cpu;
     Slot& st = sl();
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
     tp_.phase = layers::Phase::other;
     keep_shared({lnf_w_, lnf_b_ + 1});
-    k::matmul(st.logits.data(), sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
+    ops_.matmul(st.logits.data(), sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
               1.0f, 1.0f);
-    k::layernorm_backward_weight(dlnf, next_input(last_ - 1), st.lnf_mean.data(), st.lnf_rstd.data(),
+    ops_.layernorm_backward_weight(dlnf, next_input(last_ - 1), st.lnf_mean.data(), st.lnf_rstd.data(),
                                  grad_ptr(lnf_w_), grad_ptr(lnf_b_), rows, d);
     sync_grads({lnf_w_, lnf_b_ + 1});
   }
@@ -599,7 +662,7 @@ class Gpt {
   //! output gradient, the embedding's output gradient.
   struct Split {
     std::vector<Grads> blocks;
-    Tensor<T> dlnf, dx;
+    Tensor<T, Dev> dlnf, dx;
   };
   Split& split(int slot) {
     if (splits_.size() != slots_.size()) splits_.assign(slots_.size(), Split{});
@@ -607,8 +670,8 @@ class Gpt {
     if (sp.blocks.empty()) {
       const std::int64_t rows = region_.rows(), d = S.d_model;
       for (int l = first_; l < last_; ++l) sp.blocks.push_back(make_grads());
-      if (head()) sp.dlnf = Tensor<T>({rows, d});
-      if (embedding()) sp.dx = Tensor<T>({rows, d});
+      if (head()) sp.dlnf = Tensor<T, Dev>({rows, d});
+      if (embedding()) sp.dx = Tensor<T, Dev>({rows, d});
     }
     return sp;
   }
@@ -616,8 +679,9 @@ class Gpt {
   Grads& grads_of(int l) { return split_ ? split_->blocks[static_cast<std::size_t>(l - first_)] : g_; }
   Grads make_grads() const {
     const std::int64_t rows = region_.rows(), d = S.d_model;
-    return Grads{Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}), Tensor<T>({rows, d}),
-                 Tensor<T>({rows, d}), attn_->make_grads(), mlp_->make_grads()};
+    using Buf = Tensor<T, Dev>;
+    return Grads{Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), Buf({rows, d}), attn_->make_grads(),
+                 mlp_->make_grads()};
   }
 
   //! Sums over the tensor-parallel group the gradients that several of its ranks hold, of parameters [first, last):
@@ -625,18 +689,21 @@ class Gpt {
   //! ranks share when kv_heads < TP; one all-reduce for all of them. Only what this backward added since
   //! keep_shared(r) is summed, so that gradients accumulated over micro-batches are summed once.
   ParamRange sync_grads(ParamRange r) {
-    if constexpr (tp_size == 1) return r;
-    std::vector<T> buf;
-    if (!pack_shared(r, buf)) return r;
-    LOOM_CHECK(buf.size() == shared_before_.size(), "sync_grads without keep_shared");
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= shared_before_[i];
-    const auto phase = tp_.phase;
-    tp_.phase = layers::Phase::grads;
-    tp_.all_reduce(buf.data(), buf.size());
-    tp_.phase = phase;
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += shared_before_[i];
-    each_shared(r, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
-    return r;
+    if constexpr (tp_size == 1) {
+      return r;
+    } else {
+      std::vector<T> buf;
+      if (!pack_shared(r, buf)) return r;
+      LOOM_CHECK(buf.size() == shared_before_.size(), "sync_grads without keep_shared");
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= shared_before_[i];
+      const auto phase = tp_.phase;
+      tp_.phase = layers::Phase::grads;
+      tp_.all_reduce(buf.data(), buf.size());
+      tp_.phase = phase;
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += shared_before_[i];
+      each_shared(r, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
+      return r;
+    }
   }
   //! Remembers the shared gradients of parameters r before a backward adds to them.
   void keep_shared(ParamRange r) {
@@ -673,9 +740,9 @@ class Gpt {
 
   //! x (this rank's rows) += their positions' embeddings; or, backward, the positions' gradients += dx.
   void add_positions(T* x) const { for_positions([&](int i, int n, int t0) {
-      kernels::cpu::add_positions(param_ptr(wpe_), x + std::ptrdiff_t(i) * S.d_model, 1, n, S.d_model, t0); }); }
+      ops_.add_positions(param_ptr(wpe_), x + std::ptrdiff_t(i) * S.d_model, 1, n, S.d_model, t0); }); }
   void positions_backward(const T* dx) const { for_positions([&](int i, int n, int t0) {
-      kernels::cpu::positions_backward(dx + std::ptrdiff_t(i) * S.d_model, grad_ptr(wpe_), 1, n, S.d_model, t0); }); }
+      ops_.positions_backward(dx + std::ptrdiff_t(i) * S.d_model, grad_ptr(wpe_), 1, n, S.d_model, t0); }); }
   //! f(i, n, t0) for each run of n of this rank's rows, from row i, that are consecutive positions from t0.
   template <class F>
   void for_positions(F&& f) const {
@@ -703,20 +770,19 @@ class Gpt {
 
   void layer_forward(int l, Act& a, T* out) {
     trace::Scope span("forward block", "compute");
-    namespace k = kernels::cpu;
     const Block w = block(params_, l);
     const int d = S.d_model, rows = region_.rows();
     const std::size_t nd = std::size_t(rows) * d;
     const T* x = input_of(l);
-    k::layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), rows, d, opt_.ln_eps);
+    ops_.layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), rows, d, opt_.ln_eps);
     T* x2 = a.x2.data();
     attn_->forward(a.ln1.data(), w.attn, a.attn, partial_.data(), x2);
     drop(x2, x2, nd, l, 1);
-    k::add(x, x2, x2, nd);
-    k::layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), rows, d, opt_.ln_eps);
+    ops_.add(x, x2, x2, nd);
+    ops_.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), rows, d, opt_.ln_eps);
     mlp_->forward(a.ln2.data(), w.mlp, a.mlp, partial_.data(), out);
     drop(out, out, nd, l, 2);
-    k::add(x2, out, out, nd);
+    ops_.add(x2, out, out, nd);
   }
 
   // Dropout sites: (layer, site) with site 0 the embedding, 1 the attention branch, 2 the MLP branch; the mask of
@@ -728,26 +794,26 @@ class Gpt {
   }
   void drop(const T* in, T* out, std::size_t n, int l, int site) {
     if (opt_.dropout <= 0) return;
-    kernels::cpu::dropout_forward(in, out, n, opt_.dropout, drop_key(l, site), drop_index0());
+    ops_.dropout_forward(in, out, n, opt_.dropout, drop_key(l, site), drop_index0());
   }
   void drop_backward(const T* din, T* dout, std::size_t n, int l, int site) {
     if (opt_.dropout <= 0) {
-      if (din != dout) std::copy_n(din, n, dout);
+      ops_.copy(din, dout, n);
       return;
     }
-    kernels::cpu::dropout_backward(din, dout, n, opt_.dropout, drop_key(l, site), drop_index0());
+    ops_.dropout_backward(din, dout, n, opt_.dropout, drop_key(l, site), drop_index0());
   }
 
   void make_act(Act& a, bool with_input) {
     const std::int64_t rows = region_.rows(), d = S.d_model;
-    if (with_input) a.x = Tensor<T>({rows, d});
-    a.ln1 = Tensor<T>({rows, d});
-    a.x2 = Tensor<T>({rows, d});
-    a.ln2 = Tensor<T>({rows, d});
-    a.mean1 = Tensor<acc>({rows});
-    a.rstd1 = Tensor<acc>({rows});
-    a.mean2 = Tensor<acc>({rows});
-    a.rstd2 = Tensor<acc>({rows});
+    if (with_input) a.x = Tensor<T, Dev>({rows, d});
+    a.ln1 = Tensor<T, Dev>({rows, d});
+    a.x2 = Tensor<T, Dev>({rows, d});
+    a.ln2 = Tensor<T, Dev>({rows, d});
+    a.mean1 = Tensor<acc, Dev>({rows});
+    a.rstd1 = Tensor<acc, Dev>({rows});
+    a.mean2 = Tensor<acc, Dev>({rows});
+    a.rstd2 = Tensor<acc, Dev>({rows});
     a.attn = attn_->make_acts();
     a.mlp = mlp_->make_acts();
   }
@@ -757,50 +823,50 @@ class Gpt {
     B_ = B, T_ = T_new;
     const int N = B * T_new;
     const std::int64_t d = S.d_model;
-    region_ = layers::Region<T>{&tp_, sequence_parallel, N, S.d_model};
+    region_ = layers::Region<T, Dev>{&tp_, sequence_parallel, N, S.d_model, ops_};
     const std::int64_t rows = region_.rows(), n = N;
     attn_.emplace(region_, B, T_new, S.heads, S.kv_heads, S.head_dim());
     mlp_.emplace(region_, S.ffn());
-    emb_.emplace(layers::VocabParallelEmbedding<T>{region_, slice_});
-    ce_.emplace(layers::VocabParallelCrossEntropy<T>{&tp_, N, slice_});
+    emb_.emplace(layers::VocabParallelEmbedding<T, Dev>{region_, slice_});
+    ce_.emplace(layers::VocabParallelCrossEntropy<T, Dev>{&tp_, N, slice_, ops_});
     const int L = last_ - first_;
     for (auto& st : slots_) {
       st.act.assign(static_cast<std::size_t>(L), Act{});
-      st.inputs.assign(static_cast<std::size_t>(L), Tensor<T>{});
+      st.inputs.assign(static_cast<std::size_t>(L), Tensor<T, Dev>{});
       if (opt_.recompute) {
-        st.act[0].x = Tensor<T>({rows, d});  // the part's input, its first block's
-        for (int i = 1; i < L; ++i) st.inputs[static_cast<std::size_t>(i)] = Tensor<T>({rows, d});
+        st.act[0].x = Tensor<T, Dev>({rows, d});  // the part's input, its first block's
+        for (int i = 1; i < L; ++i) st.inputs[static_cast<std::size_t>(i)] = Tensor<T, Dev>({rows, d});
       } else {
         for (auto& a : st.act) make_act(a, true);
       }
-      st.out = Tensor<T>({rows, d});
-      st.lnf = st.lnf_full = st.logits = st.losses = Tensor<T>();
-      st.lnf_mean = st.lnf_rstd = st.row_max = st.row_sumexp = Tensor<acc>();
+      st.out = Tensor<T, Dev>({rows, d});
+      st.lnf = st.lnf_full = st.logits = st.losses = Tensor<T, Dev>();
+      st.lnf_mean = st.lnf_rstd = st.row_max = st.row_sumexp = Tensor<acc, Dev>();
       if (head()) {
-        st.lnf = Tensor<T>({rows, d});
-        st.lnf_mean = Tensor<acc>({rows});
-        st.lnf_rstd = Tensor<acc>({rows});
-        if (sequence_parallel) st.lnf_full = Tensor<T>({n, d});
-        st.logits = Tensor<T>({n, slice_.count});
-        st.losses = Tensor<T>({n});
-        st.row_max = Tensor<acc>({n});
-        st.row_sumexp = Tensor<acc>({n});
+        st.lnf = Tensor<T, Dev>({rows, d});
+        st.lnf_mean = Tensor<acc, Dev>({rows});
+        st.lnf_rstd = Tensor<acc, Dev>({rows});
+        if (sequence_parallel) st.lnf_full = Tensor<T, Dev>({n, d});
+        st.logits = Tensor<T, Dev>({n, slice_.count});
+        st.losses = Tensor<T, Dev>({n});
+        st.row_max = Tensor<acc, Dev>({n});
+        st.row_sumexp = Tensor<acc, Dev>({n});
       }
       st.ids = st.targets = nullptr;
       st.forwarded = false;
     }
     if (opt_.recompute) {
       make_act(scratch_act_, false);
-      recompute_out_ = Tensor<T>({rows, d});
+      recompute_out_ = Tensor<T, Dev>({rows, d});
     }
-    dlnf_ = Tensor<T>({rows, d});
-    dx_ = Tensor<T>({rows, d});
+    dlnf_ = Tensor<T, Dev>({rows, d});
+    dx_ = Tensor<T, Dev>({rows, d});
     if (sequence_parallel) {
-      partial_ = Tensor<T>({n, d});
-      emb_full_ = Tensor<T>({n, d});
-      dlnf_full_ = Tensor<T>({n, d});
+      partial_ = Tensor<T, Dev>({n, d});
+      emb_full_ = Tensor<T, Dev>({n, d});
+      dlnf_full_ = Tensor<T, Dev>({n, d});
     }
-    dloss_ = Tensor<T>({n});
+    dloss_ = Tensor<T, Dev>({n});
     g_ = make_grads();
     splits_.clear();
   }
@@ -834,22 +900,23 @@ class Gpt {
   }
 
   GptOptions opt_;
+  kernels::Ops<Dev> ops_{};
   layers::TpGroup<T> tp_;
   int first_, last_;
   std::vector<ParamSpec> specs_;
-  Tensor<T> params_, grads_;
+  Tensor<T, Dev> params_, grads_;
   layers::VocabSlice slice_{0, S.vocab};
-  layers::Region<T> region_{nullptr, false, 0, S.d_model};
-  std::optional<layers::ParallelAttention<T>> attn_;
-  std::optional<layers::ParallelMlp<T>> mlp_;
-  std::optional<layers::VocabParallelEmbedding<T>> emb_;
-  std::optional<layers::VocabParallelCrossEntropy<T>> ce_;
+  layers::Region<T, Dev> region_{nullptr, false, 0, S.d_model};
+  std::optional<layers::ParallelAttention<T, Dev>> attn_;
+  std::optional<layers::ParallelMlp<T, Dev>> mlp_;
+  std::optional<layers::VocabParallelEmbedding<T, Dev>> emb_;
+  std::optional<layers::VocabParallelCrossEntropy<T, Dev>> ce_;
   std::size_t wte_ = 0, wpe_ = 0, block0_ = 0, lnf_w_ = 0, lnf_b_ = 0;  //!< indices in specs_ (no_param: not held)
   int B_ = 0, T_ = 0;
   std::vector<Slot> slots_;
   int cur_ = 0;  //!< the slot forward and backward work on
   Act scratch_act_;
-  Tensor<T> recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_;
+  Tensor<T, Dev> recompute_out_, dlnf_, dx_, partial_, emb_full_, dlnf_full_, dloss_;
   Grads g_;
   std::vector<Split> splits_;
   Split* split_ = nullptr;  //!< during a split backward: the slot's

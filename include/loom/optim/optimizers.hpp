@@ -1,8 +1,9 @@
 // Optimizers over a model's flat parameter buffer: AdamW and SGD with momentum, as torch.optim defines them, with
-// weight decay on matrices and embeddings only; global-norm gradient clipping; a linear-warmup learning rate.
+// weight decay on matrices and embeddings only; global-norm gradient clipping; a linear-warmup learning rate. On
+// the model's device: Dev = Host, or Cuda with <loom/kernels/cuda/device_ops.cuh> (state and buffers there).
 #pragma once
 
-#include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/ops.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/tensor/tensor.hpp>
 
@@ -18,28 +19,32 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 };
 
-//! AdamW over the parameters described by specs (decay where ParamSpec::decay).
-template <class T>
+//! AdamW over the parameters described by specs (decay where ParamSpec::decay), its moments on Dev.
+template <class T, class Dev = Host>
 class AdamW {
  public:
   using acc = kernels::cpu::acc_t<T>;
-  AdamW(std::vector<models::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {})
-      : specs_(std::move(specs)), cfg_(cfg), m_(Tensor<acc>::zeros({n})), v_(Tensor<acc>::zeros({n})) {}
+  using device = Dev;
+  AdamW(std::vector<models::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : specs_(std::move(specs)), cfg_(cfg), ops_(ops), m_(Tensor<acc, Dev>::zeros({n})),
+        v_(Tensor<acc, Dev>::zeros({n})) {}
 
-  void step(const Tensor<T>& params, const Tensor<T>& grads, double lr) {
+  void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     ++t_;
     for (const auto& s : specs_) {
       const auto n = static_cast<std::size_t>(numel_of(s.shape));
-      kernels::cpu::adamw_step(params.data() + s.offset, grads.data() + s.offset, m_.data() + s.offset,
+      ops_.adamw_step(params.data() + s.offset, grads.data() + s.offset, m_.data() + s.offset,
                                v_.data() + s.offset, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
                                s.decay ? cfg_.weight_decay : 0.0, t_);
     }
   }
   int steps() const { return t_; }
-  const Tensor<acc>& first_moment() const { return m_; }
-  const Tensor<acc>& second_moment() const { return v_; }
+  const Tensor<acc, Dev>& first_moment() const { return m_; }
+  const Tensor<acc, Dev>& second_moment() const { return v_; }
   //! Named state for checkpoints: the moments, and the step count.
-  std::vector<std::pair<std::string, Tensor<acc>>> state() const { return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}}; }
+  std::vector<std::pair<std::string, Tensor<acc, Dev>>> state() const {
+    return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}};
+  }
   int counter() const { return t_; }
   void set_counter(int t) { t_ = t; }
   static constexpr const char* name = "adamw";
@@ -47,7 +52,8 @@ class AdamW {
  private:
   std::vector<models::ParamSpec> specs_;
   AdamWConfig cfg_;
-  Tensor<acc> m_, v_;
+  kernels::Ops<Dev> ops_;
+  Tensor<acc, Dev> m_, v_;
   int t_ = 0;
 };
 
@@ -56,17 +62,18 @@ struct SgdConfig {
   double weight_decay = 0.0;
 };
 
-//! SGD with momentum (torch.optim.SGD, dampening 0, no Nesterov).
-template <class T>
+//! SGD with momentum (torch.optim.SGD, dampening 0, no Nesterov), its buffer on Dev.
+template <class T, class Dev = Host>
 class Sgd {
  public:
   using acc = kernels::cpu::acc_t<T>;
-  Sgd(std::vector<models::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {})
-      : specs_(std::move(specs)), cfg_(cfg), buf_(Tensor<acc>::zeros({n})) {}
+  using device = Dev;
+  Sgd(std::vector<models::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : specs_(std::move(specs)), cfg_(cfg), ops_(ops), buf_(Tensor<acc, Dev>::zeros({n})) {}
 
-  void step(const Tensor<T>& params, const Tensor<T>& grads, double lr) {
+  void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     for (const auto& s : specs_)
-      kernels::cpu::sgd_step(params.data() + s.offset, grads.data() + s.offset, buf_.data() + s.offset,
+      ops_.sgd_step(params.data() + s.offset, grads.data() + s.offset, buf_.data() + s.offset,
                              static_cast<std::size_t>(numel_of(s.shape)), lr, cfg_.momentum,
                              s.decay ? cfg_.weight_decay : 0.0, first_);
     first_ = false;
@@ -75,42 +82,38 @@ class Sgd {
  private:
   std::vector<models::ParamSpec> specs_;
   SgdConfig cfg_;
-  Tensor<acc> buf_;
+  kernels::Ops<Dev> ops_;
+  Tensor<acc, Dev> buf_;
   bool first_ = true;
 
  public:
   //! Named state for checkpoints: the momentum buffer, and whether a step was taken.
-  std::vector<std::pair<std::string, Tensor<acc>>> state() const { return {{"sgd.momentum_buffer", buf_}}; }
+  std::vector<std::pair<std::string, Tensor<acc, Dev>>> state() const { return {{"sgd.momentum_buffer", buf_}}; }
   int counter() const { return first_ ? 0 : 1; }
   void set_counter(int t) { first_ = t == 0; }
   static constexpr const char* name = "sgd";
 };
 
-//! The L2 norm of all gradients.
-template <class T>
-double grad_norm(const Tensor<T>& grads) {
-  double s = 0;
-  const T* g = grads.data();
-  for (std::int64_t i = 0; i < grads.numel(); ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-  return std::sqrt(s);
+//! The L2 norm of all gradients (a contiguous buffer).
+template <class T, class Dev>
+double grad_norm(const Tensor<T, Dev>& grads, const kernels::Ops<Dev>& ops = {}) {
+  return std::sqrt(ops.sum_squares(grads.data(), static_cast<std::size_t>(grads.numel())));
 }
 
 //! Scales the gradients, whose global norm is `norm`, so that it becomes at most max_norm (0: no clipping).
-template <class T>
-void clip_to(const Tensor<T>& grads, double norm, double max_norm) {
+template <class T, class Dev>
+void clip_to(const Tensor<T, Dev>& grads, double norm, double max_norm, const kernels::Ops<Dev>& ops = {}) {
   if (max_norm <= 0 || !(norm > max_norm)) return;
   const auto scale = static_cast<kernels::cpu::acc_t<T>>(max_norm / (norm + 1e-6));
-  T* g = grads.data();
-  for (std::int64_t i = 0; i < grads.numel(); ++i)
-    g[i] = static_cast<T>(static_cast<kernels::cpu::acc_t<T>>(g[i]) * scale);
+  ops.scale(grads.data(), static_cast<std::size_t>(grads.numel()), scale);
 }
 
 //! Scales the gradients so that their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_); returns
 //! the norm before clipping.
-template <class T>
-double clip_grad_norm(const Tensor<T>& grads, double max_norm) {
-  const double norm = grad_norm(grads);
-  clip_to(grads, norm, max_norm);
+template <class T, class Dev>
+double clip_grad_norm(const Tensor<T, Dev>& grads, double max_norm, const kernels::Ops<Dev>& ops = {}) {
+  const double norm = grad_norm(grads, ops);
+  clip_to(grads, norm, max_norm, ops);
   return norm;
 }
 

@@ -24,7 +24,9 @@ struct Gelu {
 template <class A>
 void gelu_forward_acc(const A* x, A* out, std::size_t n) {
   constexpr std::size_t chunk = 256;
-  A e_buf[chunk];
+  // Aligned to the widest packet: Eigen would otherwise compute the first elements up to an aligned address with
+  // the scalar exp, which rounds differently from the packet one, so that results would depend on the stack.
+  alignas(64) A e_buf[chunk];
   for (std::size_t i0 = 0; i0 < n; i0 += chunk) {
     const std::size_t m = std::min(chunk, n - i0);
     const auto X = arr(x + i0, m);
@@ -39,7 +41,7 @@ template <class A>
 void gelu_backward_acc(const A* x, const A* dout, A* dx, std::size_t n) {
   using G = Gelu<A>;
   constexpr std::size_t chunk = 256;
-  A e_buf[chunk], d_buf[chunk];
+  alignas(64) A e_buf[chunk], d_buf[chunk];  // aligned, as in gelu_forward_acc
   for (std::size_t i0 = 0; i0 < n; i0 += chunk) {
     const std::size_t m = std::min(chunk, n - i0);
     const auto X = arr(x + i0, m);

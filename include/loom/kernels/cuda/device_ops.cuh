@@ -1,0 +1,256 @@
+// Ops<Cuda>: the device dispatch of <loom/kernels/ops.hpp> for CUDA: every operation runs on the stream the value
+// holds, through kernels::cuda; copies and fills are stream-ordered; the sums (losses, squared gradients) reduce on
+// the device to per-block double partials, which the host adds in a fixed order, so the result is deterministic.
+// Needs nvcc: include it from .cu sources, before a model or optimizer on Cuda is used.
+#pragma once
+
+#include <loom/kernels/cuda/ops.cuh>
+#include <loom/kernels/ops.hpp>
+#include <loom/tensor/cuda.hpp>
+
+#include <cub/block/block_reduce.cuh>
+
+#include <cstring>
+#include <vector>
+
+namespace loom::kernels {
+
+namespace cuda::detail {
+
+//! x[i] = value.
+template <class T>
+struct Fill {
+  static constexpr int width = vec_width<T>;
+  T* x;
+  T value;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    Pack<T, N> p;
+#pragma unroll
+    for (int j = 0; j < N; ++j) p.v[j] = value;
+    store_pack(x + i, p);
+  }
+};
+
+inline constexpr int sum_threads = 256;
+
+//! partial[block] = the sum over the block's grid-stride share of f(x[i]), in double.
+template <class T, bool Square>
+__global__ void __launch_bounds__(sum_threads) sum_kernel(const T* x, std::size_t n, double* partial) {
+  using Reduce = cub::BlockReduce<double, sum_threads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  double s = 0;
+  for (std::size_t i = std::size_t{blockIdx.x} * sum_threads + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * sum_threads) {
+    const double v = static_cast<double>(widen(x[i]));
+    s += Square ? v * v : v;
+  }
+  const double total = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+//! The sum of x (or of its squares) over n elements, on `stream`, returned to the host.
+template <bool Square, class T>
+double device_sum(const T* x, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return 0;
+  const unsigned blocks = grid_for(n, sum_threads);
+  CudaBuffer<double> partial(blocks, stream);
+  sum_kernel<device_t<T>, Square><<<blocks, sum_threads, 0, stream>>>(dev(x), n, partial.data());
+  check_launch(Square ? "sum_squares" : "sum");
+  std::vector<double> host(blocks);
+  LOOM_CUDA(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA(cudaStreamSynchronize(stream));
+  double s = 0;
+  for (double p : host) s += p;
+  return s;
+}
+
+}  // namespace cuda::detail
+
+//! The CUDA kernels on one stream (default: the legacy default stream, which Tensor<T, Cuda>'s memory is allocated
+//! for, so that freeing a tensor is ordered after the kernels that used it without an event). A model or optimizer
+//! on another stream must order its tensors' lifetimes itself.
+template <>
+struct Ops<Cuda> {
+  using device = Cuda;
+  template <class T>
+  using acc_t = cuda::acc_t<T>;
+  cudaStream_t stream = nullptr;
+
+  //! Temporary memory of n elements, for this stream.
+  template <class U>
+  using Scratch = CudaBuffer<U>;
+  template <class U>
+  Scratch<U> scratch(std::size_t n) const {
+    return Scratch<U>(n, stream);
+  }
+
+  template <class T>
+  void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f,
+              float beta = 0.0f) const {
+    cuda::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream);
+  }
+  template <class T>
+  void bias_add(const T* x, const T* bias, T* out, int R, int C) const {
+    cuda::bias_add(x, bias, out, R, C, stream);
+  }
+  template <class T>
+  void bias_backward(const T* dout, T* dbias, int R, int C) const {
+    cuda::bias_backward(dout, dbias, R, C, stream);
+  }
+  template <class T>
+  void add(const T* a, const T* b, T* out, std::size_t n) const {
+    cuda::add(a, b, out, n, stream);
+  }
+  template <class T>
+  void accumulate(const T* x, T* y, std::size_t n) const {
+    cuda::accumulate(x, y, n, stream);
+  }
+  template <class T>
+  void gelu_forward(const T* x, T* out, std::size_t n) const {
+    cuda::gelu_forward(x, out, n, stream);
+  }
+  template <class T>
+  void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n) const {
+    cuda::gelu_backward(x, dout, dx, n, stream);
+  }
+
+  //! eps in float, as the CUDA kernel takes it (the model's is a float).
+  template <class T>
+  void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
+                         double eps) const {
+    cuda::layernorm_forward(x, w, b, out, mean, rstd, R, C, static_cast<float>(eps), stream);
+  }
+  template <class T>
+  void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                T* dx, int R, int C) const {
+    cuda::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream);
+  }
+  template <class T>
+  void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
+                                 int R, int C) const {
+    cuda::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C, stream);
+  }
+
+  template <class T>
+  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) const {
+    cuda::ce_partials(logits, row_max, row_sumexp, R, V_local, stream);
+  }
+  template <class T>
+  void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R) const {
+    cuda::ce_rescale<T>(local_max, global_max, sumexp, R, stream);
+  }
+  template <class T>
+  void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
+                       int v0) const {
+    cuda::ce_target_logit(logits, targets, target_logit, R, V_local, v0, stream);
+  }
+  template <class T>
+  void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses,
+                 int R) const {
+    cuda::ce_losses<T>(row_max, row_sumexp, target_logit, losses, R, stream);
+  }
+  template <class T>
+  void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
+                   const T* dloss, T* dlogits, int R, int V_local, int v0) const {
+    cuda::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, stream);
+  }
+
+  template <class T>
+  void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local) const {
+    cuda::embedding_forward(ids, table, out, n, C, v0, V_local, stream);
+  }
+  template <class T>
+  void embedding_backward(const std::int32_t* ids, const T* dout, T* dtable, int n, int C, int v0,
+                          int V_local) const {
+    cuda::embedding_backward(ids, dout, dtable, n, C, v0, V_local, stream);
+  }
+  template <class T>
+  void add_positions(const T* wpe, T* out, int B, int T_, int C, int t0) const {
+    cuda::add_positions(wpe, out, B, T_, C, t0, stream);
+  }
+  template <class T>
+  void positions_backward(const T* dout, T* dwpe, int B, int T_, int C, int t0) const {
+    cuda::positions_backward(dout, dwpe, B, T_, C, t0, stream);
+  }
+
+  template <class T>
+  void dropout_forward(const T* x, T* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0) const {
+    cuda::dropout_forward(x, out, n, p, seed, index0, stream);
+  }
+  template <class T>
+  void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_t seed,
+                        std::uint64_t index0) const {
+    cuda::dropout_backward(dout, dx, n, p, seed, index0, stream);
+  }
+
+  template <class T>
+  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                         const cpu::AttentionShape& s) const {
+    cuda::attention_forward(q, k, v, out, lse, s, stream);
+  }
+  template <class T>
+  void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
+                          T* dk, T* dv, const cpu::AttentionShape& s) const {
+    cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, stream);
+  }
+
+  template <class T>
+  void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int t) const {
+    cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream);
+  }
+  template <class T>
+  void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
+                double weight_decay, bool first) const {
+    cuda::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, stream);
+  }
+
+  template <class T>
+  void copy(const T* src, T* dst, std::size_t n) const {
+    if (src != dst && n > 0)
+      LOOM_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+  }
+  template <class T>
+  void fill(T* x, std::size_t n, T value) const {
+    using D = cuda::device_t<T>;
+    D v;
+    static_assert(sizeof(D) == sizeof(T), "loom: a device element has its host type's bytes");
+    std::memcpy(static_cast<void*>(&v), &value, sizeof(T));
+    cuda::detail::launch_map(cuda::detail::Fill<D>{cuda::detail::dev(x), v}, n, cuda::detail::vec_ok({x}), stream,
+                             "fill");
+  }
+  template <class T>
+  void scale(T* x, std::size_t n, acc_t<T> s) const {
+    using D = cuda::device_t<T>;
+    cuda::detail::launch_map(cuda::detail::Scale<D>{cuda::detail::dev(x), s}, n, cuda::detail::vec_ok({x}), stream,
+                             "scale");
+  }
+  //! Device to host: returns when host_dst holds the data.
+  template <class T>
+  void to_host(const T* src, T* host_dst, std::size_t n) const {
+    if (n == 0) return;
+    LOOM_CUDA(cudaMemcpyAsync(host_dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+  }
+  //! Host to device, ordered on the stream; host_src may be reused on return (the copy is staged or done).
+  template <class T>
+  void from_host(const T* host_src, T* dst, std::size_t n) const {
+    if (n == 0) return;
+    LOOM_CUDA(cudaMemcpyAsync(dst, host_src, n * sizeof(T), cudaMemcpyHostToDevice, stream));
+    // Pageable memory is staged before the call returns, but a pinned source would be read later: wait, so that
+    // the caller may free or change it either way.
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+  }
+  template <class T>
+  double sum_squares(const T* x, std::size_t n) const {
+    return cuda::detail::device_sum<true>(x, n, stream);
+  }
+  template <class T>
+  double sum(const T* x, std::size_t n) const {
+    return cuda::detail::device_sum<false>(x, n, stream);
+  }
+  void synchronize() const { LOOM_CUDA(cudaStreamSynchronize(stream)); }
+};
+
+}  // namespace loom::kernels

@@ -1,0 +1,205 @@
+// Ops<Device>: the operations of <loom/kernels/cpu/ops.hpp> on a device's memory, with what a model needs besides
+// the kernels (copies, fills, transfers to and from the host, sums), so that layers, models and optimizers are
+// written once for every device. Ops<Host> forwards to kernels::cpu; Ops<Cuda> to kernels::cuda on a stream, in
+// <loom/kernels/cuda/device_ops.cuh> (include it from CUDA sources before using a model on Cuda).
+//
+// An Ops value is what a layer holds to reach its device: empty on the host, a stream on CUDA. Pointers given to it
+// are in its device's memory unless the name says host. Sums come back to the host as double.
+#pragma once
+
+#include <loom/kernels/cpu/ops.hpp>
+#include <loom/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace loom::kernels {
+
+template <class Device>
+struct Ops;
+
+//! The CPU kernels, as they are: every call forwards unchanged (a model on the host computes bit for bit as one
+//! that calls kernels::cpu itself).
+template <>
+struct Ops<Host> {
+  using device = Host;
+  template <class T>
+  using acc_t = cpu::acc_t<T>;
+  //! Temporary memory of n elements, with data().
+  template <class U>
+  using Scratch = std::vector<U>;
+  template <class U>
+  Scratch<U> scratch(std::size_t n) const {
+    return Scratch<U>(n);
+  }
+
+  template <class T>
+  void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f,
+              float beta = 0.0f) const {
+    cpu::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta);
+  }
+  template <class T>
+  void bias_add(const T* x, const T* bias, T* out, int R, int C) const {
+    cpu::bias_add(x, bias, out, R, C);
+  }
+  template <class T>
+  void bias_backward(const T* dout, T* dbias, int R, int C) const {
+    cpu::bias_backward(dout, dbias, R, C);
+  }
+  template <class T>
+  void add(const T* a, const T* b, T* out, std::size_t n) const {
+    cpu::add(a, b, out, n);
+  }
+  template <class T>
+  void accumulate(const T* x, T* y, std::size_t n) const {
+    cpu::accumulate(x, y, n);
+  }
+  template <class T>
+  void gelu_forward(const T* x, T* out, std::size_t n) const {
+    cpu::gelu_forward(x, out, n);
+  }
+  template <class T>
+  void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n) const {
+    cpu::gelu_backward(x, dout, dx, n);
+  }
+
+  template <class T>
+  void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
+                         double eps) const {
+    cpu::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps);
+  }
+  template <class T>
+  void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                T* dx, int R, int C) const {
+    cpu::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C);
+  }
+  template <class T>
+  void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
+                                 int R, int C) const {
+    cpu::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C);
+  }
+
+  template <class T>
+  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) const {
+    cpu::ce_partials(logits, row_max, row_sumexp, R, V_local);
+  }
+  template <class T>
+  void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R) const {
+    cpu::ce_rescale<T>(local_max, global_max, sumexp, R);
+  }
+  template <class T>
+  void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
+                       int v0) const {
+    cpu::ce_target_logit(logits, targets, target_logit, R, V_local, v0);
+  }
+  template <class T>
+  void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses,
+                 int R) const {
+    cpu::ce_losses<T>(row_max, row_sumexp, target_logit, losses, R);
+  }
+  template <class T>
+  void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
+                   const T* dloss, T* dlogits, int R, int V_local, int v0) const {
+    cpu::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0);
+  }
+
+  template <class T>
+  void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local) const {
+    cpu::embedding_forward(ids, table, out, n, C, v0, V_local);
+  }
+  template <class T>
+  void embedding_backward(const std::int32_t* ids, const T* dout, T* dtable, int n, int C, int v0,
+                          int V_local) const {
+    cpu::embedding_backward(ids, dout, dtable, n, C, v0, V_local);
+  }
+  template <class T>
+  void add_positions(const T* wpe, T* out, int B, int T_, int C, int t0) const {
+    cpu::add_positions(wpe, out, B, T_, C, t0);
+  }
+  template <class T>
+  void positions_backward(const T* dout, T* dwpe, int B, int T_, int C, int t0) const {
+    cpu::positions_backward(dout, dwpe, B, T_, C, t0);
+  }
+
+  template <class T>
+  void dropout_forward(const T* x, T* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0) const {
+    cpu::dropout_forward(x, out, n, p, seed, index0);
+  }
+  template <class T>
+  void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_t seed,
+                        std::uint64_t index0) const {
+    cpu::dropout_backward(dout, dx, n, p, seed, index0);
+  }
+
+  template <class T>
+  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                         const cpu::AttentionShape& s) const {
+    cpu::attention_forward(q, k, v, out, lse, s);
+  }
+  template <class T>
+  void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
+                          T* dk, T* dv, const cpu::AttentionShape& s) const {
+    cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s);
+  }
+
+  template <class T>
+  void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int t) const {
+    cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+  template <class T>
+  void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
+                double weight_decay, bool first) const {
+    cpu::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first);
+  }
+
+  //! dst = src, n elements on this device (the ranges may be the same, not otherwise overlap).
+  template <class T>
+  void copy(const T* src, T* dst, std::size_t n) const {
+    if (src != dst && n > 0) std::copy_n(src, n, dst);
+  }
+  //! n elements = value.
+  template <class T>
+  void fill(T* x, std::size_t n, T value) const {
+    std::fill_n(x, n, value);
+  }
+  //! x *= s, computed in acc_t<T> (gradient clipping).
+  template <class T>
+  void scale(T* x, std::size_t n, acc_t<T> s) const {
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<acc_t<T>>(x[i]) * s);
+  }
+  //! Host memory from this device's, and back; on the host, copies.
+  template <class T>
+  void to_host(const T* src, T* host_dst, std::size_t n) const {
+    copy(src, host_dst, n);
+  }
+  template <class T>
+  void from_host(const T* host_src, T* dst, std::size_t n) const {
+    copy(host_src, dst, n);
+  }
+  //! The sum of x[i]^2 in double, in order.
+  template <class T>
+  double sum_squares(const T* x, std::size_t n) const {
+    double s = 0;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    return s;
+  }
+  //! The sum of x[i] in double, in order.
+  template <class T>
+  double sum(const T* x, std::size_t n) const {
+    double s = 0;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
+    return s;
+  }
+  //! Waits for the work issued so far (nothing to wait for on the host).
+  void synchronize() const {}
+};
+
+//! Whether the device's memory is the host's (host pointers may be read directly).
+template <class Device>
+inline constexpr bool is_host_v = std::is_same_v<Device, Host>;
+
+}  // namespace loom::kernels
