@@ -1,7 +1,8 @@
-# The CUDA kernels against the CPU kernels, and the GPT on a device against the GPT on the host (label gpu). Without
+# The CUDA kernels against the CPU kernels, the GPT on a device against the GPT on the host, and the Local backend on
+# device memory, ranks sharing one GPU (label gpu). Without
 # a device each program prints "SKIPPED: no CUDA device" and exits with 77, which ctest reports as skipped.
 if(LOOM_WITH_CUDA)
-  foreach(_loom_gpu_test test_kernels_cuda test_gpt_cuda)
+  foreach(_loom_gpu_test test_kernels_cuda test_gpt_cuda test_comm_local_cuda)
     add_executable(${_loom_gpu_test} ${_loom_gpu_test}.cu)
     target_link_libraries(${_loom_gpu_test} PRIVATE loom::loom loom::cuda loom_catch_main)
     target_include_directories(${_loom_gpu_test} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
@@ -15,16 +16,6 @@ if(LOOM_WITH_CUDA)
   endforeach()
   set_tests_properties(test_kernels_cuda PROPERTIES LABELS "gpu;kernels" SKIP_RETURN_CODE 77 TIMEOUT 900)
   set_tests_properties(test_gpt_cuda PROPERTIES LABELS "gpu;model" SKIP_RETURN_CODE 77 TIMEOUT 900)
-endif()
-
-# The Local backend on device memory, ranks sharing one GPU (label gpu).
-if(LOOM_WITH_CUDA)
-  add_executable(test_comm_local_cuda test_comm_local_cuda.cu)
-  target_link_libraries(test_comm_local_cuda PRIVATE loom::loom loom::cuda loom_catch_main)
-  target_include_directories(test_comm_local_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  set_target_properties(test_comm_local_cuda PROPERTIES CUDA_ARCHITECTURES 90)
-  target_compile_options(test_comm_local_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>
-                         $<$<COMPILE_LANGUAGE:CUDA>:--diag-suppress=20012,20013,20015>)
-  add_test(NAME test_comm_local_cuda COMMAND test_comm_local_cuda)
   set_tests_properties(test_comm_local_cuda PROPERTIES LABELS "gpu;comm" SKIP_RETURN_CODE 77 TIMEOUT 600)
 endif()
+

@@ -5,6 +5,7 @@
 // steps (with gradient clipping) give the host's losses; a bf16 model's loss falls. Without a CUDA device it prints
 // "SKIPPED: no CUDA device" and exits with 77.
 #include "catch.hpp"
+#include "gpu_skip.hpp"
 
 #include <loom/kernels/cuda/device_ops.cuh>
 #include <loom/models/gpt.hpp>
@@ -23,17 +24,6 @@ using models::GptOptions;
 using models::GptShape;
 
 namespace {
-
-// Without a device every case would fail: leave before Catch2's main runs, with the code ctest reads as skipped.
-[[maybe_unused]] const bool device_present = [] {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
-  return true;
-}();
 
 constexpr GptShape mha{2, 4, 4, 32, 64, 16};  // head_dim 8
 constexpr GptShape gqa{2, 4, 2, 32, 61, 16};  // 4 query heads over 2 key/value heads; an odd vocabulary
