@@ -5,7 +5,7 @@
 //
 //   train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]
 //             [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C] [--warmup N] [--dropout P]
-//             [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel dpN] [--bucket-mb MB]
+//             [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi] [--parallel dpN] [--bucket-mb MB]
 //             [--schedule NAME] [--layer-split N,N,...]
 //             [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]
 #include "train_gpt.hpp"
@@ -18,7 +18,8 @@ namespace train_gpt {
 const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
-    "                 [--dropout P] [--dtype f64|f32] [--device cpu] [--backend local|mpi] [--parallel SPEC]\n"
+    "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
+    "                 [--parallel SPEC]\n"
     "                 [--bucket-mb MB]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE]\n"
@@ -95,10 +96,13 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi (nccl needs --device cuda), got '",
              a.backend, "'");
   LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", a.bucket_mb);
-  LOOM_CHECK(a.device == "cpu", "--device ", a.device,
-             ": training on CUDA is not built into train_gpt yet; use --device cpu");
-  LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
-             ": the CPU trains in f32 or f64 (bf16 training needs --device cuda)");
+  LOOM_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device, "'");
+  if (a.device == "cpu")
+    LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
+               ": the CPU trains in f32 or f64 (bf16 training needs --device cuda)");
+  else
+    LOOM_CHECK(a.dtype == "f32" || a.dtype == "bf16" || a.dtype == "f64", "--dtype ", a.dtype,
+               ": CUDA trains in f32, bf16 or f64");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
@@ -149,10 +153,16 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   for (const char* axis : {"cp", "pp", "dp", "ep"})
     if (size[axis] > 1) part(axis + std::to_string(size[axis]));
   if (name.empty()) name = "single";
-  const auto known = layouts();
+  const auto known = a.device == "cuda" ? cuda_layouts() : layouts();
   if (std::find(known.begin(), known.end(), name) == known.end()) {
     int ranks = 1;
     for (const char* axis : {"tp", "pp", "dp", "cp"}) ranks *= size[axis];
+    if (a.device == "cuda") {
+      std::string all;
+      for (const auto& n : known) all += (all.empty() ? "" : ", ") + n;
+      throw Error(loom::detail::cat("loom: --parallel ", spec, " is not among the layouts --device cuda trains (",
+                                    all.empty() ? "none: this build has no CUDA" : all, ")"));
+    }
     throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", ranks, " ranks in a layout this build does "
                                   "not have (compiled layouts: ", compiled(), ")"));
   }
@@ -167,6 +177,13 @@ std::vector<std::string> layouts() {
   return all;
 }
 
+#ifndef LOOM_TRAIN_GPT_CUDA
+std::optional<int> run_cuda(const std::string&, const Args&, int&, char**&) {
+  throw Error("loom: --device cuda: this train_gpt was built without CUDA (configure with -DLOOM_WITH_CUDA=ON)");
+}
+std::vector<std::string> cuda_layouts() { return {}; }
+#endif
+
 }  // namespace train_gpt
 
 int main(int argc, char** argv) {
@@ -174,6 +191,10 @@ int main(int argc, char** argv) {
   try {
     Args a = parse(argc, argv);
     const std::string layout = parse_parallel(a.parallel, a);
+    if (a.device == "cuda") {
+      if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;
+      throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
+    }
     for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);

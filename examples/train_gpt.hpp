@@ -150,11 +150,12 @@ double state_bytes(const Opt& opt) {
 }
 
 //! What every rank does: its part of the model (tensor parallelism; with pipeline parallelism the parts of its
-//! stage), its slice of each global batch, gradients averaged over the data-parallel group.
-template <models::GptShape S, class T, class Ctx>
+//! stage), its slice of each global batch, gradients averaged over the data-parallel group; on the host or, Dev =
+//! Cuda, on the GPU (ranks that share one GPU through the Local backend).
+template <models::GptShape S, class T, class Dev, class Ctx>
 void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens) {
   using Cfg = typename Ctx::config;
-  using Model = models::Gpt<S, T, models::ModelLayout<Cfg>>;
+  using Model = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
   const bool lead = ctx.rank() == 0;
 #ifdef _OPENMP
   omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / Ctx::world_size));
@@ -170,12 +171,15 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
   auto with_optimizer = [&](auto&& go) {
     if (a.optimizer == "adamw")
       go([&](const auto& specs, std::int64_t n) {
-        return optim::AdamW<T>(specs, n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
+        return optim::AdamW<T, Dev>(specs, n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
       });
     else
-      go([&](const auto& specs, std::int64_t n) { return optim::Sgd<T>(specs, n, optim::SgdConfig{0.9, a.weight_decay}); });
+      go([&](const auto& specs, std::int64_t n) {
+        return optim::Sgd<T, Dev>(specs, n, optim::SgdConfig{0.9, a.weight_decay});
+      });
   };
   if constexpr (Cfg::template size<Axis::pp> > 1) {
+    static_assert(std::is_same_v<Dev, Host>, "loom: train_gpt runs pipeline parallelism on the host");
     with_optimizer([&](auto make) {
       using Opt = decltype(make(std::vector<models::ParamSpec>{}, 0));
       train::PipelineTrainer<S, T, Opt, Ctx> trainer(
@@ -218,8 +222,8 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
   }
 }
 
-//! Runs layout Cfg on the chosen backend.
-template <models::GptShape S, class T, class Cfg>
+//! Runs layout Cfg on the chosen backend and device.
+template <models::GptShape S, class T, class Cfg, class Dev>
 int train(const Args& a, int& argc, char**& argv) {
   constexpr int dp = Cfg::template size<Axis::dp>;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
@@ -245,25 +249,29 @@ int train(const Args& a, int& argc, char**& argv) {
     LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
   if (a.backend == "mpi") {
 #ifdef LOOM_HAS_MPI
-    return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T>(a, ctx, tokens); });
+    if constexpr (std::is_same_v<Dev, Host>)
+      return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens); });
+    throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
 #else
     throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
   }
   (void)argc, (void)argv;
-  run_local<Cfg>([&](auto& ctx) { train_rank<S, T>(a, ctx, tokens); });
+  run_local<Cfg>([&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens); });
   return 0;
 }
 
-//! Layout Cfg with the model and dtype that --model and --dtype name; a shape that cannot be split as Cfg says is
-//! refused with the rule it breaks.
-template <class Cfg>
+//! Layout Cfg on device Dev with the model and dtype that --model and --dtype name; a shape that cannot be split as
+//! Cfg says is refused with the rule it breaks.
+template <class Cfg, class Dev = Host>
 int train_model(const Args& a, int& argc, char**& argv) {
   auto go = [&]<models::GptShape S>() -> int {
     constexpr auto rule = models::tensor_parallel_violation(S, Cfg::template size<Axis::tp>, Cfg::sequence_parallel);
     if constexpr (rule.empty()) {
-      if (a.dtype == "f64") return train<S, double, Cfg>(a, argc, argv);
-      return train<S, float, Cfg>(a, argc, argv);
+      if (a.dtype == "f64") return train<S, double, Cfg, Dev>(a, argc, argv);
+      if constexpr (!std::is_same_v<Dev, Host>)
+        if (a.dtype == "bf16") return train<S, bf16, Cfg, Dev>(a, argc, argv);
+      return train<S, float, Cfg, Dev>(a, argc, argv);
     } else {
       throw Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", Cfg::name(), ": ", rule));
     }
@@ -274,16 +282,19 @@ int train_model(const Args& a, int& argc, char**& argv) {
   throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2)");
 }
 
-//! A family of layouts compiled in one translation unit: runs the one named `layout`, if it is among them.
-template <class... Cfgs>
-struct Family {
+//! A family of layouts compiled in one translation unit for device Dev: runs the one named `layout`, if it is
+//! among them.
+template <class Dev, class... Cfgs>
+struct DeviceFamily {
   static std::vector<std::string> names() { return {std::string(Cfgs::name())...}; }
   static std::optional<int> run(const std::string& layout, const Args& a, int& argc, char**& argv) {
     std::optional<int> rc;
-    ((layout == Cfgs::name() && !rc ? (void)(rc = train_model<Cfgs>(a, argc, argv)) : void()), ...);
+    ((layout == Cfgs::name() && !rc ? (void)(rc = train_model<Cfgs, Dev>(a, argc, argv)) : void()), ...);
     return rc;
   }
 };
+template <class... Cfgs>
+using Family = DeviceFamily<Host, Cfgs...>;
 
 //! The families, each compiled in its own translation unit (train_gpt_<family>.cpp): run_* runs the layout if it
 //! is in the family; *_layouts lists the family's layouts.
@@ -295,6 +306,9 @@ std::vector<std::string> data_parallel_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> sequence_parallel_layouts();
 std::vector<std::string> pipeline_parallel_layouts();
+//! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
+std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
+std::vector<std::string> cuda_layouts();
 //! Every compiled layout.
 std::vector<std::string> layouts();
 

@@ -120,6 +120,14 @@ if(TARGET train_gpt)
             "-DLAYOUTS=pp2 --layer-split 1,3;tp2,pp2,dp2 --layer-split 3,1"
             "-DEXTRA=--model;small;--micro-batches;2" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
+  if(LOOM_WITH_CUDA)
+    # --device cuda: one rank, and two ranks sharing the GPU, log the CPU's losses (f64, dropout) to 9 digits.
+    add_test(NAME train_gpt_cuda_layouts
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_cuda
+              "-DLAYOUTS=single --device cuda;dp2 --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    set_tests_properties(train_gpt_cuda_layouts PROPERTIES LABELS "gpu;model"
+                         SKIP_REGULAR_EXPRESSION "no CUDA device here")
+  endif()
   add_test(NAME train_gpt_resume_continues_the_run
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)

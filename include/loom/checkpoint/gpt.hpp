@@ -52,8 +52,8 @@ void write_gpt(const std::string& dir, const std::vector<T>& whole, float ln_eps
 
 //! Writes the model's checkpoint (write_gpt), whatever its layout: a collective over the model's tensor-parallel
 //! group, where only the ranks with `write` write.
-template <models::GptShape S, class T, class Cfg>
-void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write = true) {
+template <models::GptShape S, class T, class Cfg, class Dev>
+void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, bool write = true) {
   const auto whole = model.gather(model.params().data());
   if (write) write_gpt<S>(dir, whole, model.options().ln_eps);
 }
@@ -61,8 +61,8 @@ void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model, bool write 
 //! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's; every
 //! parameter must be present with its shape (dtypes are converted). Names may carry Hugging Face's "transformer."
 //! prefix.
-template <models::GptShape S, class T, class Cfg>
-void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg>& model) {
+template <models::GptShape S, class T, class Cfg, class Dev>
+void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model) {
   const std::string cfg_file = dir + "/config.json";
   std::ifstream cf(cfg_file);
   if (!cf) throw Error("loom: cannot open " + cfg_file);

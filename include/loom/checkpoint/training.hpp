@@ -40,8 +40,8 @@ void write_training(const std::string& dir, const std::vector<std::pair<std::str
 
 //! A training checkpoint of a model on any tensor-parallel layout: a collective over its tensor-parallel group;
 //! only the ranks with `write` write.
-template <models::GptShape S, class T, class Cfg, class Optimizer>
-void save_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, const Optimizer& opt, int next_step,
+template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
+void save_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, const Optimizer& opt, int next_step,
                    bool write = true) {
   save_gpt(dir, model, write);
   using A = typename Optimizer::acc;
@@ -51,8 +51,8 @@ void save_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, const 
 }
 
 //! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
-template <models::GptShape S, class T, class Cfg, class Optimizer>
-int load_training(const std::string& dir, models::Gpt<S, T, Cfg>& model, Optimizer& opt) {
+template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
+int load_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, Optimizer& opt) {
   load_gpt(dir, model);
   const std::string file = dir + "/trainer.json";
   std::ifstream f(file);

@@ -58,6 +58,7 @@ class DataParallel {
   void backward(double scale) {
     if (!overlap_ || comm_.size() == 1) {
       model_.backward(scale);
+      model_.ops().synchronize();
       if (comm_.size() > 1)
         for (const auto& b : buckets_) reduce(b);
       return;
@@ -72,12 +73,17 @@ class DataParallel {
   }
 
  private:
-  //! Stage 0, on Compute: backward chunk c; returns the parameters it completed.
+  //! Stage 0, on Compute: backward chunk c; returns the parameters it completed, once they are in memory (on a
+  //! device, the chunk's kernels have finished: the reduction reads them from another stream).
   struct BackwardChunk {
     static constexpr const char* name = "backward";
     Model* m;
     double scale;
-    auto operator()(std::size_t c) const { return m->backward_chunk(static_cast<int>(c), scale); }
+    auto operator()(std::size_t c) const {
+      const auto done = m->backward_chunk(static_cast<int>(c), scale);
+      m->ops().synchronize();
+      return done;
+    }
   };
   //! Stage 1, on Comm: averages every bucket that is now complete, in bucket order.
   struct ReduceReady {
@@ -165,7 +171,7 @@ class DataParallelTrainer {
     dp_.all_reduce(finite, comm::Reduce::min);
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
     if (!finite[0]) return {l[0], norm, true, lr};
-    optim::clip_to(model_.grads(), norm, cfg_.grad_clip);
+    optim::clip_to(model_.grads(), norm, cfg_.grad_clip, model_.ops());
     opt_.step(model_.params(), model_.grads(), lr);
     return {l[0], norm, false, lr};
   }

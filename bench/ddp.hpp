@@ -1,0 +1,96 @@
+// What bench/ddp.cpp (CPU ranks, and the driver) and bench/ddp_cuda.cu (ranks sharing a CUDA device) share: the
+// options, one row, and the measurement of one layout.
+#pragma once
+
+#include <loom/comm/local.hpp>
+#include <loom/config.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/train/data_parallel.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp_bench {
+
+using namespace loom;
+using Clock = std::chrono::steady_clock;
+
+struct DdpOptions {
+  std::string model = "small", device = "cpu", dtype = "f32";
+  std::vector<int> dp{2, 4};
+  int batch = 8, seq = 128, steps = 5;
+  double bucket_mb = 1;
+  std::string json;
+};
+
+struct Row {
+  std::string model, device, dtype;
+  int dp, batch, seq, buckets;
+  double compute_ms, comm_ms, serial_ms, overlap_ms, exposed;
+};
+
+//! N ranks of a GPT of shape S in T on Dev (threads of this process; on a GPU they share it): compute alone, the
+//! buckets' reduction alone, and the step with the reduction after backward and overlapped with it.
+template <models::GptShape S, int N, class T = float, class Dev = Host>
+Row measure(const DdpOptions& o) {
+  using Model = models::Gpt<S, T, Parallel<>, Dev>;
+  Row row{o.model, o.device, o.dtype, N, o.batch, std::min(o.seq, S.max_seq), 0, 0, 0, 0, 0, 0};
+  const int seq = row.seq, rows = o.batch / N;
+  LOOM_CHECK(rows >= 1 && o.batch % N == 0, "--batch ", o.batch, " must be a multiple of dp ", N);
+  run_local<Parallel<DP<N>>>([&](auto& ctx) {
+#ifdef _OPENMP
+    omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
+#endif
+    Model m(1);
+    auto& dp = ctx.template comm<Axis::dp>();
+    const auto bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
+    train::DataParallel<Model, std::remove_reference_t<decltype(dp)>> on(m, dp, bucket_bytes, true),
+        off(m, dp, bucket_bytes, false);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * seq), tg(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<std::int32_t>((i * 13 + ctx.rank()) % S.vocab), tg[i] = ids[(i + 1) % ids.size()];
+    auto timed = [&](auto&& body) {
+      std::vector<double> t;
+      for (int i = 0; i < o.steps + 1; ++i) {
+        dp.barrier();
+        const auto t0 = Clock::now();
+        body();
+        m.ops().synchronize();
+        dp.barrier();
+        if (i > 0) t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    auto fwd = [&] {
+      m.zero_grad();
+      m.forward(ids.data(), tg.data(), rows, seq);
+    };
+    const double compute = timed([&] { fwd(), m.backward(); });
+    const double comm = timed([&] {
+      for (const auto& b : on.buckets())
+        dp.all_reduce(std::span<T>(m.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)),
+                      comm::Reduce::avg);
+    });
+    const double serial = timed([&] { fwd(), off.backward(1.0); });
+    const double overlap = timed([&] { fwd(), on.backward(1.0); });
+    if (ctx.rank() == 0) {
+      row.buckets = static_cast<int>(on.buckets().size());
+      row.compute_ms = compute, row.comm_ms = comm, row.serial_ms = serial, row.overlap_ms = overlap;
+      row.exposed = (overlap - compute) / comm;
+    }
+  });
+  return row;
+}
+
+//! The rows of ranks sharing a CUDA device (bench/ddp_cuda.cu); throws where loom was built without CUDA.
+std::vector<Row> measure_cuda(const DdpOptions& o);
+
+}  // namespace ddp_bench

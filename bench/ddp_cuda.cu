@@ -1,0 +1,42 @@
+// bench/ddp on ranks that share one CUDA device: threads of this process whose models compute on the GPU and whose
+// buckets are averaged through the Local backend's device memory.
+#include <loom/comm/local_cuda.cuh>
+#include <loom/kernels/cuda/device_ops.cuh>
+
+#include "ddp.hpp"
+
+namespace ddp_bench {
+
+namespace {
+
+template <models::GptShape S, class T>
+Row measure_dp(int dp, const DdpOptions& o) {
+  switch (dp) {
+    case 2: return measure<S, 2, T, Cuda>(o);
+    case 4: return measure<S, 4, T, Cuda>(o);
+    default: throw Error("loom: --dp on cuda must list 2 or 4");
+  }
+}
+
+template <models::GptShape S>
+Row measure_dtype(int dp, const DdpOptions& o) {
+  if (o.dtype == "bf16") return measure_dp<S, bf16>(dp, o);
+  if (o.dtype == "f32") return measure_dp<S, float>(dp, o);
+  throw Error("loom: --dtype " + o.dtype + " on cuda: bf16 or f32");
+}
+
+}  // namespace
+
+std::vector<Row> measure_cuda(const DdpOptions& o) {
+  int devices = 0;
+  LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
+  std::vector<Row> rows;
+  for (int dp : o.dp) {
+    if (o.model == "small") rows.push_back(measure_dtype<models::small>(dp, o));
+    else if (o.model == "gpt2") rows.push_back(measure_dtype<models::gpt2>(dp, o));
+    else throw Error("loom: unknown model '" + o.model + "' on cuda (small, gpt2)");
+  }
+  return rows;
+}
+
+}  // namespace ddp_bench
