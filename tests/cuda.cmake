@@ -3,15 +3,10 @@
 # and exits with 77, which ctest reports as skipped.
 if(LOOM_WITH_CUDA)
   foreach(_loom_gpu_test test_kernels_cuda test_gpt_cuda test_comm_local_cuda)
-    add_executable(${_loom_gpu_test} ${_loom_gpu_test}.cu)
-    target_link_libraries(${_loom_gpu_test} PRIVATE loom::loom loom::cuda loom_catch_main)
+    add_executable(${_loom_gpu_test})
+    loom_cuda_sources(${_loom_gpu_test} "" ${_loom_gpu_test}.cu)
+    target_link_libraries(${_loom_gpu_test} PRIVATE loom_catch_main)
     target_include_directories(${_loom_gpu_test} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-    # C++20 by flag: CMake before 3.26 does not know CUDA_STANDARD 20 for nvcc.
-    set_target_properties(${_loom_gpu_test} PROPERTIES CUDA_ARCHITECTURES 90)
-    target_compile_options(${_loom_gpu_test} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
-    # Eigen 3.4 (through loom/core/dtype.hpp) trips nvcc's warnings about defaulted and constexpr host functions in
-    # its own headers; they are reported where Eigen's templates are instantiated, at the end of the file.
-    target_compile_options(${_loom_gpu_test} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--diag-suppress=20012,20013,20015>)
     add_test(NAME ${_loom_gpu_test} COMMAND ${_loom_gpu_test})
   endforeach()
   set_tests_properties(test_kernels_cuda PROPERTIES LABELS "gpu;kernels" SKIP_RETURN_CODE 77 TIMEOUT 900)
