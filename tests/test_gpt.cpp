@@ -2,6 +2,7 @@
 // nothing, the split of backward into input and weight parts, checkpoints in the Hugging Face layout, and training
 // that lowers the loss.
 #include "catch.hpp"
+#include "gpt_batch.hpp"
 
 #include <loom/checkpoint/gpt.hpp>
 #include <loom/models/gpt.hpp>
@@ -22,17 +23,8 @@ namespace {
 constexpr GptShape gqa{2, 4, 2, 16, 13, 8};  // 4 query heads over 2 key/value heads, head_dim 4
 constexpr GptShape mha{1, 2, 2, 8, 11, 6};
 
-struct Batch {
-  std::vector<std::int32_t> ids, targets;
-};
-Batch batch(int B, int T, int vocab, int salt = 0) {
-  Batch b;
-  for (int i = 0; i < B * T; ++i) {
-    b.ids.push_back((i * 7 + salt) % vocab);
-    b.targets.push_back((i * 5 + 3 + salt) % vocab);
-  }
-  return b;
-}
+using test::Batch;
+using test::batch;
 
 //! The largest element difference relative to the largest element of a.
 double max_rel_diff(const Tensor<double>& a, const Tensor<double>& b) {

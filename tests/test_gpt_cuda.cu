@@ -5,6 +5,7 @@
 // steps (with gradient clipping) give the host's losses; a bf16 model's loss falls. Without a CUDA device it prints
 // "SKIPPED: no CUDA device" and exits with 77.
 #include "catch.hpp"
+#include "gpt_batch.hpp"
 #include "gpu_skip.hpp"
 
 #include <loom/kernels/cuda/device_ops.cuh>
@@ -33,17 +34,8 @@ using HostGpt = Gpt<S, T>;
 template <GptShape S, class T>
 using CudaGpt = Gpt<S, T, Parallel<>, Cuda>;
 
-struct Batch {
-  std::vector<std::int32_t> ids, targets;
-};
-Batch batch(int B, int T, int vocab, int salt = 0) {
-  Batch b;
-  for (int i = 0; i < B * T; ++i) {
-    b.ids.push_back((i * 7 + salt) % vocab);
-    b.targets.push_back((i * 5 + 3 + salt) % vocab);
-  }
-  return b;
-}
+using test::Batch;
+using test::batch;
 
 //! Agreement of float results computed in different orders; double's.
 template <class T>
