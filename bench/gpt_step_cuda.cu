@@ -51,10 +51,9 @@ std::vector<Row> measure_cuda(const StepOptions& o) {
   LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
   std::vector<Row> rows;
   for (const auto& name : o.models) {
-    if (name == "tiny") rows.push_back(measure_dtype<models::tiny>(name, o));
-    else if (name == "small") rows.push_back(measure_dtype<models::small>(name, o));
+    if (name == "small") rows.push_back(measure_dtype<models::small>(name, o));
     else if (name == "gpt2") rows.push_back(measure_dtype<models::gpt2>(name, o));
-    else throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2)");
+    else throw Error("loom: unknown model '" + name + "' on cuda (small, gpt2)");
   }
   return rows;
 }
