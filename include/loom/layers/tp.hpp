@@ -107,7 +107,8 @@ class TpGroup {
 
 //! The edges of a tensor-parallel region over N tokens of C features. Outside the region a rank holds rows()
 //! tokens: all N, or with sequence parallelism its N / t consecutive ones, starting at first_row(). The layers of
-//! the region compute on Dev through ops; the group's collectives take host memory (a group of one issues none).
+//! the region compute on Dev through ops; on a device the model allows only a group of one, which issues no
+//! collective (models::DeviceRules).
 template <class T, class Dev = Host>
 struct Region {
   TpGroup<T>* tp;

@@ -91,10 +91,10 @@ struct TensorParallelRules {
 
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.
 //!
-//! The tensor-parallel group (layers::TpGroup) moves host memory: the communicator's collectives take spans of host
-//! elements, and sync_grads and gather pack gradients in std::vector. On a device only a group of one, which issues
-//! no collective, is correct. What lifts the rule: a TpGroup over a communicator that takes device pointers (Nccl),
-//! and those packing buffers in the device's memory.
+//! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
+//! device pointers (Nccl; Local with <loom/comm/local_cuda.cuh>, ranks sharing one GPU), but the model does not yet
+//! wait for its stream before a tensor-parallel collective, and sync_grads packs the shared gradients in host
+//! memory (std::vector). Those two lift the rule.
 template <class Dev, class Cfg>
 struct DeviceRules {
   static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
@@ -255,7 +255,7 @@ class Gpt {
     // Final norm on this rank's rows, logits of this rank's vocabulary against the tied embedding, loss.
     T* xl = next_input(last_ - 1);
     ops_.layernorm_forward(xl, param_ptr(lnf_w_), param_ptr(lnf_b_), st.lnf.data(), st.lnf_mean.data(),
-                         st.lnf_rstd.data(), rows, d, opt_.ln_eps);
+                           st.lnf_rstd.data(), rows, d, opt_.ln_eps);
     const T* lnf_full = sp_or(st.lnf_full, st.lnf.data());
     region_.enter_forward(st.lnf.data(), const_cast<T*>(lnf_full));
     ops_.matmul(lnf_full, param_ptr(wte_), st.logits.data(), N, slice_.count, d, false, true);
@@ -385,13 +385,13 @@ class Gpt {
     drop_backward(dx, g.dfcp.data(), nd, l, 2);
     mlp_->backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     ops_.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(),
-                                g.dtmp.data(), rows, d);
+                                  g.dtmp.data(), rows, d);
     ops_.accumulate(g.dtmp.data(), dx, nd);  // dx is now d(x2)
     // Attention branch: x2 = x + drop(attention(ln1(x)))
     drop_backward(dx, g.dattp.data(), nd, l, 1);
     attn_->backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
     ops_.layernorm_backward_input(g.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
-                                g.dtmp.data(), rows, d);
+                                  g.dtmp.data(), rows, d);
     ops_.accumulate(g.dtmp.data(), dx, nd);  // d(x)
     tp_.phase = layers::Phase::other;
   }
@@ -408,10 +408,10 @@ class Gpt {
     const int d = S.d_model, rows = region_.rows();
     mlp_->backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, gw.mlp);
     ops_.layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), gw.ln2_w, gw.ln2_b,
-                                 rows, d);
+                                   rows, d);
     attn_->backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, gw.attn);
     ops_.layernorm_backward_weight(g.dln1.data(), input_of(l), a.mean1.data(), a.rstd1.data(), gw.ln1_w, gw.ln1_b,
-                                 rows, d);
+                                   rows, d);
     sync_grads({p, p + 12});
   }
 
@@ -498,9 +498,8 @@ class Gpt {
   //! communication).
   template <class U>
   void scatter(const U* global_buffer, U* local) const {
-    if constexpr (!on_host) {
+    if constexpr (!on_host) {  // every element of local is written: build it on the host, copy it over
       std::vector<U> staged(static_cast<std::size_t>(params_.numel()));
-      ops_.to_host(local, staged.data(), staged.size());
       Gpt::scatter_on_host(specs_, global_buffer, staged.data());
       ops_.from_host(staged.data(), local, staged.size());
     } else {
@@ -633,7 +632,7 @@ class Gpt {
     ops_.matmul(logits, param_ptr(wte_), dlnf_full, N, d, slice_.count, false, false);
     region_.enter_backward(dlnf_full, dlnf);
     ops_.layernorm_backward_input(dlnf, next_input(last_ - 1), param_ptr(lnf_w_), st.lnf_mean.data(),
-                                st.lnf_rstd.data(), dx_.data(), rows, d);
+                                  st.lnf_rstd.data(), dx_.data(), rows, d);
   }
   //! The loss's weight gradients: the tied table (this rank's vocabulary rows) and the final norm.
   void head_weight(const T* dlnf) {
@@ -642,9 +641,9 @@ class Gpt {
     tp_.phase = layers::Phase::other;
     keep_shared({lnf_w_, lnf_b_ + 1});
     ops_.matmul(st.logits.data(), sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
-              1.0f, 1.0f);
+                1.0f, 1.0f);
     ops_.layernorm_backward_weight(dlnf, next_input(last_ - 1), st.lnf_mean.data(), st.lnf_rstd.data(),
-                                 grad_ptr(lnf_w_), grad_ptr(lnf_b_), rows, d);
+                                   grad_ptr(lnf_w_), grad_ptr(lnf_b_), rows, d);
     sync_grads({lnf_w_, lnf_b_ + 1});
   }
   //! The embedding's weight gradients from dx, the gradient of its output (overwritten): dropout, tokens (a

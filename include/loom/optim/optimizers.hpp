@@ -34,8 +34,8 @@ class AdamW {
     for (const auto& s : specs_) {
       const auto n = static_cast<std::size_t>(numel_of(s.shape));
       ops_.adamw_step(params.data() + s.offset, grads.data() + s.offset, m_.data() + s.offset,
-                               v_.data() + s.offset, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                               s.decay ? cfg_.weight_decay : 0.0, t_);
+                      v_.data() + s.offset, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+                      s.decay ? cfg_.weight_decay : 0.0, t_);
     }
   }
   int steps() const { return t_; }
@@ -74,8 +74,8 @@ class Sgd {
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     for (const auto& s : specs_)
       ops_.sgd_step(params.data() + s.offset, grads.data() + s.offset, buf_.data() + s.offset,
-                             static_cast<std::size_t>(numel_of(s.shape)), lr, cfg_.momentum,
-                             s.decay ? cfg_.weight_decay : 0.0, first_);
+                    static_cast<std::size_t>(numel_of(s.shape)), lr, cfg_.momentum,
+                    s.decay ? cfg_.weight_decay : 0.0, first_);
     first_ = false;
   }
 

@@ -18,11 +18,15 @@ namespace loom::pipeline {
 
 //! Runs tables on one pipeline stage. Model is a part of a model with forward(slot, micro_batch, input),
 //! backward(slot, scale, doutput) (BW), backward_inputs(slot, scale, doutput) (B), backward_weights(slot) (W),
-//! output(slot), input_grad(), slots() and set_slots(n) (models::Gpt with a GptPart); chunks[c] is the part this stage holds as its chunk c. Comm is the pipeline group's
-//! communicator: its rank is the stage.
+//! output(slot), input_grad(), slots() and set_slots(n) (models::Gpt with a GptPart); chunks[c] is the part this
+//! stage holds as its chunk c. Comm is the pipeline group's communicator: its rank is the stage.
 template <class Model, class Comm>
 class Executor {
  public:
+  //! run()'s grads_ready when none is given.
+  struct NoCallback {
+    void operator()(int) const {}
+  };
   using T = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::value_type;
   using MicroBatch = typename Model::MicroBatch;
 
@@ -38,8 +42,8 @@ class Executor {
   //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
   //! loss, 0 elsewhere. grads_ready(c), when given, is called as soon as chunk c's weight gradients are complete
   //! (after its last micro-batch's W or BW), so that their reduction can start while the stage computes on.
-  template <ScheduleTable Table, class Provider, class Ready = void (*)(int)>
-  double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = nullptr) {
+  template <ScheduleTable Table, class Provider, class Ready = NoCallback>
+  double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = {}) {
     const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
     LOOM_CHECK(table.stage_count() == P, "a table for ", table.stage_count(), " stages on a pipeline of ", P);
     LOOM_CHECK(table.schedule == schedule_, "a ", describe_schedule(table.schedule), " table on an executor built for ",
@@ -60,9 +64,7 @@ class Executor {
     in_use_ = peak_ = 0;
     std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
     auto weights_in = [&](int chunk) {
-      if (++weights_done[std::size_t(chunk)] != m) return;
-      if constexpr (!std::is_pointer_v<std::remove_cvref_t<Ready>>) grads_ready(chunk);
-      else if (grads_ready) grads_ready(chunk);
+      if (++weights_done[std::size_t(chunk)] == m) grads_ready(chunk);
     };
     if (static_cast<int>(act_in_.size()) != V * m) {
       act_in_.assign(std::size_t(V) * m, {});
