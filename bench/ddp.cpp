@@ -44,7 +44,11 @@ int main(int argc, char** argv) {
         LOOM_CHECK(i + 1 < argc, a, " needs a value");
         return std::string(argv[++i]);
       };
-      if (a == "--model") o.model = next();
+      if (a == "-h" || a == "--help") {
+        std::fputs("usage: ddp [--model tiny|small|gpt2] [--device cpu|cuda] [--dtype f32|bf16] [--dp 2,4]\n"
+                   "           [--batch B] [--seq T] [--steps N] [--bucket-mb MB] [--json FILE]\n", stdout);
+        return 0;
+      } else if (a == "--model") o.model = next();
       else if (a == "--device") o.device = next();
       else if (a == "--dtype") o.dtype = next();
       else if (a == "--dp") {

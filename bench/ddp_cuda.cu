@@ -1,5 +1,6 @@
 // bench/ddp on ranks that share one CUDA device: threads of this process whose models compute on the GPU and whose
 // buckets are averaged through the Local backend's device memory.
+#include <loom/core/cuda_device.hpp>
 #include <loom/comm/local_cuda.cuh>
 #include <loom/kernels/cuda/device_ops.cuh>
 
@@ -28,8 +29,8 @@ Row measure_dtype(int dp, const DdpOptions& o) {
 }  // namespace
 
 std::vector<Row> measure_cuda(const DdpOptions& o) {
-  int devices = 0;
-  LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
+  const auto gpu = cuda_availability();
+  LOOM_CHECK(gpu.kind == CudaAvailability::ready, "--device cuda: ", gpu.what);
   std::vector<Row> rows;
   for (int dp : o.dp) {
     if (o.model == "small") rows.push_back(measure_dtype<models::small>(dp, o));

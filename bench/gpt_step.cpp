@@ -115,7 +115,12 @@ int main(int argc, char** argv) {
         LOOM_CHECK(i + 1 < argc, a, " needs a value");
         return std::string(argv[++i]);
       };
-      if (a == "--models") {
+      if (a == "-h" || a == "--help") {
+        std::fputs("usage: gpt_step [--models tiny,small,gpt2] [--device cpu|cuda] [--dtype f32|bf16] [--batch B]\n"
+                   "                [--seq T] [--steps N] [--threads N] [--peak-tflops F] [--python PATH] [--no-torch]\n"
+                   "                [--no-compile] [--json FILE]\n", stdout);
+        return 0;
+      } else if (a == "--models") {
         o.models.clear();
         std::stringstream ss(next());
         for (std::string x; std::getline(ss, x, ',');) o.models.push_back(x);

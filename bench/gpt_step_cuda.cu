@@ -1,5 +1,6 @@
 // The GPT training step on a CUDA device for bench/gpt_step: forward, backward, global-norm clipping and AdamW of
 // models::Gpt<S, T, Parallel<>, Cuda>, in bf16 or f32, with tokens/s, the allocator's peak bytes and the MFU.
+#include <loom/core/cuda_device.hpp>
 #include <loom/kernels/cuda/device_ops.cuh>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
@@ -47,8 +48,8 @@ Row measure_dtype(const std::string& name, const StepOptions& o) {
 }  // namespace
 
 std::vector<Row> measure_cuda(const StepOptions& o) {
-  int devices = 0;
-  LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
+  const auto gpu = cuda_availability();
+  LOOM_CHECK(gpu.kind == CudaAvailability::ready, "--device cuda: ", gpu.what);
   std::vector<Row> rows;
   for (const auto& name : o.models) {
     if (name == "small") rows.push_back(measure_dtype<models::small>(name, o));

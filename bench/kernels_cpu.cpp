@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc && a == "--reps") reps = std::stoi(argv[++i]);
     else if (i + 1 < argc && a == "--json") json = argv[++i];
     else {
-      std::fprintf(stderr, "usage: kernels_cpu [--tokens 1024] [--reps 5] [--json FILE]\n");
-      return 2;
+      const bool help = a == "-h" || a == "--help";
+      std::fprintf(help ? stdout : stderr, "usage: kernels_cpu [--tokens 1024] [--reps 5] [--json FILE]\n");
+      return help ? 0 : 2;
     }
   }
   N = std::max(N, 1);

@@ -116,7 +116,11 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw Error("loom: " + a + " needs a value");
         return std::string(argv[++i]);
       };
-      if (a == "--pp") o.pp = std::stoi(next());
+      if (a == "-h" || a == "--help") {
+        std::fputs("usage: pipeline [--pp 2|4] [--micro-batches M] [--chunks V] [--unit-ms MS] [--model tiny|small]\n"
+                   "                [--json FILE]\n", stdout);
+        return 0;
+      } else if (a == "--pp") o.pp = std::stoi(next());
       else if (a == "--micro-batches") o.m = std::stoi(next());
       else if (a == "--chunks") o.v = std::stoi(next());
       else if (a == "--unit-ms") o.unit_ms = std::stod(next());

@@ -156,7 +156,11 @@ int main(int argc, char** argv) {
         LOOM_CHECK(i + 1 < argc, a, " needs a value");
         return std::string(argv[++i]);
       };
-      if (a == "--model") o.model = next();
+      if (a == "-h" || a == "--help") {
+        std::fputs("usage: tensor_parallel [--model tiny|small|gpt2] [--tp 1,2,4,8] [--sp | --no-sp] [--batch B]\n"
+                   "                       [--seq T] [--steps N] [--json FILE]\n", stdout);
+        return 0;
+      } else if (a == "--model") o.model = next();
       else if (a == "--tp") {
         o.tp.clear();
         std::stringstream ss(next());

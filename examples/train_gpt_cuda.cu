@@ -1,5 +1,6 @@
 // train_gpt's layouts on a CUDA device: one rank, and data parallelism over ranks that share the GPU (threads of
 // this process, through the Local backend's device memory). Compiled by nvcc where loom is built with CUDA.
+#include <loom/core/cuda_device.hpp>
 #include <loom/comm/local_cuda.cuh>
 #include <loom/kernels/cuda/device_ops.cuh>
 
@@ -10,8 +11,8 @@ namespace train_gpt {
 using CudaLayouts = DeviceFamily<Cuda, Parallel<>, Parallel<DP<2>>>;
 
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv) {
-  int devices = 0;
-  LOOM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--device cuda: no CUDA device here");
+  const auto gpu = cuda_availability();
+  LOOM_CHECK(gpu.kind == CudaAvailability::ready, "--device cuda: ", gpu.what);
   return CudaLayouts::run(layout, a, argc, argv);
 }
 std::vector<std::string> cuda_layouts() { return CudaLayouts::names(); }

@@ -33,3 +33,28 @@ if(LOOM_WITH_MPI)
                        test_comm_mpi_group_missing
                        PROPERTIES LABELS "mpi;comm;failure" ENVIRONMENT "${_mpi_env};LOOM_TIMEOUT_S=3")
 endif()
+
+# Ranks that fail while their peers are inside collectives or sends: exit 1 with every other rank told which rank
+# failed, never a signal (cmake/expect_failure.cmake requires a numeric exit status).
+add_executable(comm_local_faults comm_local_faults.cpp)
+target_link_libraries(comm_local_faults PRIVATE loom::loom)
+foreach(algo ring halving_doubling direct)
+  add_test(NAME comm_local_faults.mid_collective.${algo}
+    COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:comm_local_faults>;mid-collective;${algo}"
+            "-DEXPECT=loom: rank 1 failed: rank 1 gives up at all_reduce"
+            "-DEXPECT2=7 of 7 other ranks were told: abandoned because rank 1 failed" -DMAX_SECONDS=30
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+endforeach()
+add_test(NAME comm_local_faults.straggler
+  COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:comm_local_faults>;straggler"
+          "-DEXPECT=loom: rank 0 failed: loom: all_reduce #2 on group world{0,1} (this is global rank 0, group rank 0) timed out after 1 s waiting for ranks that have not entered it: global rank 1 (group rank 1, at #1)"
+          "-DEXPECT2=1 of 1 other ranks were told: abandoned because rank 0 failed" -DMAX_SECONDS=30
+          -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+add_test(NAME comm_local_faults.send_recv
+  COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:comm_local_faults>;send-recv"
+          "-DEXPECT=loom: rank 2 failed: rank 2 gives up"
+          "-DEXPECT2=2 of 2 other ranks were told: abandoned because rank 2 failed" -DMAX_SECONDS=30
+          -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+set_tests_properties(comm_local_faults.mid_collective.ring comm_local_faults.mid_collective.halving_doubling
+                     comm_local_faults.mid_collective.direct comm_local_faults.straggler comm_local_faults.send_recv
+                     PROPERTIES LABELS "comm;failure")

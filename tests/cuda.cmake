@@ -1,5 +1,5 @@
 # The CUDA kernels against the CPU kernels, the GPT on a device against the GPT on the host, and the Local backend on
-# device memory, ranks sharing one GPU (label gpu). Without a device each program prints "SKIPPED: no CUDA device"
+# device memory, ranks sharing one GPU (label gpu). Without a device each program prints "SKIPPED: no CUDA device here"
 # and exits with 77, which ctest reports as skipped.
 if(LOOM_WITH_CUDA)
   foreach(_loom_gpu_test test_kernels_cuda test_gpt_cuda test_comm_local_cuda)

@@ -1,21 +1,31 @@
-// For Catch2 programs that need a CUDA device: without one, the program prints "SKIPPED: no CUDA device" and exits
-// with 77 before Catch2's main runs, which ctest (SKIP_RETURN_CODE 77) reports as skipped rather than failed.
+// For test programs that need a CUDA device; including it decides before main() runs. Without one (no GPU and no
+// driver), the program prints "SKIPPED: no CUDA device here" and exits with 77, which ctest (SKIP_RETURN_CODE 77)
+// reports as skipped; on a machine whose GPU the runtime cannot use it prints why and exits with 1: a broken GPU
+// fails, never skips.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <loom/core/cuda_device.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 
 namespace loom::test {
 
-inline const bool gpu_present = [] {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
+//! 0 where a device is ready; otherwise the exit code after printing why.
+inline int gpu_unavailable() {
+  const auto a = cuda_availability();
+  if (a.kind == CudaAvailability::ready) return 0;
+  if (a.kind == CudaAvailability::absent) {
+    std::printf("SKIPPED: %s\n", a.what.c_str());
     std::fflush(stdout);
-    std::exit(77);
+    return 77;
   }
+  std::fprintf(stderr, "FAILED: %s\n", a.what.c_str());
+  return 1;
+}
+
+inline const bool gpu_present = [] {
+  if (const int code = gpu_unavailable()) std::exit(code);
   return true;
 }();
 

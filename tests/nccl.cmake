@@ -1,5 +1,5 @@
 # The Nccl backend on a GPU (labels gpu, mpi): one rank under mpirun, since NCCL refuses two ranks on one device.
-# Without a device the program prints "SKIPPED: no CUDA device" and exits with 77, which ctest reports as skipped.
+# Without a device the program prints "SKIPPED: no CUDA device here" and exits with 77, which ctest reports as skipped.
 if(LOOM_WITH_CUDA AND LOOM_WITH_MPI)
   add_executable(test_comm_nccl test_comm_nccl.cpp)
   target_link_libraries(test_comm_nccl PRIVATE loom::cuda loom::mpi)

@@ -1,7 +1,7 @@
 // The Local backend on device memory: rank threads sharing one GPU pass device buffers to every collective and to
 // point-to-point exchanges, and get the serial reference's results (the inputs of comm_cases.hpp are small
 // integers, so every algorithm's order of operations gives exact results). Ranks that mix host and device memory
-// in one collective are told so. Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
+// in one collective are told so. Without a CUDA device it prints "SKIPPED: no CUDA device here" and exits with 77.
 #include "catch.hpp"
 #include "gpu_skip.hpp"
 

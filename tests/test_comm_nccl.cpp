@@ -1,8 +1,9 @@
 // The Nccl backend on GPUs: the collective cases every backend runs (tests/comm_cases.hpp) through an adapter that
 // mirrors the cases' host vectors in device memory, plus what only a device communicator has (its stream, error
-// codes, the timeout). Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
+// codes, the timeout). Without a CUDA device it prints "SKIPPED: no CUDA device here" and exits with 77.
 //   mpirun -np 1 test_comm_nccl cases | timeout      (-np 2, 4, 8 on as many GPUs: every group of a layout)
 #include "comm_cases.hpp"
+#include "gpu_skip.hpp"
 
 #include <loom/comm/nccl.hpp>
 
@@ -13,8 +14,6 @@
 using namespace loom;
 
 namespace {
-
-constexpr int skip_code = 77;
 
 //! Device copies of host ranges for one operation: a range inside one mapped before shares its device memory, so
 //! in-place calls stay in place. copy_back() returns every range to the host, sends included, so that a send buffer
@@ -285,11 +284,6 @@ int timeout_case(int& argc, char**& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return skip_code;
-  }
   const char* mode = argc > 1 ? argv[1] : "cases";
   if (std::strcmp(mode, "timeout") == 0) return timeout_case(argc, argv);
   const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");

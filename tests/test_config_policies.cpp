@@ -1,4 +1,5 @@
 // Tests of the axis policies, their options and the queries and names of Parallel<...>.
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -123,7 +124,8 @@ TEST_CASE("a layout's name is usable at run time", "[config][names]") {
   using C = loom::Parallel<TP<4, loom::SequenceParallel>, DP<8, loom::ZeRO<1>>>;
   const std::string name(C::name());
   CHECK(name == "tp4.sp.dp8.zero1");
-  CHECK(name.size() == C::name().size());
+  // The view's characters end in a '\0' right after the name, with none before it: usable as a C string.
+  CHECK(std::strlen(C::name().data()) == 16);
   CHECK(C::name().data()[C::name().size()] == '\0');
 }
 

@@ -10,8 +10,10 @@
 #include <loom/train/data_parallel.hpp>
 
 #include "data_parallel_cases.hpp"
+#include "temp_dir.hpp"
 
 #include <cmath>
+#include <fstream>
 #include <mutex>
 
 using namespace loom;
@@ -75,25 +77,45 @@ TEST_CASE("data parallel training equals the single-rank run", "[ddp]") {
   SECTION("DP 4, no overlap") { check_same(ref, data_parallel<4>(m, 2048, false)); }
 }
 
-TEST_CASE("a rank whose data ends early stops every rank with its message", "[ddp][failure]") {
-  const auto d = data();
+TEST_CASE("a rank whose data file is too short stops every rank with the message naming it", "[ddp][failure]") {
+  // Every rank reads its own data file; rank 2's holds 5 bytes, too few for one sequence of seq = 8 tokens. Its
+  // Batches refuses them while the others go on into their first step, whose collectives rank 2 never joins.
+  test::TempDir dir;
+  const std::string good = dir / "good.bin", short_file = dir / "short.bin";
+  {
+    std::vector<char> bytes(1000);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i % shape.vocab);
+    std::ofstream(good, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(short_file, std::ios::binary) << "short";
+  }
+  std::vector<int> stopped(4, 0), stepped(4, 0);
   std::string msg;
   try {
     run_local<Parallel<DP<4>>>([&](auto& ctx) {
+      const std::string file = ctx.rank() == 2 ? short_file : good;
+      const train::Batches d(train::read_bytes(file), batch, seq, train::BatchOrder::shuffle, 11, file);
       Model m(3);
       optim::AdamW<double> opt(m.specs(), shape.params());
       train::StepConfig cfg;
       cfg.batch = batch, cfg.seq = seq;
       train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
-      for (int s = 0; s < 4; ++s) {
-        if (ctx.rank() == 2 && s == 2) throw Error("loom: rank 2's data ended at step 2");
-        trainer.step(s);
+      try {
+        trainer.step(0);
+        stepped[ctx.rank()] = 1;
+      } catch (const AbortedError&) {
+        stopped[ctx.rank()] = 1;
+        throw;
       }
     });
   } catch (const std::exception& e) {
     msg = e.what();
   }
-  CHECK(msg == "loom: rank 2's data ended at step 2");
+  // run_local may say which rank failed before the rank's own message.
+  CHECK_THAT(msg, Catch::Matchers::EndsWith("loom: the data file '" + short_file +
+                                            "' holds 5 tokens, too few for one sequence of 8 tokens and its targets "
+                                            "(10 needed)"));
+  CHECK(stopped == std::vector<int>{1, 1, 0, 1});
+  CHECK(stepped == std::vector<int>{0, 0, 0, 0});
 }
 
 TEST_CASE("a non-finite gradient on one rank skips the step on every rank", "[ddp]") {

@@ -1,12 +1,15 @@
 // Typed stages: a pipeline of chunks over two resources overlaps them, records a trace that shows it, reports a
 // stage's failure to the caller, and leaves no thread behind.
 #include "catch.hpp"
+#include "temp_dir.hpp"
 
 #include <loom/exec/pipeline.hpp>
 
 #include <chrono>
 #include <dirent.h>
+#include <filesystem>
 #include <fstream>
+#include <sys/stat.h>
 #include <stdexcept>
 #include <thread>
 
@@ -71,15 +74,28 @@ TEST_CASE("stages on one resource run one at a time, in order", "[exec]") {
   CHECK(got == std::vector<double>{0, 2, 4, 6, 8});
 }
 
+namespace {
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
 TEST_CASE("the trace shows the stages of two resources running at once", "[exec][trace]") {
+  test::TempDir dir("trace");
+  const std::string file = dir / "trace.json";
   trace::clear();
-  trace::start("/dev/null");
+  trace::start(file);
   trace::set_rank(3);
   std::vector<double> got;
   exec::Pipeline<exec::Stage<exec::Compute, ComputeChunk>, exec::Stage<exec::Comm, ReduceChunk>> p(
       ComputeChunk{15ms}, ReduceChunk{15ms, &got});
   p.run(4);
-  trace::stop();
+  CHECK(trace::destination() == file);
+  CHECK_FALSE(std::filesystem::exists(file));
+  trace::stop();  // writes the file, and forgets it: nothing is written at exit
+  CHECK(trace::destination().empty());
+  REQUIRE(std::filesystem::is_regular_file(file));
   const auto spans = trace::spans();
   REQUIRE(spans.size() == 8);
   int overlaps = 0;
@@ -91,13 +107,35 @@ TEST_CASE("the trace shows the stages of two resources running at once", "[exec]
     CHECK(s.rank == 3);
     CHECK((s.name == "compute chunk" || s.name == "reduce chunk"));
   }
-  const std::string file = "/tmp/loom-trace-test.json";
-  trace::write(file);
-  std::ifstream f(file);
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  CHECK(text.find("\"traceEvents\"") != std::string::npos);
-  CHECK(text.find("\"name\": \"reduce chunk\", \"cat\": \"comm\", \"pid\": 3") != std::string::npos);
-  CHECK(text.find("\"thread_name\", \"pid\": 3") != std::string::npos);
+  for (const std::string& f : {file, dir / "again.json"}) {
+    if (f != file) trace::write(f);  // the spans stay until clear()
+    const std::string text = read_file(f);
+    CHECK(text.find("\"traceEvents\"") != std::string::npos);
+    CHECK(text.find("\"name\": \"reduce chunk\", \"cat\": \"comm\", \"pid\": 3") != std::string::npos);
+    CHECK(text.find("\"thread_name\", \"pid\": 3") != std::string::npos);
+  }
+  CHECK_FALSE(std::filesystem::exists(file + ".tmp"));
+  trace::clear();
+}
+
+TEST_CASE("the trace never replaces what is not a regular file", "[exec][trace]") {
+  test::TempDir dir("trace");
+  const std::string fifo = dir / "pipe", sub = dir / "sub";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::filesystem::create_directory(sub);
+  trace::clear();
+  trace::start(fifo);
+  trace::record("span", "compute", 0, 1);
+  REQUIRE_THROWS_WITH(trace::stop(), "loom: the trace file '" + fifo +
+                                         "' exists and is not a regular file; the trace is not written");
+  CHECK(trace::destination().empty());
+  REQUIRE_THROWS_WITH(trace::write(sub), "loom: the trace file '" + sub +
+                                             "' exists and is not a regular file; the trace is not written");
+  struct stat st {};
+  REQUIRE(::lstat(fifo.c_str(), &st) == 0);
+  CHECK(S_ISFIFO(st.st_mode));
+  CHECK(std::filesystem::is_directory(sub));
+  CHECK_FALSE(std::filesystem::exists(fifo + ".tmp"));
   trace::clear();
 }
 

@@ -2,6 +2,8 @@
 // they do not. Skipped (exit 77) where no CUDA device exists.
 #include <loom/exec/cuda_pipeline.hpp>
 
+#include "gpu_skip.hpp"
+
 #include <chrono>
 #include <cstdio>
 
@@ -50,11 +52,6 @@ double run(exec::Streams st, int* slot, int* copy, int n) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
   exec::Streams st;
   cudaStreamCreateWithFlags(&st.compute, cudaStreamNonBlocking);
   cudaStreamCreateWithFlags(&st.comm, cudaStreamNonBlocking);

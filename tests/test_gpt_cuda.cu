@@ -3,7 +3,7 @@
 // difference over the norm of the host's: float 1e-4, double 1e-10), with and without dropout and recompute, and
 // with the split backward; gather and scatter move parameters between the device and the single-rank layout; AdamW
 // steps (with gradient clipping) give the host's losses; a bf16 model's loss falls. Without a CUDA device it prints
-// "SKIPPED: no CUDA device" and exits with 77.
+// "SKIPPED: no CUDA device here" and exits with 77.
 #include "catch.hpp"
 #include "gpt_batch.hpp"
 #include "gpu_skip.hpp"

@@ -3,7 +3,7 @@
 // scale of the reference (max |got - want| <= tol * max |want|): float ~1e-5, bf16 ~1e-2, fp16 ~3e-3, double
 // ~1e-12. Dropout must give the CPU's mask bit for bit. Attention runs over lengths on and off the tile sizes, head
 // counts, GQA/MQA ratios, head sizes on both kernel paths, and a fused qkv layout. Also the caching allocator's
-// accounting and the error messages. Without a CUDA device it prints "SKIPPED: no CUDA device" and exits with 77.
+// accounting and the error messages. Without a CUDA device it prints "SKIPPED: no CUDA device here" and exits with 77.
 #include "catch.hpp"
 #include "gpu_skip.hpp"
 

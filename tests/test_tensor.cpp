@@ -1,10 +1,12 @@
-// Tensors and their views, host memory accounting, the data loader's batch order, and safetensors files.
+// Tensors and their views, host memory accounting, the data loader's batch order and its files (safetensors files:
+// test_checkpoint.cpp).
 #include "catch.hpp"
+#include "temp_dir.hpp"
 
-#include <loom/checkpoint/safetensors.hpp>
 #include <loom/tensor/tensor.hpp>
 #include <loom/train/data.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -77,38 +79,38 @@ TEST_CASE("sequential batches follow the documented window formula", "[data]") {
                     "loom: the data holds 5 tokens, too few for one sequence of 8 tokens and its targets (10 needed)");
 }
 
-TEST_CASE("data files: missing and empty ones are errors; the built-in corpus is deterministic", "[data]") {
-  CHECK_THROWS_WITH(train::read_bytes("/nonexistent/x"), "loom: cannot open the data file '/nonexistent/x'");
-  const auto empty = std::filesystem::temp_directory_path() / "loom-empty.txt";
+TEST_CASE("data files: a missing or empty file and a directory are errors; the built-in corpus is deterministic",
+          "[data]") {
+  test::TempDir dir;
+  const std::string missing = dir / "missing.txt";
+  CHECK_THROWS_WITH(train::read_bytes(missing), "loom: cannot open the data file '" + missing + "'");
+  const std::string empty = dir / "empty.txt";
   std::ofstream(empty).close();
-  CHECK_THROWS_WITH(train::read_bytes(empty.string()), "loom: the data file '" + empty.string() + "' is empty");
+  CHECK_THROWS_WITH(train::read_bytes(empty), "loom: the data file '" + empty + "' is empty");
+  CHECK_THROWS_WITH(train::read_bytes(dir.path().string()),
+                    "loom: the data path '" + dir.path().string() + "' is a directory, not a file");
   const auto a = train::builtin_corpus(5000), b = train::builtin_corpus(5000);
   CHECK(a == b);
   CHECK(a.size() >= 5000);
   CHECK(std::all_of(a.begin(), a.end(), [](auto t) { return t > 0 && t < 128; }));
 }
 
-TEST_CASE("safetensors files round-trip and are written atomically", "[checkpoint]") {
-  const auto file = (std::filesystem::temp_directory_path() / "loom-test.safetensors").string();
-  std::vector<float> w{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
-  std::vector<double> b{1e-300, 2.0};
-  checkpoint::StoredTensor tw{DType::f32, {2, 3}, {}, w.data(), w.size() * 4};
-  checkpoint::StoredTensor tb{DType::f64, {2}, {}, b.data(), b.size() * 8};
-  checkpoint::write_safetensors(file, {{"w", tw}, {"b", tb}}, {{"format", "pt"}});
-  CHECK(!std::filesystem::exists(file + ".tmp"));
-  auto r = checkpoint::read_safetensors(file);
-  REQUIRE(r.size() == 2);
-  CHECK(r.at("w").shape == std::vector<std::int64_t>{2, 3});
-  CHECK(r.at("w").dtype == DType::f32);
-  CHECK(std::memcmp(r.at("w").bytes.data(), w.data(), 24) == 0);
-  CHECK(std::memcmp(r.at("b").bytes.data(), b.data(), 16) == 0);
-  // A truncated file is reported, not read past its end.
-  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 4);
-  std::string msg;
-  try {
-    checkpoint::read_safetensors(file);
-  } catch (const Error& e) {
-    msg = e.what();
+TEST_CASE("a data file too short for one sequence is refused with its name", "[data]") {
+  test::TempDir dir;
+  const std::string file = dir / "short.txt";
+  for (const int bytes : {1, 9, 10}) {
+    INFO(bytes << " bytes");
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << std::string(static_cast<std::size_t>(bytes), 'x');
+    const auto tokens = train::read_bytes(file);
+    REQUIRE(tokens.size() == static_cast<std::size_t>(bytes));
+    // A sequence of 8 inputs, their 8 targets (one token later), and a window start mod N - 8 - 1 > 0: 10 tokens.
+    if (bytes < 10) {
+      CHECK_THROWS_WITH(train::Batches(tokens, 2, 8, train::BatchOrder::sequential, 0, file),
+                        "loom: the data file '" + file + "' holds " + std::to_string(bytes) +
+                            " tokens, too few for one sequence of 8 tokens and its targets (10 needed)");
+    } else {
+      const train::Batches b(tokens, 2, 8, train::BatchOrder::sequential, 0, file);
+      CHECK(b.start(3, 1) == 0);  // (3*2 + 1)*8 mod 1
+    }
   }
-  CHECK(msg.find("does not fit its shape or the file (truncated?)") != std::string::npos);
 }

@@ -58,9 +58,10 @@ void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, bool w
   if (write) write_gpt<S>(dir, whole, model.options().ln_eps);
 }
 
-//! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's; every
-//! parameter must be present with its shape (dtypes are converted). Names may carry Hugging Face's "transformer."
-//! prefix.
+//! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's (a key that is
+//! missing or not an integer is an error naming it); every parameter must be present with its shape, in a
+//! floating-point dtype (converted to T; an integer tensor is refused). Names may carry Hugging Face's
+//! "transformer." prefix.
 template <models::GptShape S, class T, class Cfg, class Dev>
 void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model) {
   const std::string cfg_file = dir + "/config.json";
@@ -72,19 +73,34 @@ void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model) {
   } catch (const std::exception& e) {
     throw Error("loom: " + cfg_file + " is not valid JSON: " + e.what());
   }
-  const int kv = c.contains("n_kv_head") ? c["n_kv_head"].get<int>() : c.value("n_head", -1);
-  const int inner = c.contains("n_inner") && !c["n_inner"].is_null() ? c["n_inner"].get<int>()
-                                                                      : 4 * c.value("n_embd", -1);
-  const std::array<std::pair<const char*, int>, 7> want{{{"n_layer", S.layers}, {"n_head", S.heads},
-                                                         {"n_embd", S.d_model}, {"n_positions", S.max_seq},
-                                                         {"vocab_size", S.vocab}, {"n_kv_head", S.kv_heads},
-                                                         {"n_inner", S.ffn()}}};
-  for (const auto& [key, value] : want) {
-    const std::string k = key;
-    const int got = k == "n_kv_head" ? kv : k == "n_inner" ? inner : c.value(key, -1);
-    if (got != value)
-      throw Error(loom::detail::cat("loom: ", cfg_file, " has ", key, " = ", got, " but the model has ", value));
-  }
+  if (!c.is_object()) throw Error("loom: " + cfg_file + " is not a JSON object");
+  using loom::detail::cat;
+  // Each key must hold the model's value, as an integer. n_kv_head may be missing (GPT-2 has none: n_head) and
+  // n_inner missing or null (GPT-2's 4 n_embd).
+  auto expect = [&](const char* key, int value) {
+    if (!c.contains(key))
+      throw Error(cat("loom: ", cfg_file, " has no ", key, " (the model has ", key, " = ", value, ")"));
+    const auto& j = c[key];
+    if (!j.is_number_integer())
+      throw Error(cat("loom: ", cfg_file, " has ", key, " = ", j.dump(), ", which is not an integer (the model has ",
+                      key, " = ", value, ")"));
+    const bool same = j.is_number_unsigned() ? j.get<std::uint64_t>() == static_cast<std::uint64_t>(value)
+                                             : j.get<std::int64_t>() == value;
+    if (!same) throw Error(cat("loom: ", cfg_file, " has ", key, " = ", j.dump(), " but the model has ", value));
+  };
+  expect("n_layer", S.layers);
+  expect("n_head", S.heads);
+  expect("n_embd", S.d_model);
+  expect("n_positions", S.max_seq);
+  expect("vocab_size", S.vocab);
+  if (c.contains("n_kv_head")) expect("n_kv_head", S.kv_heads);
+  else if (S.kv_heads != S.heads)
+    throw Error(cat("loom: ", cfg_file, " has no n_kv_head (so n_kv_head = n_head = ", S.heads,
+                    ") but the model has n_kv_head = ", S.kv_heads));
+  if (c.contains("n_inner") && !c["n_inner"].is_null()) expect("n_inner", S.ffn());
+  else if (S.ffn() != 4 * S.d_model)
+    throw Error(cat("loom: ", cfg_file, " has no n_inner (so n_inner = 4 n_embd = ", 4 * S.d_model,
+                    ") but the model has n_inner = ", S.ffn()));
   auto stored = read_safetensors(dir + "/model.safetensors");
   const auto global = model.param_specs(0, true);
   std::vector<T> whole(static_cast<std::size_t>(S.params()));
@@ -93,6 +109,10 @@ void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model) {
     if (it == stored.end()) it = stored.find("transformer." + s.name);
     if (it == stored.end()) throw Error("loom: " + dir + "/model.safetensors has no tensor " + s.name);
     const StoredTensor& t = it->second;
+    if (!is_floating(t.dtype))
+      throw Error("loom: " + dir + "/model.safetensors: tensor '" + it->first + "' has dtype " +
+                  safetensors_dtype(t.dtype) + ", an integer dtype, where the model reads floating-point weights " +
+                  "into " + safetensors_dtype(dtype_of<T>));
     if (t.shape != s.shape)
       throw Error("loom: " + dir + "/model.safetensors: " + s.name + " has shape " + to_string(t.shape) +
                   " but the model needs " + to_string(s.shape));

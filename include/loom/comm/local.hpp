@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -43,8 +44,10 @@ class LocalWorld;
 struct LocalGroup {
   struct Member {
     // Written under the group's mutex (so that waiters are woken), read by spinning waiters without it.
-    std::atomic<std::uint64_t> arrived{0};   // sequence number of the last collective entered
-    std::atomic<std::uint64_t> done{0};      // ... and finished
+    std::atomic<std::uint64_t> arrived{0};   // sequence number of the last collective entered (taken back on failure)
+    std::atomic<std::uint64_t> passed{0};    // ... whose arrival this member saw complete: it may read peers' buffers
+    std::atomic<std::uint64_t> done{0};      // ... that it finished: it reads no peer's buffer any more
+    std::atomic<std::uint64_t> left{0};      // ... that it left on a failure: it reads no peer's buffer any more
     std::atomic<std::uint64_t> progress{0};  // (seq << 20) | steps completed, for ring and halving-doubling
     std::uint64_t next_seq = 0;  // owned by the member's thread
     const Op* op = nullptr;      // the posted operation of collective `arrived`
@@ -55,8 +58,8 @@ struct LocalGroup {
     std::size_t count;
     DType dtype;
     std::uint64_t seq;
-    bool consumed = false;
-    std::string error;  // set by the receiver when the message does not fit
+    bool consumed = false;  // the receiver has copied it (or refused it): the sender's buffer is free again
+    std::string error;      // set by the receiver when the message does not fit
   };
 
   LocalWorld* world;
@@ -252,6 +255,29 @@ class LocalComm : public Frontend<LocalComm> {
     auto& g = *g_;
     const auto deadline = detail::Clock::now() + g.world->options().timeout;
     const std::uint64_t seq = ++g.mem[me_].next_seq;
+    // A rank that arrives after its world failed touches nothing: its peers may be gone.
+    if (g.world->aborted()) throw abandoned(where(seq, op));
+    std::string mismatch;
+    try {
+      mismatch = collective(seq, op, deadline);
+    } catch (const std::exception& e) {
+      leave(seq, e.what());
+      throw;
+    } catch (...) {
+      leave(seq, "a non-standard exception");
+      throw;
+    }
+    if (!mismatch.empty()) throw MismatchError(mismatch);
+  }
+
+  AbortedError abandoned(const std::string& what) const {
+    return AbortedError(loom::detail::cat("loom: ", what, " was abandoned because ", g_->world->abort_message()));
+  }
+
+  //! Collective seq: publish the operation, wait for every member, run it, wait until every member has finished.
+  //! Returns the mismatch text (every member computes the same) instead of running what the members disagree on.
+  std::string collective(std::uint64_t seq, Op& op, detail::Clock::time_point deadline) {
+    auto& g = *g_;
     const Algorithm algo = op.kind == Collective::all_reduce ? algorithm_for(op.count * size_of(op.dtype))
                                                              : Algorithm::direct;
     mv_ = detail::Mover::for_buffers(op.send, op.recv);
@@ -272,8 +298,11 @@ class LocalComm : public Frontend<LocalComm> {
                                             "; this rank called ", describe(op))
                               : where(seq, op);
            }, true);
+      // Decided under the lock that every member holds it: from here on a member that fails waits for this one
+      // to be done with its buffers before it frees them (leave()).
+      g.mem[me_].passed = seq;
     }
-    const std::string mismatch = validate(seq);
+    std::string mismatch = validate(seq);
     if (mismatch.empty()) {
       visit_dtype(op.dtype, [&](auto tag) { execute<typename decltype(tag)::type>(seq, op, algo, deadline); });
     }
@@ -289,7 +318,40 @@ class LocalComm : public Frontend<LocalComm> {
                               : where(seq, op);
            }, true);
     }
-    if (!mismatch.empty()) throw MismatchError(mismatch);
+    return mismatch;
+  }
+
+  //! After a failure inside collective seq, before this rank's buffers can be freed: takes back its arrival, so
+  //! that no peer starts on them; stops the world with the failure, so that peers inside leave at their next wait;
+  //! and returns once no peer that started can still be reading them. A peer that is still inside after the
+  //! timeout is named on stderr and left behind.
+  void leave(std::uint64_t seq, const std::string& what) noexcept {
+    auto& g = *g_;
+    {
+      Lock lk(g.m);
+      auto& self = g.mem[me_];
+      if (self.arrived.load() == seq) self.arrived = seq - 1;
+      self.left = seq;
+      g.cv.notify_all();
+    }
+    g.world->abort(g.info.ranks[me_], what);  // no effect when the world has already failed
+    const auto until = detail::Clock::now() + g.world->options().timeout;
+    Lock lk(g.m);
+    auto reader = [&] {
+      for (int q = 0; q < g.n; ++q)
+        if (q != me_ && g.mem[q].passed == seq && g.mem[q].done < seq && g.mem[q].left < seq) return q;
+      return -1;
+    };
+    for (int q = reader(); q >= 0; q = reader()) {
+      const auto now = detail::Clock::now();
+      if (now >= until) {
+        std::fprintf(stderr, "loom: global rank %d leaves collective #%llu on group %s while global rank %d is still "
+                     "inside it after %s\n", g.info.ranks[me_], static_cast<unsigned long long>(seq),
+                     g.info.describe().c_str(), g.info.ranks[q], timeout_text().c_str());
+        return;
+      }
+      g.cv.wait_until(lk, std::min(until, now + std::chrono::milliseconds(50)));
+    }
   }
 
   //! The same text on every member when the posted operations disagree; empty when they agree.
@@ -493,11 +555,31 @@ class LocalComm : public Frontend<LocalComm> {
   }
 
   // --- point to point ----------------------------------------------------------------------------------------
-  //! Posts every send, then serves every receive in order, then waits until each send was taken.
+  using Posted = std::vector<std::pair<std::shared_ptr<detail::LocalGroup::Msg>, int>>;
+
+  //! Posts every send, then serves every receive in order, then waits until each send was taken. A receiver copies
+  //! from the sender's buffer, so a sender that fails first withdraws what nobody has taken (withdraw()).
   void run_p2p(const Op& op) {
     auto& g = *g_;
     const auto deadline = detail::Clock::now() + g.world->options().timeout;
-    std::vector<std::pair<std::shared_ptr<detail::LocalGroup::Msg>, int>> posted;
+    if (g.world->aborted()) throw abandoned(loom::detail::cat("send/recv on group ", g.info.describe()));
+    Posted posted;
+    try {
+      serve_p2p(op, deadline, posted);
+    } catch (const MismatchError&) {  // told to both sides; the message was refused, not read
+      withdraw(posted, {});
+      throw;
+    } catch (const std::exception& e) {
+      withdraw(posted, e.what());
+      throw;
+    } catch (...) {
+      withdraw(posted, "a non-standard exception");
+      throw;
+    }
+  }
+
+  void serve_p2p(const Op& op, detail::Clock::time_point deadline, Posted& posted) {
+    auto& g = *g_;
     {
       Lock lk(g.m);
       for (const auto& p : op.p2p) {
@@ -511,8 +593,8 @@ class LocalComm : public Frontend<LocalComm> {
       g.cv.notify_all();
     }
     auto p2p_where = [&](const char* what, int peer, std::uint64_t seq) {
-      return loom::detail::cat(what, " #", seq, " between global ranks ", g.info.ranks[me_], " and ", g.info.ranks[peer],
-                         " on group ", g.info.describe());
+      return loom::detail::cat(what, " #", seq, " between global ranks ", g.info.ranks[me_], " and ",
+                               g.info.ranks[peer], " on group ", g.info.describe());
     };
     for (const auto& p : op.p2p) {
       if (p.kind != P2P::Kind::recv) continue;
@@ -525,6 +607,7 @@ class LocalComm : public Frontend<LocalComm> {
                                        " sends to this rank, this is receive #", seq)
                          : p2p_where("recv", p.peer, seq);
       });
+      // Taken out of the box, the message is this rank's to copy; its sender waits for `consumed`.
       auto msg = g.box[slot].front();
       g.box[slot].pop_front();
       ++g.received[slot];
@@ -538,7 +621,14 @@ class LocalComm : public Frontend<LocalComm> {
         throw MismatchError(msg->error);
       }
       lk.unlock();
-      if (p.count) detail::Mover::for_buffers(p.data, msg->data).copy(p.data, msg->data, p.count * size_of(p.dtype));
+      try {
+        if (p.count) detail::Mover::for_buffers(p.data, msg->data).copy(p.data, msg->data, p.count * size_of(p.dtype));
+      } catch (...) {
+        lk.lock();
+        msg->consumed = true;
+        g.cv.notify_all();
+        throw;
+      }
       lk.lock();
       msg->consumed = true;
       g.cv.notify_all();
@@ -551,6 +641,38 @@ class LocalComm : public Frontend<LocalComm> {
                          : p2p_where("send", peer, msg->seq);
       });
       if (!msg->error.empty()) throw MismatchError(msg->error);
+    }
+  }
+
+  //! After a failure, before the buffers of this rank's sends can be freed: takes back the sends nobody has taken,
+  //! stops the world with the failure (unless `what` is empty), and waits (up to the timeout) for the receivers that
+  //! are copying the others.
+  void withdraw(const Posted& posted, const std::string& what) noexcept {
+    auto& g = *g_;
+    {
+      Lock lk(g.m);
+      for (const auto& [msg, peer] : posted) {
+        auto& box = g.box[me_ * g.n + peer];
+        if (auto it = std::find(box.begin(), box.end(), msg); it != box.end()) {
+          box.erase(it);
+          msg->consumed = true;
+        }
+      }
+    }
+    if (!what.empty()) g.world->abort(g.info.ranks[me_], what);
+    const auto until = detail::Clock::now() + g.world->options().timeout;
+    Lock lk(g.m);
+    for (const auto& [msg, peer] : posted) {
+      while (!msg->consumed) {
+        const auto now = detail::Clock::now();
+        if (now >= until) {
+          std::fprintf(stderr, "loom: global rank %d leaves send #%llu to global rank %d on group %s while it is "
+                       "still being received after %s\n", g.info.ranks[me_], static_cast<unsigned long long>(msg->seq),
+                       g.info.ranks[peer], g.info.describe().c_str(), timeout_text().c_str());
+          return;
+        }
+        g.cv.wait_until(lk, std::min(until, now + std::chrono::milliseconds(50)));
+      }
     }
   }
 
@@ -580,13 +702,16 @@ static_assert(Communicator<LocalComm>);
 namespace loom {
 
 //! Runs fn(Context<Cfg, comm::Local>&) on Cfg::world_size threads, one per rank, and waits for them. When a rank
-//! throws, the others stop (their waits end with an AbortedError) and the first failure is rethrown here.
+//! throws, the others stop (their waits end with an AbortedError naming it) and a RankFailure is thrown here:
+//! "loom: rank N failed: ..." for the lowest-numbered rank that failed on its own (not merely abandoned), so that
+//! the report does not depend on which thread got there first; every rank's message stays in it.
 template <class Cfg, class F>
   requires std::invocable<F&, Context<Cfg, comm::Local>&>
 void run_local(F&& fn, comm::LocalOptions opt = {}) {
   comm::detail::LocalWorld world(Cfg::world_size, opt);
-  std::mutex m;
-  std::exception_ptr first;
+  std::vector<std::exception_ptr> thrown(Cfg::world_size);
+  std::vector<std::string> messages(Cfg::world_size);
+  std::vector<char> abandoned(Cfg::world_size, 0);
   std::vector<std::thread> threads;
   threads.reserve(Cfg::world_size);
   for (int r = 0; r < Cfg::world_size; ++r) {
@@ -595,23 +720,28 @@ void run_local(F&& fn, comm::LocalOptions opt = {}) {
       Context<Cfg, comm::Local> ctx(comm::Local::Rank{&world, r});
       try {
         fn(ctx);
+        return;
+      } catch (const AbortedError& e) {
+        abandoned[r] = 1;
+        messages[r] = e.what();
+        thrown[r] = std::current_exception();
       } catch (const std::exception& e) {
-        {
-          std::lock_guard lk(m);
-          if (!first && !world.aborted()) first = std::current_exception();
-        }
-        world.abort(r, e.what());
+        messages[r] = e.what();
+        thrown[r] = std::current_exception();
       } catch (...) {
-        {
-          std::lock_guard lk(m);
-          if (!first && !world.aborted()) first = std::current_exception();
-        }
-        world.abort(r, "a non-standard exception");
+        messages[r] = "a non-standard exception";
+        thrown[r] = std::current_exception();
       }
+      world.abort(r, messages[r]);
     });
   }
   for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  int report = -1;
+  for (int r = Cfg::world_size - 1; r >= 0; --r)
+    if (thrown[r] && (!abandoned[r] || report < 0 || abandoned[report])) report = r;
+  if (report < 0) return;
+  std::string what = loom::detail::cat("loom: rank ", report, " failed: ", messages[report]);
+  throw RankFailure(report, std::move(what), std::move(messages), thrown[report]);
 }
 
 }  // namespace loom

@@ -204,6 +204,9 @@ struct Parallel {
     }
   }();
 
+  //! Whether CP was given Ring or Ulysses (cp_algorithm is ring either way when it was not).
+  static constexpr bool cp_algorithm_given = !std::is_void_v<option_<OptionFamily::cp_algorithm, Axis::cp>>;
+
   //! The layout's name, axes in the order given, each followed by its options: "tp2.pp4.dp2", "dp8.zero1",
   //! "tp4.sp", "pp4.v2", "cp2.ulysses"; "single" for Parallel<>.
   [[nodiscard]] static constexpr std::string_view name() noexcept { return detail::LayoutName<Axes...>::value; }

@@ -1,9 +1,11 @@
 // loom's exception types and the run-time check macro; every message starts with "loom:".
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace loom {
 
@@ -26,6 +28,15 @@ struct AbortedError : Error {
 //! An error code returned by MPI, NCCL or CUDA.
 struct BackendError : Error {
   using Error::Error;
+};
+//! What a run of ranks as threads throws when ranks failed: "loom: rank N failed: <its message>" for the rank that
+//! failed on its own (the lowest-numbered when several did), with what every rank saw.
+struct RankFailure : Error {
+  RankFailure(int rank_, std::string what, std::vector<std::string> messages_, std::exception_ptr cause_)
+      : Error(std::move(what)), rank(rank_), messages(std::move(messages_)), cause(std::move(cause_)) {}
+  int rank;                           //!< the rank reported
+  std::vector<std::string> messages;  //!< each rank's failure ("" for a rank that returned normally)
+  std::exception_ptr cause;           //!< what that rank threw, as it was thrown
 };
 
 namespace detail {

@@ -1,12 +1,15 @@
 // The trace recorder: spans of stage executions, collectives and kernels, per rank and resource, written as Chrome /
-// Perfetto trace events (open the file in ui.perfetto.dev). Enabled by LOOM_TRACE=file.json or trace::start(file);
-// while disabled, recording costs one relaxed atomic load.
+// Perfetto trace events (open the file in ui.perfetto.dev). Enabled by LOOM_TRACE=file.json (written at exit) or
+// trace::start(file) (written by trace::stop()); while disabled, recording costs one relaxed atomic load.
 #pragma once
+
+#include <loom/core/error.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -28,7 +31,7 @@ struct Recorder {
   std::atomic<bool> on{false};
   std::mutex m;
   std::vector<Span> spans;
-  std::string file;
+  std::string file;  // where the recording in progress goes when it ends; empty: nowhere
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   Recorder() {
@@ -37,8 +40,14 @@ struct Recorder {
       on = true;
     }
   }
+  // A recording still in progress at exit was asked for (LOOM_TRACE, or start() without stop()): write it.
   ~Recorder() {
-    if (!file.empty()) write(file);
+    if (file.empty()) return;
+    try {
+      write(file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
   }
   void write(const std::string& path);
 };
@@ -58,15 +67,32 @@ inline int& current_rank() {
 //! True while spans are being recorded.
 inline bool enabled() { return detail::recorder().on.load(std::memory_order_relaxed); }
 
-//! Starts recording; the trace is written to `file` by write() or at the end of the program.
-inline void start(const std::string& file) {
+//! Starts recording. stop() writes the trace to `file` (or, without stop(), the end of the program does); with no
+//! file, nothing is written but what write() is asked for.
+inline void start(const std::string& file = {}) {
   auto& r = detail::recorder();
   std::lock_guard lk(r.m);
   r.file = file;
   r.on = true;
 }
-//! Stops recording (the spans are kept until written).
-inline void stop() { detail::recorder().on = false; }
+//! Ends the recording: writes it to the file start() (or LOOM_TRACE) named, if any, and forgets that file, so
+//! that nothing more is written at exit. The spans are kept for spans() and write() until clear().
+inline void stop() {
+  auto& r = detail::recorder();
+  std::string file;
+  {
+    std::lock_guard lk(r.m);
+    r.on = false;
+    file.swap(r.file);
+  }
+  if (!file.empty()) r.write(file);
+}
+//! The file the recording in progress will be written to ("" when none).
+inline std::string destination() {
+  auto& r = detail::recorder();
+  std::lock_guard lk(r.m);
+  return r.file;
+}
 
 //! The rank this thread's spans belong to (run_local and run_mpi set it).
 inline void set_rank(int rank) { detail::current_rank() = rank; }
@@ -115,10 +141,16 @@ class Scope {
 };
 
 //! Writes the spans as Chrome trace events: one process per rank, one thread per resource. Written to a temporary
-//! name, then renamed.
+//! name beside `path`, then renamed over it; a `path` that exists and is not a regular file (a device, a pipe, a
+//! directory) is refused.
 inline void write(const std::string& path) { detail::recorder().write(path); }
 
 inline void detail::Recorder::write(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::symlink_status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw Error("loom: the trace file '" + path + "' exists and is not a regular file; the trace is not written");
   std::vector<Span> copy;
   {
     std::lock_guard lk(m);
@@ -137,8 +169,12 @@ inline void detail::Recorder::write(const std::string& path) {
     return q + "\"";
   };
   const std::string tmp = path + ".tmp";
+  if (const auto t = fs::symlink_status(tmp, ec); fs::exists(t) && !fs::is_regular_file(t))
+    throw Error("loom: the temporary trace file '" + tmp + "' exists and is not a regular file; the trace is not "
+                "written");
   {
     std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw Error("loom: cannot write the trace file '" + tmp + "'");
     f << "{\"traceEvents\": [\n";
     bool first = true;
     auto sep = [&] {
@@ -161,8 +197,18 @@ inline void detail::Recorder::write(const std::string& path) {
       f << buf;
     }
     f << "\n]}\n";
+    if (!f) {
+      f.close();
+      fs::remove(tmp, ec);
+      throw Error("loom: writing the trace file '" + tmp + "' failed");
+    }
   }
-  std::rename(tmp.c_str(), path.c_str());
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error("loom: cannot rename '" + tmp + "' to '" + path + "': " + why);
+  }
 }
 
 }  // namespace loom::trace

@@ -104,13 +104,34 @@ struct DeviceRules {
   static constexpr bool ok = true;
 };
 
+//! What a layout may carry that no model or trainer reads yet. A layout that carries it does not compile, rather
+//! than train as something other than what its type says; checked where a model or its layout is declared.
+template <class Cfg>
+struct ImplementedRules {
+  static_assert(Cfg::zero_stage == 0,
+                "loom: DP<n, ZeRO<k>> with k > 0 (sharded data parallelism) is not implemented yet");
+  static_assert(Cfg::template size<Axis::cp> == 1, "loom: CP<n> with n > 1 (context parallelism) is not implemented yet");
+  static_assert(!Cfg::cp_algorithm_given, "loom: CP<n, Ring> and CP<n, Ulysses> (context-parallel attention) are not "
+                                          "implemented yet");
+  static_assert(Cfg::template size<Axis::ep> == 1, "loom: EP<n> with n > 1 (expert parallelism) is not implemented yet");
+  static constexpr bool ok = true;
+};
+
+namespace detail {
+template <class Cfg>
+struct ModelLayoutOf {
+  static_assert(ImplementedRules<Cfg>::ok);
+  static constexpr int tp = Cfg::template size<Axis::tp>;
+  using type = std::conditional_t<tp == 1, Parallel<>,
+                                  std::conditional_t<Cfg::sequence_parallel, Parallel<TP<tp, SequenceParallel>>,
+                                                     Parallel<TP<tp>>>>;
+};
+}  // namespace detail
+
 //! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism. Gpt<S, T,
 //! ModelLayout<Cfg>> is one type for every layout that differs from Cfg only in its other axes.
 template <class Cfg>
-using ModelLayout = std::conditional_t<
-    Cfg::template size<Axis::tp> == 1, Parallel<>,
-    std::conditional_t<Cfg::sequence_parallel, Parallel<TP<Cfg::template size<Axis::tp>, SequenceParallel>>,
-                       Parallel<TP<Cfg::template size<Axis::tp>>>>>;
+using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;
 
 //! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg, computing on Dev. Other axes
 //! of Cfg (data parallelism, ...) replicate or feed the model; they do not change it.
@@ -121,6 +142,7 @@ class Gpt {
   static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
+  static_assert(ImplementedRules<Cfg>::ok);
   static_assert(DeviceRules<Dev, Cfg>::ok);
 
  public:

@@ -6,15 +6,20 @@
 #include <loom/core/random.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 namespace loom::train {
 
-//! Reads a file as tokens, one per byte. An unreadable or empty file, or one too short for a window of seq + 1
-//! tokens, is an error naming the file and the sizes.
+//! Reads a file as tokens, one per byte. A missing or unreadable file, a directory, or an empty file is an error
+//! naming the path. Whether the file holds enough tokens for one sequence is Batches' check, which knows the
+//! sequence length: give it the path too, and its message names the file.
 inline std::vector<std::int32_t> read_bytes(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("loom: the data path '" + path + "' is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("loom: cannot open the data file '" + path + "'");
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -58,11 +63,15 @@ enum class BatchOrder { sequential, shuffle };
 //! batch b is the window starting at ((b*B + r)*T) mod (N - T - 1); in shuffle order at a seeded position.
 class Batches {
  public:
+  //! tokens must hold at least T + 2: a window of T inputs and their targets spans T + 1 tokens, and starts are
+  //! taken mod N - T - 1, which must be positive. `path`, the file the tokens were read from (if any), is named by
+  //! the message when they are too few.
   Batches(std::vector<std::int32_t> tokens, int B, int T, BatchOrder order = BatchOrder::sequential,
-          std::uint64_t seed = 0)
+          std::uint64_t seed = 0, const std::string& path = {})
       : tokens_(std::move(tokens)), B_(B), T_(T), order_(order), seed_(seed) {
     LOOM_CHECK(B >= 1 && T >= 1, "batches of ", B, " sequences of ", T, " tokens");
-    LOOM_CHECK(tokens_.size() >= static_cast<std::size_t>(T) + 2, "the data holds ", tokens_.size(),
+    const std::string data = path.empty() ? std::string("the data") : "the data file '" + path + "'";
+    LOOM_CHECK(tokens_.size() >= static_cast<std::size_t>(T) + 2, data, " holds ", tokens_.size(),
                " tokens, too few for one sequence of ", T, " tokens and its targets (", T + 2, " needed)");
   }
 
