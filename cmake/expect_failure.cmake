@@ -1,10 +1,17 @@
-# Runs a command that must fail, within a time limit, printing a given text.
-#   cmake -DCMD="a;b;c" -DEXPECT="text" [-DEXPECT2="text"] [-DMAX_SECONDS=n] -P expect_failure.cmake
+# Runs a command that must fail with a non-zero exit status (a number: a command killed by a signal, or stopped by
+# the time limit, does not count), within a time limit, printing given texts.
+#   cmake -DCMD="a;b;c" [-DEXPECT="text"] [-DEXPECT2="text"] [-DEXPECT_LINE="text"] [-DEXPECT_LINE2="text"]
+#         [-DMAX_SECONDS=n] -P expect_failure.cmake
+# EXPECT and EXPECT2 must appear somewhere in stdout or stderr; EXPECT_LINE and EXPECT_LINE2 must each be a whole
+# line of it, or the whole of what follows "loom: rank N failed: " on a line (how a failure inside a rank reads).
 string(TIMESTAMP _t0 "%s")
 execute_process(COMMAND ${CMD} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
 string(TIMESTAMP _t1 "%s")
 math(EXPR _secs "${_t1} - ${_t0}")
 message(STATUS "exit ${_rc} after ${_secs} s:\n${_out}${_err}")
+if(NOT _rc MATCHES "^[0-9]+$")
+  message(FATAL_ERROR "the command did not exit with a status: ${_rc}")
+endif()
 if(_rc EQUAL 0)
   message(FATAL_ERROR "the command succeeded; it must fail")
 endif()
@@ -13,6 +20,15 @@ foreach(_e EXPECT EXPECT2)
     string(FIND "${_out}${_err}" "${${_e}}" _at)
     if(_at EQUAL -1)
       message(FATAL_ERROR "the output lacks '${${_e}}'")
+    endif()
+  endif()
+endforeach()
+string(REGEX REPLACE "\nloom: rank [0-9]+ failed: " "\n" _lines "\n${_out}\n${_err}\n")
+foreach(_e EXPECT_LINE EXPECT_LINE2)
+  if(DEFINED ${_e})
+    string(FIND "${_lines}" "\n${${_e}}\n" _at)
+    if(_at EQUAL -1)
+      message(FATAL_ERROR "no line of the output is '${${_e}}'")
     endif()
   endif()
 endforeach()

@@ -1,15 +1,11 @@
 // train_gpt: trains a GPT with a compile-time shape on a parallel layout picked by --parallel, following the
 // command-line contract in DESIGN.md. Layouts: one rank, data parallelism, tensor parallelism with and without sequence
-// parallelism, and their combinations up to 8 ranks; ranks as threads (--backend local) or MPI processes
-// (mpirun -np N train_gpt --backend mpi --parallel SPEC).
-//
-//   train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]
-//             [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C] [--warmup N] [--dropout P]
-//             [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi] [--parallel dpN] [--bucket-mb MB]
-//             [--schedule NAME] [--layer-split N,N,...]
-//             [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]
+// parallelism, pipeline parallelism, and their combinations up to 8 ranks; ranks as threads (--backend local) or MPI
+// processes (mpirun -np N train_gpt --backend mpi --parallel SPEC). `train_gpt --help` lists the flags.
 #include "train_gpt.hpp"
 
+#include <charconv>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -19,21 +15,50 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC]\n"
-    "                 [--bucket-mb MB]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN)] [--bucket-mb MB]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
-    "                 [--data FILE]\n"
-    "                 [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR] [--init-from DIR]\n"
-    "                 [--resume DIR]\n"
-    "                 [--no-progress]\n";
+    "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
+    "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
+//! v, all of it, as a number of type N: a floating-point value must be finite, an unsigned one not negative.
 template <class N>
 N number(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
+  if constexpr (std::is_unsigned_v<N>)
+    if (!v.empty() && v[0] == '-') throw Error("loom: " + flag + " must not be negative, got " + v);
   N x{};
-  is >> x;
-  if (!is || !is.eof()) throw Error("loom: " + flag + " needs a number, got '" + v + "'");
+  const char* end = v.data() + v.size();
+  const auto [at, ec] = std::from_chars(v.data(), end, x);
+  if (ec == std::errc::result_out_of_range && at == end)
+    throw Error("loom: " + flag + " " + v + " is out of range");
+  if (ec != std::errc{} || at != end) throw Error("loom: " + flag + " needs a number, got '" + v + "'");
+  if constexpr (std::is_floating_point_v<N>)
+    if (!std::isfinite(x)) throw Error("loom: " + flag + " needs a finite number, got " + v);
   return x;
+}
+
+std::string show(double x) {
+  if (std::isnan(x)) return "nan";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
+//! The number of processes a launcher (mpirun, mpiexec, srun with PMI) started together with this one, and the
+//! variable that says so; {0, ""} where none did. A launcher that gives only a rank gives away that there are
+//! several processes when the rank is not 0: that is reported as -1.
+std::pair<long, std::string> launched_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"})
+    if (const char* v = std::getenv(var)) return {std::atol(v), std::string(var) + "=" + v};
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var); v && std::atol(v) > 0) return {-1, std::string(var) + "=" + v};
+  return {0, ""};
+}
+
+//! This process's rank in a launch of several (0 where it is alone): only rank 0 prints notes before the ranks start.
+long launched_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var)) return std::atol(v);
+  return 0;
 }
 
 Args parse(int argc, char** argv) {
@@ -46,6 +71,10 @@ Args parse(int argc, char** argv) {
     }
     if (f == "--no-progress") {
       a.progress = false;
+      continue;
+    }
+    if (f == "--allow-changed-run") {
+      a.allow_changed_run = true;
       continue;
     }
     if (f.rfind("--", 0) != 0) throw Error("loom: unexpected argument '" + f + "'\n" + usage);
@@ -62,12 +91,12 @@ Args parse(int argc, char** argv) {
     else if (f == "--weight-decay") a.weight_decay = number<double>(f, v);
     else if (f == "--grad-clip") a.grad_clip = number<double>(f, v);
     else if (f == "--warmup") a.warmup = number<int>(f, v);
-    else if (f == "--dropout") a.dropout = number<float>(f, v);
+    else if (f == "--dropout") a.dropout = number<double>(f, v);
     else if (f == "--dtype") a.dtype = v;
     else if (f == "--device") a.device = v;
     else if (f == "--backend") a.backend = v;
     else if (f == "--parallel") a.parallel = v;
-    else if (f == "--schedule") a.schedule = v;
+    else if (f == "--schedule") a.schedule = v, a.schedule_given = true;
     else if (f == "--layer-split") {
       std::stringstream ss(v);
       for (std::string n; std::getline(ss, n, ',');) a.layer_split.push_back(number<int>(f, n));
@@ -86,16 +115,24 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.micro_batches >= 1 && a.batch % a.micro_batches == 0, "--micro-batches ", a.micro_batches,
              " must divide --batch ", a.batch);
   LOOM_CHECK(a.seq >= 1, "--seq must be at least 1, got ", a.seq);
-  LOOM_CHECK(a.lr > 0 && std::isfinite(a.lr), "--lr must be positive, got ", a.lr);
-  LOOM_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got ", a.dropout);
-  LOOM_CHECK(a.grad_clip >= 0, "--grad-clip must not be negative, got ", a.grad_clip);
+  LOOM_CHECK(a.lr > 0, "--lr must be positive, got ", show(a.lr));
+  LOOM_CHECK(a.warmup >= 0, "--warmup must not be negative, got ", a.warmup);
+  LOOM_CHECK(a.weight_decay >= 0, "--weight-decay must not be negative, got ", show(a.weight_decay));
+  LOOM_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got ", show(a.dropout));
+  LOOM_CHECK(a.grad_clip >= 0, "--grad-clip must not be negative, got ", show(a.grad_clip));
   LOOM_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer must be adamw or sgd, got '",
              a.optimizer, "'");
   LOOM_CHECK(a.batch_order == "sequential" || a.batch_order == "shuffle",
              "--batch-order must be sequential or shuffle, got '", a.batch_order, "'");
-  LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi (nccl needs --device cuda), got '",
-             a.backend, "'");
-  LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", a.bucket_mb);
+  LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi, got '", a.backend, "'");
+  if (a.backend == "local") {
+    const auto [n, var] = launched_processes();
+    if (n > 1 || n < 0)
+      throw Error("loom: --backend local runs every rank as a thread of one process, but this process is one of " +
+                  (n > 1 ? std::to_string(n) : std::string("several")) + " started together (" + var +
+                  "): each would run the whole job, so launch with --backend mpi");
+  }
+  LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", show(a.bucket_mb));
   LOOM_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device, "'");
   if (a.device == "cpu")
     LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
@@ -112,7 +149,8 @@ Args parse(int argc, char** argv) {
 
 //! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2"; "single" for one rank).
 std::string parse_parallel(const std::string& spec, Args& a) {
-  std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}, {"cp", 1}, {"ep", 1}};
+  std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}};
+  std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
   bool sp = false;
   std::stringstream ss(spec);
   auto compiled = [] {
@@ -120,53 +158,176 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     for (const auto& n : layouts()) all += (all.empty() ? "" : ", ") + n;
     return all;
   };
+  auto not_yet = [&](const std::string& tok, const char* what) {
+    return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
+                 "tpN, sp, ppN, vN and dpN");
+  };
+  auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
     if (tok.empty()) continue;
-    if (tok == "sp") {
-      sp = true;
-      continue;
-    }
-    if (tok == "single") continue;
-    if (tok[0] == 'v' && tok.size() > 1) {
+    std::string part;
+    if (tok == "sp" || tok == "single" || tok == "ulysses") part = tok;
+    else if (starts(tok, "zero")) part = "zero";
+    else if (starts(tok, "shard")) part = "shard";
+    else if (tok[0] == 'v' && tok.size() > 1) part = "v";
+    else if (tok.size() > 2 && (starts(tok, "tp") || starts(tok, "pp") || starts(tok, "dp") || starts(tok, "cp") ||
+                                starts(tok, "ep")))
+      part = tok.substr(0, 2);
+    else
+      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN)");
+    if (const auto it = given.find(part); it != given.end())
+      throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
+                  " and " + tok + ")");
+    given[part] = tok;
+    if (part == "sp") sp = true;
+    else if (part == "single") continue;
+    else if (part == "ulysses") throw not_yet(tok, "Ulysses context parallelism");
+    else if (part == "shard") throw not_yet(tok, "hybrid sharding");
+    else if (part == "zero") {
+      if (number<int>("--parallel " + tok, tok.substr(4)) != 0) throw not_yet(tok, "ZeRO sharding");
+    } else if (part == "v") {
       a.chunks = number<int>("--parallel " + tok, tok.substr(1));
       LOOM_CHECK(a.chunks >= 1, "--parallel ", tok, ": chunks per stage must be at least 1");
-      continue;
+    } else {
+      const int n = number<int>("--parallel " + tok, tok.substr(2));
+      LOOM_CHECK(n >= 1, "--parallel ", tok, ": a size must be at least 1");
+      if (part == "cp" || part == "ep") {
+        if (n > 1) throw not_yet(tok, part == "cp" ? "context parallelism" : "expert parallelism");
+      } else {
+        size[part] = n;
+      }
     }
-    if (tok.rfind("zero", 0) == 0) {
-      if (tok == "zero0") continue;
-      throw Error("loom: --parallel " + spec + ": '" + tok + "' is not in this build's layouts (" + compiled() + ")");
-    }
-    const std::string axis = tok.substr(0, 2);
-    if (size.count(axis) && tok.size() > 2) {
-      size[axis] = number<int>("--parallel " + tok, tok.substr(2));
-      LOOM_CHECK(size[axis] >= 1, "--parallel ", tok, ": a size must be at least 1");
-      continue;
-    }
-    throw Error("loom: --parallel: unknown part '" + tok + "' (tpN, ppN, dpN, cpN, epN, sp, vN, zeroK)");
   }
   LOOM_CHECK(!sp || size["tp"] > 1, "--parallel ", spec, ": sp (sequence parallelism) splits over the tp ranks and "
              "needs tp >= 2");
   std::string name;
-  auto part = [&](const std::string& p) { name += (name.empty() ? "" : ".") + p; };
-  if (size["tp"] > 1) part("tp" + std::to_string(size["tp"]));
-  if (sp) part("sp");
-  for (const char* axis : {"cp", "pp", "dp", "ep"})
-    if (size[axis] > 1) part(axis + std::to_string(size[axis]));
+  auto add = [&](const std::string& p) { name += (name.empty() ? "" : ".") + p; };
+  if (size["tp"] > 1) add("tp" + std::to_string(size["tp"]));
+  if (sp) add("sp");
+  for (const char* axis : {"pp", "dp"})
+    if (size[axis] > 1) add(axis + std::to_string(size[axis]));
   if (name.empty()) name = "single";
+  if (size["pp"] == 1) {
+    LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "
+               "but the layout ", name, " has none (add ppN)");
+    LOOM_CHECK(!a.schedule_given, "--schedule ", a.schedule, " orders the work of pipeline stages, but the layout ",
+               name, " has none (add ppN to --parallel)");
+  }
   const auto known = a.device == "cuda" ? cuda_layouts() : layouts();
   if (std::find(known.begin(), known.end(), name) == known.end()) {
-    int ranks = 1;
-    for (const char* axis : {"tp", "pp", "dp", "cp"}) ranks *= size[axis];
     if (a.device == "cuda") {
       std::string all;
       for (const auto& n : known) all += (all.empty() ? "" : ", ") + n;
       throw Error(loom::detail::cat("loom: --parallel ", spec, " is not among the layouts --device cuda trains (",
                                     all.empty() ? "none: this build has no CUDA" : all, ")"));
     }
-    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", ranks, " ranks in a layout this build does "
-                                  "not have (compiled layouts: ", compiled(), ")"));
+    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", size["tp"] * size["pp"] * size["dp"],
+                                  " ranks in a layout this build does not have (compiled layouts: ", compiled(), ")"));
   }
   return name;
+}
+
+namespace {
+
+//! FNV-1a (64 bits) over the tokens, each as 4 little-endian bytes, in hex.
+std::string fnv1a(const std::vector<std::int32_t>& tokens) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::int32_t t : tokens)
+    for (int b = 0; b < 4; ++b) {
+      h ^= (static_cast<std::uint32_t>(t) >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+//! The data a run record names, in words: "'my.txt' (337 tokens, FNV-1a 5d...)", or the built-in corpus.
+std::string describe_data(const std::string& path, std::uint64_t tokens, const std::string& hash) {
+  return (path.empty() ? std::string("built-in corpus") : "'" + path + "'") + " (" + std::to_string(tokens) +
+         " tokens, FNV-1a " + hash + ")";
+}
+
+}  // namespace
+
+nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens) {
+  return {{"model", a.model},
+          {"optimizer", a.optimizer},
+          {"dtype", a.dtype},
+          {"seed", a.seed},
+          {"batch", a.batch},
+          {"seq", a.seq},
+          {"lr", a.lr},
+          {"warmup", a.warmup},
+          {"weight_decay", a.weight_decay},
+          {"grad_clip", a.grad_clip},
+          {"dropout", a.dropout},
+          {"batch_order", a.batch_order},
+          {"data", a.data},
+          {"data_tokens", static_cast<std::uint64_t>(tokens.size())},
+          {"data_fnv1a", fnv1a(tokens)},
+          {"micro_batches", a.micro_batches},
+          {"parallel", layout}};
+}
+
+void check_resume(const Args& a, const nlohmann::json& run) {
+  const std::string file = a.resume + "/trainer.json";
+  const nlohmann::json j = checkpoint::read_trainer_json(a.resume);
+  const checkpoint::TrainerState state = checkpoint::read_trainer_state(j, file);
+  LOOM_CHECK(a.steps > state.next_step, "--steps ", a.steps, " leaves nothing to train: --resume ", a.resume,
+             " continues at step ", state.next_step, " and --steps counts every step of the run (give more than ",
+             state.next_step, ")");
+  if (!j.contains("run")) {
+    LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": ", file, " records no run settings (an older "
+               "train_gpt saved it), so this run cannot be checked against it: --allow-changed-run resumes it "
+               "unchecked");
+    return;
+  }
+  auto saved = [&](const char* key, auto given) {
+    return checkpoint::json_value<decltype(given)>(j, file, std::string("run.") + key);
+  };
+  // The model and the optimizer (whose state the checkpoint holds) are the run's own: no flag changes them.
+  const std::string model = saved("model", a.model), optimizer = saved("optimizer", a.optimizer);
+  LOOM_CHECK(model == a.model, "--resume ", a.resume, ": --model ", a.model, " differs from the checkpoint's ", model,
+             " (a checkpoint loads into the shape it was saved from)");
+  LOOM_CHECK(optimizer == a.optimizer, "--resume ", a.resume, ": --optimizer ", a.optimizer,
+             " differs from the checkpoint's ", optimizer, ", whose state it holds (--init-from starts a new run from "
+             "its weights)");
+  // The settings that make the run what it is: resuming with others is refused unless --allow-changed-run.
+  std::string changed;
+  auto differs = [&](const std::string& flag, const std::string& given, const std::string& was) {
+    changed += (changed.empty() ? "" : ", ") + flag + " " + given + " differs from the checkpoint's " + was;
+  };
+  auto compare = [&](const char* key, const char* flag, auto given) {
+    const auto was = saved(key, given);
+    if (was == given) return;
+    if constexpr (std::is_same_v<decltype(given), std::string>) differs(flag, given, was);
+    else if constexpr (std::is_floating_point_v<decltype(given)>) differs(flag, show(given), show(was));
+    else differs(flag, std::to_string(given), std::to_string(was));
+  };
+  compare("dtype", "--dtype", a.dtype);
+  compare("seed", "--seed", a.seed);
+  compare("batch", "--batch", a.batch);
+  compare("seq", "--seq", a.seq);
+  compare("lr", "--lr", a.lr);
+  compare("warmup", "--warmup", a.warmup);
+  compare("weight_decay", "--weight-decay", a.weight_decay);
+  compare("grad_clip", "--grad-clip", a.grad_clip);
+  compare("dropout", "--dropout", a.dropout);
+  compare("batch_order", "--batch-order", a.batch_order);
+  // The data by content: the same bytes under another path are the same data.
+  const auto tokens = saved("data_tokens", std::uint64_t{});
+  const auto hash = saved("data_fnv1a", std::string());
+  if (tokens != run["data_tokens"].get<std::uint64_t>() || hash != run["data_fnv1a"].get<std::string>())
+    differs("--data",
+            describe_data(a.data, run["data_tokens"].get<std::uint64_t>(), run["data_fnv1a"].get<std::string>()),
+            describe_data(saved("data", std::string()), tokens, hash));
+  if (changed.empty()) return;
+  LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": ", changed,
+             " (--allow-changed-run continues the run with the new values)");
+  if (launched_rank() == 0)
+    std::printf("train_gpt: --allow-changed-run: --resume %s continues with other settings: %s\n", a.resume.c_str(),
+                changed.c_str());
 }
 
 std::vector<std::string> layouts() {

@@ -41,11 +41,27 @@ struct Args {
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
   int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
   std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
-  double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0;
-  float dropout = 0.0f, bucket_mb = 25.0f;
+  double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0, dropout = 0.0;
+  float bucket_mb = 25.0f;
   std::uint64_t seed = 1234;
   bool progress = true;
+  bool schedule_given = false;     //!< --schedule was on the command line
+  bool allow_changed_run = false;  //!< --allow-changed-run: --resume may continue with other settings
 };
+
+//! Skipped steps in a row (the loss or the gradient norm not finite) after which a run stops.
+inline constexpr int max_skipped_in_a_row = 10;
+
+//! x in the fewest digits that read back as x ("0.003", "1e+30"); every NaN is "nan", whatever its sign bit.
+std::string show(double x);
+
+//! What trainer.json records of a run (under "run"): the settings that make it the run it is, and the data's size
+//! and FNV-1a hash. `layout` is the layout's name.
+nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens);
+
+//! For --resume: refuses a checkpoint that stands at or beyond --steps, and one saved by a run with other settings
+//! (unless --allow-changed-run; the model and optimizer never change); `run` is this run's run_record.
+void check_resume(const Args& a, const nlohmann::json& run);
 
 //! The --schedule name as a Schedule.
 inline Schedule parse_schedule(const std::string& s) {
@@ -61,7 +77,8 @@ struct Held {
 };
 
 //! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
-//! optimizer step i and returns its train::StepResult.
+//! optimizer step i and returns its train::StepResult. A skipped step (every rank left the model as it was: its loss
+//! or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
 template <models::GptShape S, class Ctx, class Step>
 void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Held held, Step&& step) {
   using Cfg = typename Ctx::config;
@@ -98,29 +115,42 @@ void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Hel
                 bytes[2] / mib, bytes[3] / mib);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
   double first_loss = 0, loss = 0;
-  int skipped = 0;
+  int skipped = 0, in_a_row = 0;
   const auto t_start = std::chrono::steady_clock::now();
   for (int i = start; i < a.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const train::StepResult r = step(i);
     loss = r.loss;
-    if (!std::isfinite(loss))
-      throw Error(loom::detail::cat("loom: the loss is ", loss, " at step ", i, "; lower --lr or set --grad-clip"));
-    if (r.skipped) {
-      ++skipped;
-      if (lead) std::printf("step %5d  skipped: the gradient norm is %g\n", i, r.grad_norm);
+    if (r.skipped) {  // every rank agrees (StepResult), so every rank counts the same and stops at the same step
+      ++skipped, ++in_a_row;
+      if (lead) {
+        if (bar) std::fputc('\n', stderr);
+        std::fprintf(stderr, "train_gpt: warning: step %d skipped, no rank updated the model: loss %s, gradient norm "
+                     "%s (%d in a row, %d stop the run)\n", i, show(r.loss).c_str(), show(r.grad_norm).c_str(),
+                     in_a_row, max_skipped_in_a_row);
+        std::fflush(stderr);
+      }
+    } else {
+      in_a_row = 0;
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
     std::vector<double> peak{static_cast<double>(host_memory().peak())};
     ctx.world().all_reduce(peak, comm::Reduce::max);
     if (i == start) first_loss = loss;
-    if (!lead) continue;
-    if (log.is_open()) {
-      log << "{\"step\": " << i << ", \"loss\": " << loss << ", \"lr\": " << r.lr << ", \"tokens_per_s\": " << tps
-          << ", \"peak_bytes\": " << static_cast<std::uint64_t>(peak[0]) << "}\n";
+    if (lead && log.is_open()) {  // JSON has no NaN: a loss that is not finite is null
+      log << "{\"step\": " << i << ", \"loss\": ";
+      if (std::isfinite(loss)) log << loss;
+      else log << "null";
+      log << ", \"lr\": " << r.lr << ", \"tokens_per_s\": " << tps << ", \"peak_bytes\": "
+          << static_cast<std::uint64_t>(peak[0]) << (r.skipped ? ", \"skipped\": true}\n" : "}\n");
       log.flush();
     }
+    if (in_a_row == max_skipped_in_a_row)  // on every rank
+      throw Error(loom::detail::cat("loom: stopping at step ", i, " after ", in_a_row, " skipped steps in a row (",
+                                    i - in_a_row + 1, " to ", i, "): the loss is ", show(r.loss),
+                                    " and the gradient norm ", show(r.grad_norm), " (try a lower --lr)"));
+    if (!lead) continue;
     if (bar) {
       const int width = 30, done = a.steps ? (i + 1) * width / a.steps : width;
       std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
@@ -153,7 +183,7 @@ double state_bytes(const Opt& opt) {
 //! stage), its slice of each global batch, gradients averaged over the data-parallel group; on the host or, Dev =
 //! Cuda, on the GPU (ranks that share one GPU through the Local backend).
 template <models::GptShape S, class T, class Dev, class Ctx>
-void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens) {
+void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
   using Cfg = typename Ctx::config;
   using Model = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
   const bool lead = ctx.rank() == 0;
@@ -162,9 +192,9 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
 #endif
   train::Batches batches(tokens, a.batch, a.seq,
                          a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
-                         a.seed);
+                         a.seed, a.data);
   models::GptOptions mo;
-  mo.dropout = a.dropout;
+  mo.dropout = static_cast<float>(a.dropout);
   train::StepConfig cfg;
   cfg.batch = a.batch, cfg.seq = a.seq, cfg.micro_batches = a.micro_batches, cfg.lr = a.lr, cfg.warmup = a.warmup;
   cfg.grad_clip = a.grad_clip, cfg.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
@@ -199,7 +229,7 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
       const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
       train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
       if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
-        checkpoint::save_training(a.save, trainer, std::max(a.steps, start), lead);
+        checkpoint::save_training(a.save, trainer, std::max(a.steps, start), lead, run);
         if (lead)
           std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
                       a.save.c_str());
@@ -216,7 +246,7 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
       const Held held{double(pb.replicated), double(pb.sharded), double(model.grads().bytes()), state_bytes(opt)};
       train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
       if (!a.save.empty()) {  // every rank: the whole model is gathered over tensor parallelism
-        checkpoint::save_training(a.save, model, opt, std::max(a.steps, start), lead);
+        checkpoint::save_training(a.save, model, opt, std::max(a.steps, start), lead, run);
         if (lead)
           std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
                       a.save.c_str());
@@ -235,7 +265,8 @@ int train(const Args& a, int& argc, char**& argv) {
     const int parts = pp * (a.schedule == "zb-v" ? 2 : a.chunks);
     if (a.layer_split.empty())
       LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
-                 parts, " pipeline parts (pp", pp, " x ", parts / pp, " chunks); --layer-split can split them unevenly");
+                 parts, " pipeline parts (pp", pp, " x ", parts / pp,
+                 " chunks): --layer-split can split them unevenly");
     else
       train::layer_bounds(S.layers, parts, a.layer_split);
   } else {
@@ -250,17 +281,20 @@ int train(const Args& a, int& argc, char**& argv) {
   auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
   for (auto t : tokens)
     LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
+  // Checked here, before any rank starts: a refusal is one message and exit status 1 on every backend.
+  const nlohmann::json run = run_record(a, std::string(Cfg::name()), tokens);
+  if (!a.resume.empty()) check_resume(a, run);
   if (a.backend == "mpi") {
 #ifdef LOOM_HAS_MPI
     if constexpr (std::is_same_v<Dev, Host>)
-      return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens); });
+      return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens, run); });
     throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
 #else
     throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
   }
   (void)argc, (void)argv;
-  run_local<Cfg>([&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens); });
+  run_local<Cfg>([&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens, run); });
   return 0;
 }
 

@@ -19,6 +19,7 @@ function(loom_add_mpi_test target source)
 endfunction()
 if(nlohmann_json_FOUND)
   loom_add_test(test_tensor test_tensor.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
+  loom_add_test(test_checkpoint test_checkpoint.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
 endif()
 if(nlohmann_json_FOUND)
   loom_add_test(test_gpt test_gpt.cpp LIBS nlohmann_json::nlohmann_json LABELS model)
@@ -33,38 +34,129 @@ if(nlohmann_json_FOUND)
 endif()
 
 if(TARGET train_gpt)
-  # train_gpt: bad input ends in one clear message and a non-zero exit; a checkpoint saved by one run loads in another.
+  # train_gpt: bad input ends in one clear message, a whole line of the output, and a non-zero exit status; a
+  # checkpoint saved by one run loads in another.
   set(_tg $<TARGET_FILE:train_gpt>)
   set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
-  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/empty.txt "")
-  # name | arguments separated by ^ | text the message must contain
+  set(_bin ${CMAKE_CURRENT_BINARY_DIR})
+  set(_rs ${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
+  set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, ppN, vN and dpN")
+  set(_layouts "single, dp2, dp4, dp8, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp4, pp2.dp2, pp2.dp4, pp4.dp2, tp2.pp2, tp2.pp2.dp2, tp2.sp.pp2.dp2, tp2.pp4, tp4.pp2")
+  set(_changed "(--allow-changed-run continues the run with the new values)")
+  file(WRITE ${_bin}/empty.txt "")
+  # name | arguments separated by ^ | the message: a whole line of the output
   foreach(case
       "missing_data|--data^/nonexistent/corpus.txt|loom: cannot open the data file '/nonexistent/corpus.txt'"
-      "empty_data|--data^${CMAKE_CURRENT_BINARY_DIR}/empty.txt|is empty"
+      "empty_data|--data^${_bin}/empty.txt|loom: the data file '${_bin}/empty.txt' is empty"
       "seq_too_long|--seq^500|loom: --seq 500 is longer than the model's max_seq 128"
       "unknown_flag|--colour^red|loom: unknown flag '--colour'"
       "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
-      "non_finite_loss|--lr^1e30^--grad-clip^0^--steps^20|loom: the"
-      "too_many_ranks|--parallel^tp2,cp2|loom: --parallel tp2,cp2 needs 4 ranks"
-      "sp_without_tp|--parallel^sp,dp2|loom: --parallel sp,dp2: sp (sequence parallelism) splits over the tp ranks"
+      "warmup_negative|--warmup^-5|loom: --warmup must not be negative, got -5"
+      "warmup_not_a_number|--warmup^inf|loom: --warmup needs a number, got 'inf'"
+      "weight_decay_negative|--weight-decay^-0.1|loom: --weight-decay must not be negative, got -0.1"
+      "weight_decay_nan|--weight-decay^nan|loom: --weight-decay needs a finite number, got nan"
+      "weight_decay_inf|--weight-decay^inf|loom: --weight-decay needs a finite number, got inf"
+      "lr_nan|--lr^nan|loom: --lr needs a finite number, got nan"
+      "lr_inf|--lr^inf|loom: --lr needs a finite number, got inf"
+      "lr_out_of_range|--lr^1e999|loom: --lr 1e999 is out of range"
+      "grad_clip_nan|--grad-clip^nan|loom: --grad-clip needs a finite number, got nan"
+      "dropout_inf|--dropout^inf|loom: --dropout needs a finite number, got inf"
+      "bucket_mb_nan|--bucket-mb^nan|loom: --bucket-mb needs a finite number, got nan"
+      "negative_seed|--seed^-1|loom: --seed must not be negative, got -1"
+      "backend_nccl|--backend^nccl|loom: --backend must be local or mpi, got 'nccl'"
+      "too_many_ranks|--parallel^tp8,dp2|loom: --parallel tp8,dp2 needs 16 ranks in a layout this build does not have (compiled layouts: ${_layouts})"
+      "repeated_axis|--parallel^tp2,tp4|loom: --parallel tp2,tp4: tp is given twice (tp2 and tp4)"
+      "repeated_chunks|--parallel^pp2,v2,v4|loom: --parallel pp2,v2,v4: vN is given twice (v2 and v4)"
+      "chunks_without_pp|--parallel^dp2,v2|loom: --parallel dp2,v2: v2 sets the model chunks per pipeline stage, but the layout dp2 has none (add ppN)"
+      "schedule_without_pp|--schedule^zb-h1|loom: --schedule zb-h1 orders the work of pipeline stages, but the layout single has none (add ppN to --parallel)"
+      "ep_not_implemented|--parallel^ep2|loom: --parallel ep2: ep2 (expert parallelism) ${_not_yet}"
+      "cp_not_implemented|--parallel^tp2,cp2|loom: --parallel tp2,cp2: cp2 (context parallelism) ${_not_yet}"
+      "ulysses_not_implemented|--parallel^tp2,ulysses|loom: --parallel tp2,ulysses: ulysses (Ulysses context parallelism) ${_not_yet}"
+      "zero_not_implemented|--parallel^dp2,zero1|loom: --parallel dp2,zero1: zero1 (ZeRO sharding) ${_not_yet}"
+      "shard_not_implemented|--parallel^dp2,shard2|loom: --parallel dp2,shard2: shard2 (hybrid sharding) ${_not_yet}"
+      "sp_without_tp|--parallel^sp,dp2|loom: --parallel sp,dp2: sp (sequence parallelism) splits over the tp ranks and needs tp >= 2"
       "shape_cannot_split|--parallel^tp8^--model^tiny|loom: --model tiny cannot run on --parallel tp8: heads must be divisible by TP"
-      "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30"
-      "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts"
+      "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|loom: --parallel tp4.sp: sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30 is not a multiple of it"
+      "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts (pp2 x 2 chunks): --layer-split can split them unevenly"
       "split_does_not_add_up|--parallel^pp2^--model^small^--layer-split^1,2|loom: the layer split adds up to 3 layers but the model has 4"
-      "split_without_pp|--parallel^dp2^--layer-split^1,1|loom: --layer-split splits the layers over pipeline stages, but the layout dp2 has none"
+      "split_without_pp|--parallel^dp2^--layer-split^1,1|loom: --layer-split splits the layers over pipeline stages, but the layout dp2 has none (add ppN to --parallel)"
       "interleaved_needs_chunks|--parallel^pp2^--schedule^interleaved^--micro-batches^2|loom: the interleaved schedule needs v >= 2 chunks per stage, got v = 1"
-      "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other"
-      "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/config.json")
+      "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other: --resume continues a run (weights, optimizer state, step), --init-from starts a new one from weights"
+      "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/trainer.json: /nonexistent/run is not a training checkpoint (--init-from loads weights alone)"
+      # From the checkpoints of train_gpt_resume_fixture.cmake (3 steps on a.txt at batch 4 x 16); every case adds
+      # --data a.txt --batch 4 --seq 16 --steps 5.
+      "resume_steps_not_beyond|--resume^${_rs}/ckpt^--steps^3|loom: --steps 3 leaves nothing to train: --resume ${_rs}/ckpt continues at step 3 and --steps counts every step of the run (give more than 3)"
+      "resume_changed_seed|--resume^${_rs}/ckpt^--seed^7|loom: --resume ${_rs}/ckpt: --seed 7 differs from the checkpoint's 1234 ${_changed}"
+      "resume_changed_batch_seq_lr|--resume^${_rs}/ckpt^--batch^8^--seq^8^--lr^0.01|loom: --resume ${_rs}/ckpt: --batch 8 differs from the checkpoint's 4, --seq 8 differs from the checkpoint's 16, --lr 0.01 differs from the checkpoint's 0.003 ${_changed}"
+      "resume_changed_schedule_of_training|--resume^${_rs}/ckpt^--warmup^2^--weight-decay^0^--grad-clip^0.5^--dropout^0.1^--batch-order^shuffle^--dtype^f64|loom: --resume ${_rs}/ckpt: --dtype f64 differs from the checkpoint's f32, --warmup 2 differs from the checkpoint's 0, --weight-decay 0 differs from the checkpoint's 0.01, --grad-clip 0.5 differs from the checkpoint's 1, --dropout 0.1 differs from the checkpoint's 0, --batch-order shuffle differs from the checkpoint's sequential ${_changed}"
+      "resume_changed_data|--resume^${_rs}/ckpt^--data^${_rs}/b.txt|loom: --resume ${_rs}/ckpt: --data '${_rs}/b.txt' (480 tokens, FNV-1a cbfea07147f72425) differs from the checkpoint's '${_rs}/a.txt' (520 tokens, FNV-1a d174a44584c66b65) ${_changed}"
+      "resume_changed_optimizer|--resume^${_rs}/ckpt^--optimizer^sgd^--allow-changed-run|loom: --resume ${_rs}/ckpt: --optimizer sgd differs from the checkpoint's adamw, whose state it holds (--init-from starts a new run from its weights)"
+      "resume_changed_model|--resume^${_rs}/ckpt^--model^small|loom: --resume ${_rs}/ckpt: --model small differs from the checkpoint's tiny (a checkpoint loads into the shape it was saved from)"
+      "resume_old_checkpoint|--resume^${_rs}/old|loom: --resume ${_rs}/old: ${_rs}/old/trainer.json records no run settings (an older train_gpt saved it), so this run cannot be checked against it: --allow-changed-run resumes it unchecked"
+      "resume_missing_key|--resume^${_rs}/no_seed|loom: ${_rs}/no_seed/trainer.json has no key 'run.seed'"
+      "resume_mistyped_key|--resume^${_rs}/bad_step|loom: ${_rs}/bad_step/trainer.json: 'next_step' must be an integer from -2147483648 to 2147483647, got true"
+      "resume_not_json|--resume^${_rs}/not_json|loom: ${_rs}/not_json/trainer.json is not valid JSON")
     string(REPLACE "|" ";" parts "${case}")
     list(GET parts 0 name)
     list(GET parts 1 args)
     list(GET parts 2 expect)
     string(REPLACE "^" ";" args "${args}")
+    string(FIND "${args}" "${_rs}" from_fixture)
+    if(NOT from_fixture EQUAL -1)
+      set(args "--data;${_rs}/a.txt;--batch;4;--seq;16;--steps;5;${args}")
+    endif()
     add_test(NAME train_gpt_rejects_${name}
-      COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};--no-progress;${args}" "-DEXPECT=${expect}" -P ${_ef})
+      COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};--no-progress;${args}" "-DEXPECT_LINE=${expect}" -P ${_ef})
     set_tests_properties(train_gpt_rejects_${name} PROPERTIES LABELS "model;failure")
+    if(NOT from_fixture EQUAL -1)
+      set_tests_properties(train_gpt_rejects_${name} PROPERTIES FIXTURES_REQUIRED train_gpt_resume_checks)
+    endif()
   endforeach()
+  add_test(NAME train_gpt_resume_fixture
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${_rs} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume_fixture.cmake)
+  set_tests_properties(train_gpt_resume_fixture PROPERTIES LABELS model FIXTURES_SETUP train_gpt_resume_checks)
+  # --allow-changed-run resumes what the cases above refuse: another seed, and a checkpoint without run settings.
+  set(_ok ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set(_rargs "--no-progress;--data;${_rs}/a.txt;--batch;4;--seq;16;--steps;5;--allow-changed-run;--resume")
+  add_test(NAME train_gpt_resume_allow_changed_run
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};${_rargs};${_rs}/ckpt;--seed;7"
+            "-DEXPECT_REGEX=train_gpt: --allow-changed-run: --resume [^\n]*/ckpt continues with other settings: --seed 7 differs from the checkpoint's 1234\n.*in 2 steps \\(0 skipped\\)"
+            -P ${_ok})
+  add_test(NAME train_gpt_resume_allow_old_checkpoint
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};${_rargs};${_rs}/old"
+            "-DEXPECT_REGEX=resuming [^\n]*/old at step 3\n.*in 2 steps \\(0 skipped\\)" -P ${_ok})
+  set_tests_properties(train_gpt_resume_allow_changed_run train_gpt_resume_allow_old_checkpoint PROPERTIES
+                       LABELS model FIXTURES_REQUIRED train_gpt_resume_checks)
+  # A loss or gradient norm that is not finite: the step is skipped on every rank with a warning, and the tenth
+  # skipped step in a row stops the run (lr 1e30 makes step 1 and every step after it NaN).
+  add_test(NAME train_gpt_rejects_non_finite_loss
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};--no-progress;--lr;1e30;--grad-clip;0;--steps;20;--batch;4;--seq;16"
+            "-DEXPECT_LINE=train_gpt: warning: step 1 skipped, no rank updated the model: loss nan, gradient norm nan (1 in a row, 10 stop the run)"
+            "-DEXPECT_LINE2=loom: stopping at step 10 after 10 skipped steps in a row (1 to 10): the loss is nan and the gradient norm nan (try a lower --lr)"
+            -P ${_ef})
+  add_test(NAME train_gpt_rejects_non_finite_loss_pp2_dp2
+    COMMAND ${CMAKE_COMMAND}
+            "-DCMD=${_tg};--no-progress;--lr;1e30;--grad-clip;0;--steps;20;--batch;4;--seq;16;--parallel;pp2,dp2;--micro-batches;2"
+            "-DEXPECT_LINE=train_gpt: warning: step 9 skipped, no rank updated the model: loss nan, gradient norm nan (9 in a row, 10 stop the run)"
+            "-DEXPECT_LINE2=loom: stopping at step 10 after 10 skipped steps in a row (1 to 10): the loss is nan and the gradient norm nan (try a lower --lr)"
+            -P ${_ef})
+  # --backend local in a process that a launcher started among others (here as MPICH's launcher says so).
+  add_test(NAME train_gpt_rejects_local_backend_under_launcher
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_tg};--no-progress;--parallel;dp2"
+            "-DEXPECT_LINE=loom: --backend local runs every rank as a thread of one process, but this process is one of 4 started together (PMI_SIZE=4): each would run the whole job, so launch with --backend mpi"
+            -P ${_ef})
+  set_tests_properties(train_gpt_rejects_non_finite_loss train_gpt_rejects_non_finite_loss_pp2_dp2
+                       train_gpt_rejects_local_backend_under_launcher PROPERTIES LABELS "model;failure")
+  set_tests_properties(train_gpt_rejects_local_backend_under_launcher PROPERTIES ENVIRONMENT "PMI_SIZE=4")
+  # The script that every failure test runs refuses what is not a failure.
+  add_test(NAME train_gpt_expect_failure_check
+    COMMAND ${CMAKE_COMMAND} -DEF=${_ef} -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure_check.cmake)
+  set_tests_properties(train_gpt_expect_failure_check PROPERTIES LABELS "failure")
+  add_test(NAME train_gpt_help_in_docs
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDOC=${PROJECT_SOURCE_DIR}/docs/train_gpt.md
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_help.cmake)
+  set_tests_properties(train_gpt_help_in_docs PROPERTIES LABELS model)
   add_test(NAME train_gpt_save_and_init_from
     COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_ckpt
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_checkpoint.cmake)
@@ -78,22 +170,26 @@ if(LOOM_WITH_MPI)
 endif()
 
 if(TARGET train_gpt AND LOOM_WITH_MPI)
-  # train_gpt as MPI processes: a data-parallel run, and a launch with the wrong number of processes.
+  # train_gpt as MPI processes: data- and tensor-parallel runs log the single-rank run's losses (f64, 9 digits); a
+  # launch with the wrong number of processes, and one with --backend local, are refused.
   set(_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
-  add_test(NAME train_gpt_mpi_dp2
-    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np 2 $<TARGET_FILE:train_gpt> --no-progress
-            --backend mpi --parallel dp2 --steps 5)
-  set_tests_properties(train_gpt_mpi_dp2 PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}"
-                       PASS_REGULAR_EXPRESSION "layout dp2 \\(mpi\\).*in 5 steps \\(0 skipped\\)")
-  add_test(NAME train_gpt_mpi_tp2_sp_dp2
-    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np 4 $<TARGET_FILE:train_gpt> --no-progress
-            --backend mpi --parallel tp2,sp,dp2 --steps 5)
-  set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp" ENVIRONMENT "${_mpi_env}"
-                       PASS_REGULAR_EXPRESSION "layout tp2.sp.dp2 \\(mpi\\).*in 5 steps \\(0 skipped\\)")
+  foreach(layout dp2 tp2,sp,dp2)
+    string(MAKE_C_IDENTIFIER "${layout}" id)
+    add_test(NAME train_gpt_mpi_${id}
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_mpi_${id}
+              -DLAYOUTS=${layout} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    set_tests_properties(train_gpt_mpi_${id} PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}")
+  endforeach()
+  set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp")
   add_test(NAME train_gpt_mpi_wrong_size
     COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;3;$<TARGET_FILE:train_gpt>;--backend;mpi;--parallel;dp2"
             "-DEXPECT=loom: the layout dp2 needs 2 ranks, but the job was launched with 3" -P ${_ef})
-  set_tests_properties(train_gpt_mpi_wrong_size PROPERTIES LABELS "mpi;model;failure" ENVIRONMENT "${_mpi_env}")
+  add_test(NAME train_gpt_rejects_local_backend_under_mpirun
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;2;$<TARGET_FILE:train_gpt>;--parallel;dp2"
+            "-DEXPECT_LINE=loom: --backend local runs every rank as a thread of one process, but this process is one of 2 started together (OMPI_COMM_WORLD_SIZE=2): each would run the whole job, so launch with --backend mpi"
+            -P ${_ef})
+  set_tests_properties(train_gpt_mpi_wrong_size train_gpt_rejects_local_backend_under_mpirun PROPERTIES
+                       LABELS "mpi;model;failure" ENVIRONMENT "${_mpi_env}")
 endif()
 
 if(LOOM_WITH_CUDA)
@@ -111,7 +207,8 @@ if(TARGET train_gpt)
   set_tests_properties(train_gpt_tensor_parallel_layouts PROPERTIES LABELS "model;tp")
   add_test(NAME train_gpt_pipeline_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_pp_layouts
-            "-DLAYOUTS=pp2;tp2,pp2,dp2;tp2,sp,pp2,dp2;pp2,dp4" "-DEXTRA=--micro-batches;2;--schedule;zb-h1"
+            "-DLAYOUTS=pp2 --schedule zb-h1;tp2,pp2,dp2 --schedule zb-h1;tp2,sp,pp2,dp2 --schedule zb-h1;pp2,dp4 --schedule zb-h1"
+            "-DEXTRA=--micro-batches;2"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
   # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last.

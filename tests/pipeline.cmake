@@ -4,10 +4,12 @@
 loom_add_test(test_pipeline_schedule test_pipeline_schedule.cpp LABELS pipeline)
 
 if(TARGET loom-schedule)
-  # name, expected line, arguments
+  # name, expected output (a regular expression), arguments: loom-schedule must exit 0 and print it.
   function(loom_schedule_test name expect)
-    add_test(NAME pipeline_loom_schedule.${name} COMMAND loom-schedule ${ARGN})
-    set_tests_properties(pipeline_loom_schedule.${name} PROPERTIES LABELS pipeline PASS_REGULAR_EXPRESSION "${expect}")
+    add_test(NAME pipeline_loom_schedule.${name}
+      COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-schedule>;${ARGN}" "-DEXPECT_REGEX=${expect}"
+              -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+    set_tests_properties(pipeline_loom_schedule.${name} PROPERTIES LABELS pipeline)
   endfunction()
   # (p-1)/(m+p-1) = 3/11 of the step
   loom_schedule_test(1f1b "bubble 0\\.2727 of the step" --schedule 1f1b --pp 4 --micro-batches 8)
@@ -19,6 +21,11 @@ if(TARGET loom-schedule)
   loom_schedule_test(zb-v "idle 3 units per stage" --schedule zb-v --pp 4 --micro-batches 8)
   loom_schedule_test(svg "wrote .*loom-schedule-test\\.svg"
                      --schedule zb-v --pp 4 --micro-batches 8 --svg ${CMAKE_CURRENT_BINARY_DIR}/loom-schedule-test.svg)
-  loom_schedule_test(bad-counts "loom: the interleaved schedule needs the micro-batch count to be a multiple"
-                     --schedule interleaved --pp 4 --micro-batches 6 --chunks 2)
+  # A count the schedule cannot take: a non-zero exit status and the rule's message.
+  add_test(NAME pipeline_loom_schedule.bad-counts
+    COMMAND ${CMAKE_COMMAND}
+            "-DCMD=$<TARGET_FILE:loom-schedule>;--schedule;interleaved;--pp;4;--micro-batches;6;--chunks;2"
+            "-DEXPECT_LINE=loom: the interleaved schedule needs the micro-batch count to be a multiple of the stage count, got m = 6, p = 4"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+  set_tests_properties(pipeline_loom_schedule.bad-counts PROPERTIES LABELS "pipeline;failure")
 endif()

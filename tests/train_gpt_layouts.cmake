@@ -1,7 +1,9 @@
 # train_gpt on tensor- and pipeline-parallel layouts trains the single-rank model: in double, with dropout, the losses of 5 steps
 # agree with the single-rank run's to 9 significant digits for each layout in LAYOUTS.
-#   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." ["-DEXTRA=--micro-batches;4"] -P this
-# A layout may carry flags of its own after a space: "pp2 --layer-split 1,3".
+#   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." ["-DEXTRA=--micro-batches;4"]
+#         [-DMPIEXEC=<mpiexec>] -P this
+# A layout may carry flags of its own after a space: "pp2 --layer-split 1,3". With MPIEXEC, each layout runs as MPI
+# processes (--backend mpi, as many as the layout has ranks) and the single-rank reference as one process.
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --steps 5 ${EXTRA})
@@ -9,10 +11,27 @@ function(losses layout out)
   separate_arguments(own UNIX_COMMAND "${layout}")
   list(POP_FRONT own layout)
   string(MAKE_C_IDENTIFIER "${layout}${own}" log)
-  execute_process(COMMAND ${TG} ${common} --parallel ${layout} ${own} --log-json ${DIR}/${log}.jsonl
+  set(launch "")
+  set(backend local)
+  if(DEFINED MPIEXEC AND NOT layout STREQUAL "single")
+    set(np 1)
+    string(REPLACE "," ";" parts "${layout}")
+    foreach(part ${parts})
+      if(part MATCHES "^(tp|pp|dp)([0-9]+)$")
+        math(EXPR np "${np} * ${CMAKE_MATCH_2}")
+      endif()
+    endforeach()
+    set(launch ${MPIEXEC} --oversubscribe --bind-to none -np ${np})
+    set(backend mpi)
+    list(APPEND own --backend mpi)
+  endif()
+  execute_process(COMMAND ${launch} ${TG} ${common} --parallel ${layout} ${own} --log-json ${DIR}/${log}.jsonl
                   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "train_gpt --parallel ${layout} failed (exit ${rc}):\n${stdout}${err}")
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "train_gpt --parallel ${layout} ${own} failed (exit ${rc}):\n${stdout}${err}")
+  endif()
+  if(NOT stdout MATCHES "layout [a-z0-9.]+ \\(${backend}\\)")
+    message(FATAL_ERROR "train_gpt --parallel ${layout} ${own} did not run on the ${backend} backend:\n${stdout}")
   endif()
   if(NOT layout STREQUAL "single" AND NOT stdout MATCHES "per rank: parameters [0-9.]+ MiB \\([0-9.]+ replicated \\+ [0-9.]+ sharded over tp[0-9]\\), gradients [0-9.]+ MiB, optimizer state [0-9.]+ MiB")
     message(FATAL_ERROR "train_gpt --parallel ${layout} does not print the per-rank bytes:\n${stdout}")

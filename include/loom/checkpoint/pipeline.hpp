@@ -7,10 +7,11 @@
 
 namespace loom::checkpoint {
 
-//! A collective over the tensor- and pipeline-parallel groups; the ranks with `write` write.
+//! A collective over the tensor- and pipeline-parallel groups; the ranks with `write` write. `run` is stored as
+//! trainer.json's "run" (see write_training).
 template <models::GptShape S, class T, class Optimizer, class Ctx>
 void save_training(const std::string& dir, train::PipelineTrainer<S, T, Optimizer, Ctx>& trainer, int next_step,
-                   bool write = true) {
+                   bool write = true, const nlohmann::json& run = nullptr) {
   using A = typename Optimizer::acc;
   auto& parts = trainer.parts();
   auto& opts = trainer.optimizers();
@@ -24,7 +25,7 @@ void save_training(const std::string& dir, train::PipelineTrainer<S, T, Optimize
     }));
   if (!write) return;
   write_gpt<S>(dir, whole, parts.front()->options().ln_eps);
-  write_training<Optimizer>(dir, state, opts.front().counter(), next_step);
+  write_training<Optimizer>(dir, state, opts.front().counter(), next_step, run);
 }
 
 //! Loads a training checkpoint (saved on any layout) into every part and its optimizer; returns the next step.

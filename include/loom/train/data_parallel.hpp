@@ -125,10 +125,13 @@ struct StepConfig {
   bool overlap = true;
 };
 
+//! What a step did. A step whose loss or gradient norm is not finite on some rank is skipped on every rank: no
+//! parameter and no optimizer state changes (the optimizer's step counter included), and the caller decides how
+//! many skipped steps in a row a run tolerates.
 struct StepResult {
   double loss;       //!< mean over the global batch
   double grad_norm;  //!< before clipping
-  bool skipped;      //!< a gradient was not finite on some rank: no update anywhere
+  bool skipped;      //!< the loss or a gradient was not finite on some rank: no update anywhere
   double lr;
 };
 
@@ -167,7 +170,7 @@ class DataParallelTrainer {
     // The averaged gradients are the same on every rank of the group; agree on finiteness anyway, so that no rank
     // can differ. The model's norm counts each element of the whole model once (tensor-parallel ranks hold parts).
     const double norm = model_.grad_norm();
-    std::vector<int> finite{std::isfinite(norm) ? 1 : 0};
+    std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
     dp_.all_reduce(finite, comm::Reduce::min);
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
     if (!finite[0]) return {l[0], norm, true, lr};

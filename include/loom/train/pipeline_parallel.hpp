@@ -136,7 +136,8 @@ class PipelineTrainer {
     std::vector<double> s{sq};
     ctx_.template comm<Axis::pp>().all_reduce(s, comm::Reduce::sum);
     const double norm = std::sqrt(s[0]);
-    std::vector<int> finite{std::isfinite(norm) ? 1 : 0};
+    // Every rank skips the update, or none does (StepResult).
+    std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
     ctx_.world().all_reduce(finite, comm::Reduce::min);
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
     if (!finite[0]) return {l[0], norm, true, lr};

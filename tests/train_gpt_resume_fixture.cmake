@@ -1,0 +1,35 @@
+# The checkpoints that the train_gpt_rejects_resume_* tests resume from, all from 3 steps of the tiny model on
+# DIR/a.txt at batch 4 x 16: DIR/ckpt as train_gpt saves it; DIR/old without the run settings in trainer.json (as an
+# older train_gpt wrote it); DIR/no_seed without run.seed; DIR/bad_step with next_step true; DIR/not_json with a
+# trainer.json that is not JSON. DIR/b.txt is other data.
+#   cmake -DTG=<train_gpt> -DDIR=<scratch> -P this
+file(REMOVE_RECURSE ${DIR})
+file(MAKE_DIRECTORY ${DIR})
+string(REPEAT "A run resumed from a checkpoint continues the run that saved it. " 8 a)
+string(REPEAT "Other data makes another run. " 16 b)
+file(WRITE ${DIR}/a.txt "${a}")
+file(WRITE ${DIR}/b.txt "${b}")
+execute_process(COMMAND ${TG} --no-progress --data ${DIR}/a.txt --batch 4 --seq 16 --steps 3 --save ${DIR}/ckpt
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc STREQUAL "0" OR NOT EXISTS ${DIR}/ckpt/trainer.json)
+  message(FATAL_ERROR "train_gpt --save failed (exit ${rc}):\n${out}${err}")
+endif()
+file(READ ${DIR}/ckpt/trainer.json json)
+string(JSON step GET "${json}" next_step)
+string(JSON seed GET "${json}" run seed)
+if(NOT step EQUAL 3 OR NOT seed EQUAL 1234)
+  message(FATAL_ERROR "trainer.json does not record step 3 and seed 1234:\n${json}")
+endif()
+function(variant name json)
+  file(MAKE_DIRECTORY ${DIR}/${name})
+  file(GLOB files ${DIR}/ckpt/*)
+  file(COPY ${files} DESTINATION ${DIR}/${name})
+  file(WRITE ${DIR}/${name}/trainer.json "${json}")
+endfunction()
+string(JSON old REMOVE "${json}" run)
+variant(old "${old}")
+string(JSON no_seed REMOVE "${json}" run seed)
+variant(no_seed "${no_seed}")
+string(JSON bad_step SET "${json}" next_step true)
+variant(bad_step "${bad_step}")
+variant(not_json "{\"next_step\": 3,")
