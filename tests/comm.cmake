@@ -1,5 +1,6 @@
 # Communicator tests: Local here; Mpi under mpirun (label mpi); Nccl on a GPU (label gpu).
 loom_add_test(test_comm_local test_comm_local.cpp LABELS comm)
+loom_add_test(test_comm_local_failures test_comm_local_failures.cpp LABELS "comm;failure")
 
 if(LOOM_WITH_MPI)
   add_executable(test_comm_mpi test_comm_mpi.cpp)
