@@ -15,3 +15,4 @@ step(${CMAKE_COMMAND} -S ${SRC}/tests/consumer -B ${WORK}/subdir -DLOOM_SOURCE_D
 step(${CMAKE_COMMAND} --build ${WORK}/subdir --target consumer)
 step(${WORK}/subdir/consumer)
 message(STATUS "the installed package and add_subdirectory both work")
+file(REMOVE_RECURSE ${WORK})  # kept only when a step failed

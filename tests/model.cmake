@@ -39,7 +39,7 @@ if(TARGET train_gpt)
   set(_tg $<TARGET_FILE:train_gpt>)
   set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
-  set(_rs ${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
+  set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
   set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, ppN, vN and dpN")
   set(_layouts "single, dp2, dp4, dp8, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp4, pp2.dp2, pp2.dp4, pp4.dp2, tp2.pp2, tp2.pp2.dp2, tp2.sp.pp2.dp2, tp2.pp4, tp4.pp2")
   set(_changed "(--allow-changed-run continues the run with the new values)")
@@ -116,6 +116,8 @@ if(TARGET train_gpt)
   add_test(NAME train_gpt_resume_fixture
     COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${_rs} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume_fixture.cmake)
   set_tests_properties(train_gpt_resume_fixture PROPERTIES LABELS model FIXTURES_SETUP train_gpt_resume_checks)
+  add_test(NAME train_gpt_resume_fixture_cleanup COMMAND ${CMAKE_COMMAND} -E rm -rf ${_rs})
+  set_tests_properties(train_gpt_resume_fixture_cleanup PROPERTIES LABELS model FIXTURES_CLEANUP train_gpt_resume_checks)
   # --allow-changed-run resumes what the cases above refuse: another seed, and a checkpoint without run settings.
   set(_ok ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
   set(_rargs "--no-progress;--data;${_rs}/a.txt;--batch;4;--seq;16;--steps;5;--allow-changed-run;--resume")
@@ -158,7 +160,7 @@ if(TARGET train_gpt)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_help.cmake)
   set_tests_properties(train_gpt_help_in_docs PROPERTIES LABELS model)
   add_test(NAME train_gpt_save_and_init_from
-    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_ckpt
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ckpt
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_checkpoint.cmake)
   set_tests_properties(train_gpt_save_and_init_from PROPERTIES LABELS model)
 endif()
@@ -176,7 +178,7 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
   foreach(layout dp2 tp2,sp,dp2)
     string(MAKE_C_IDENTIFIER "${layout}" id)
     add_test(NAME train_gpt_mpi_${id}
-      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_mpi_${id}
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_${id}
               -DLAYOUTS=${layout} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
     set_tests_properties(train_gpt_mpi_${id} PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}")
   endforeach()
@@ -202,31 +204,31 @@ endif()
 
 if(TARGET train_gpt)
   add_test(NAME train_gpt_tensor_parallel_layouts
-    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_layouts
             "-DLAYOUTS=tp2;tp4,sp;tp2,sp,dp2;tp4,dp2;tp2,dp4" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_tensor_parallel_layouts PROPERTIES LABELS "model;tp")
   add_test(NAME train_gpt_pipeline_layouts
-    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_pp_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_pp_layouts
             "-DLAYOUTS=pp2 --schedule zb-h1;tp2,pp2,dp2 --schedule zb-h1;tp2,sp,pp2,dp2 --schedule zb-h1;pp2,dp4 --schedule zb-h1"
             "-DEXTRA=--micro-batches;2"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
   # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last.
   add_test(NAME train_gpt_pipeline_layer_split
-    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_pp_split
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_pp_split
             "-DLAYOUTS=pp2 --layer-split 1,3;tp2,pp2,dp2 --layer-split 3,1"
             "-DEXTRA=--model;small;--micro-batches;2" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
   if(LOOM_WITH_CUDA)
     # --device cuda: one rank, and two ranks sharing the GPU, log the CPU's losses (f64, dropout) to 9 digits.
     add_test(NAME train_gpt_cuda_layouts
-      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_cuda
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
               "-DLAYOUTS=single --device cuda;dp2 --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
     set_tests_properties(train_gpt_cuda_layouts PROPERTIES LABELS "gpu;model"
                          SKIP_REGULAR_EXPRESSION "no CUDA device here")
   endif()
   add_test(NAME train_gpt_resume_continues_the_run
-    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${CMAKE_CURRENT_BINARY_DIR}/train_gpt_resume
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_resume
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume.cmake)
   set_tests_properties(train_gpt_resume_continues_the_run PROPERTIES LABELS model)
 endif()

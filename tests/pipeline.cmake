@@ -8,7 +8,7 @@ if(TARGET loom-schedule)
   function(loom_schedule_test name expect)
     add_test(NAME pipeline_loom_schedule.${name}
       COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-schedule>;${ARGN}" "-DEXPECT_REGEX=${expect}"
-              -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+              -DSCRATCH=${LOOM_TEST_SCRATCH}/loom-schedule-${name} -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
     set_tests_properties(pipeline_loom_schedule.${name} PROPERTIES LABELS pipeline)
   endfunction()
   # (p-1)/(m+p-1) = 3/11 of the step
@@ -20,7 +20,7 @@ if(TARGET loom-schedule)
   loom_schedule_test(zb-h1 "idle 3 units per stage" --schedule zb-h1 --pp 4 --micro-batches 8)
   loom_schedule_test(zb-v "idle 3 units per stage" --schedule zb-v --pp 4 --micro-batches 8)
   loom_schedule_test(svg "wrote .*loom-schedule-test\\.svg"
-                     --schedule zb-v --pp 4 --micro-batches 8 --svg ${CMAKE_CURRENT_BINARY_DIR}/loom-schedule-test.svg)
+                     --schedule zb-v --pp 4 --micro-batches 8 --svg ${LOOM_TEST_SCRATCH}/loom-schedule-svg/loom-schedule-test.svg)
   # A count the schedule cannot take: a non-zero exit status and the rule's message.
   add_test(NAME pipeline_loom_schedule.bad-counts
     COMMAND ${CMAKE_COMMAND}

@@ -56,3 +56,4 @@ string(SUBSTRING "${loaded_tp}" 0 10 got)
 if(NOT got STREQUAL want)
   message(FATAL_ERROR "--init-from on tp2,sp: the first loss is ${loaded_tp}, the saved weights give ${fifth}")
 endif()
+file(REMOVE_RECURSE ${DIR})  # kept only when a check failed

@@ -57,3 +57,4 @@ foreach(layout ${LAYOUTS})
   endif()
   message(STATUS "--parallel ${layout}: losses ${got}, as on one rank")
 endforeach()
+file(REMOVE_RECURSE ${DIR})  # kept only when a check failed

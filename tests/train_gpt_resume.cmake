@@ -69,3 +69,4 @@ expect_continues(${DIR}/from_3d.jsonl)
 run(--steps 10 --resume ${DIR}/ckpt --parallel pp2 --schedule zb-h1 --micro-batches 2 --log-json ${DIR}/into_pp2.jsonl)
 expect_continues(${DIR}/into_pp2.jsonl)
 message(STATUS "saved on tp4, tp2,pp2,dp2 and one rank; resumed on one rank, tp2,sp,dp2 and pp2: the same run")
+file(REMOVE_RECURSE ${DIR})  # kept only when a check failed
