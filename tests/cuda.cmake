@@ -1,6 +1,6 @@
 # The CUDA kernels against the CPU kernels, the GPT on a device against the GPT on the host, and the Local backend on
-# device memory, ranks sharing one GPU (label gpu). Without a device each program prints "SKIPPED: no CUDA device here"
-# and exits with 77, which ctest reports as skipped.
+# device memory, ranks sharing one GPU (label gpu). Without a device (and no driver) each program prints "SKIPPED: no
+# CUDA device here" and exits with 77, which ctest reports as skipped; a GPU the runtime cannot use fails them.
 if(LOOM_WITH_CUDA)
   foreach(_loom_gpu_test test_kernels_cuda test_gpt_cuda test_comm_local_cuda)
     add_executable(${_loom_gpu_test})

@@ -290,7 +290,10 @@ class LocalComm : public Frontend<LocalComm> {
       g.mem[me_].arrived = seq;
       g.mem[me_].progress = detail::step_key(seq, 0);
       g.cv.notify_all();
-      wait(lk, deadline, [&] { return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.arrived >= seq; }); },
+      auto all_arrived = [&] {
+        return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.arrived >= seq; });
+      };
+      wait(lk, deadline, all_arrived,
            [&](bool timed_out) {
              return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
                                             " waiting for ranks that have not entered it: ",
@@ -310,7 +313,10 @@ class LocalComm : public Frontend<LocalComm> {
       Lock lk(g.m);
       g.mem[me_].done = seq;
       g.cv.notify_all();
-      wait(lk, deadline, [&] { return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.done >= seq; }); },
+      auto all_done = [&] {
+        return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.done >= seq; });
+      };
+      wait(lk, deadline, all_done,
            [&](bool timed_out) {
              return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
                                             " waiting for ranks to finish it: ",

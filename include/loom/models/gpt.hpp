@@ -110,10 +110,12 @@ template <class Cfg>
 struct ImplementedRules {
   static_assert(Cfg::zero_stage == 0,
                 "loom: DP<n, ZeRO<k>> with k > 0 (sharded data parallelism) is not implemented yet");
-  static_assert(Cfg::template size<Axis::cp> == 1, "loom: CP<n> with n > 1 (context parallelism) is not implemented yet");
-  static_assert(!Cfg::cp_algorithm_given, "loom: CP<n, Ring> and CP<n, Ulysses> (context-parallel attention) are not "
-                                          "implemented yet");
-  static_assert(Cfg::template size<Axis::ep> == 1, "loom: EP<n> with n > 1 (expert parallelism) is not implemented yet");
+  static_assert(Cfg::template size<Axis::cp> == 1,
+                "loom: CP<n> with n > 1 (context parallelism) is not implemented yet");
+  static_assert(!Cfg::cp_algorithm_given,
+                "loom: CP<n, Ring> and CP<n, Ulysses> (context-parallel attention) are not implemented yet");
+  static_assert(Cfg::template size<Axis::ep> == 1,
+                "loom: EP<n> with n > 1 (expert parallelism) is not implemented yet");
   static constexpr bool ok = true;
 };
 
