@@ -7,7 +7,7 @@
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
-#include <loom/pipeline/costed_model.hpp>
+#include <loom/testing/costed_model.hpp>
 #include <loom/pipeline/executor.hpp>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +23,7 @@ namespace {
 
 using namespace loom;
 using namespace loom::pipeline;
+using namespace loom::testing;
 
 struct BenchOptions {
   int pp = 4, m = 8, v = 2;

@@ -68,4 +68,21 @@ TEST_CASE("asynchronous collectives on two groups overlap and complete in order"
   }));
 }
 
+TEST_CASE("comm<axes...>() hands out one communicator per group, the same one every call", "[comm][local]") {
+  using C = Parallel<TP<2>, PP<2>, DP<2>>;
+  std::vector<int> ok(C::world_size, 0);
+  REQUIRE_NOTHROW(run_local<C>([&](auto& ctx) {
+    auto& tp = ctx.template comm<Axis::tp>();
+    auto& dp = ctx.template comm<Axis::dp>();
+    auto& tp_dp = ctx.template comm<Axis::tp, Axis::dp>();
+    const auto want = C::group<Axis::tp, Axis::dp>(ctx.rank());
+    ok[ctx.rank()] = &tp == &ctx.template comm<Axis::tp>() && &dp == &ctx.template comm<Axis::dp>() &&
+                     &tp_dp == &ctx.template comm<Axis::tp, Axis::dp>() && &tp != &dp && &tp != &tp_dp &&
+                     tp.size() == 2 && dp.size() == 2 && tp_dp.size() == 4 &&
+                     tp_dp.group().ranks == std::vector<int>(want.begin(), want.end()) &&
+                     &ctx.get(tp.group()) == &tp;
+  }, quick()));
+  CHECK(ok == std::vector<int>(C::world_size, 1));
+}
+
 static_assert(comm::Communicator<comm::LocalComm>);

@@ -363,7 +363,7 @@ const std::vector<std::vector<double>> torch_sgd_f32 = {
 template <class T>
 std::vector<std::vector<double>> run_adamw() {
   auto p = convert<T>(p0);
-  std::vector<loom::kernels::cpu::acc_t<T>> m(p.size(), 0), v(p.size(), 0);
+  std::vector<loom::acc_t<T>> m(p.size(), 0), v(p.size(), 0);
   std::vector<std::vector<double>> out;
   for (int t = 1; t <= 3; ++t) {
     const auto g = convert<T>(grads[t - 1]);
@@ -386,7 +386,7 @@ void check_adamw_rounding() {
   const double u = unit_roundoff<T>(), floor = static_cast<double>(std::numeric_limits<T>::denorm_min());
   const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
   auto p = convert<T>(p0);
-  std::vector<loom::kernels::cpu::acc_t<T>> m(p.size(), 0), v(p.size(), 0);
+  std::vector<loom::acc_t<T>> m(p.size(), 0), v(p.size(), 0);
   std::vector<double> md(p.size(), 0.0), vd(p.size(), 0.0);
   for (int t = 1; t <= 3; ++t) {
     const auto g = convert<T>(grads[t - 1]);
@@ -408,7 +408,7 @@ void check_adamw_rounding() {
 template <class T>
 std::vector<std::vector<double>> run_sgd() {
   auto p = convert<T>(p0);
-  std::vector<loom::kernels::cpu::acc_t<T>> buf(p.size(), 12345);  // overwritten on the first step
+  std::vector<loom::acc_t<T>> buf(p.size(), 12345);  // overwritten on the first step
   std::vector<std::vector<double>> out;
   for (int t = 1; t <= 3; ++t) {
     const auto g = convert<T>(grads[t - 1]);

@@ -521,7 +521,7 @@ struct AttnCase {
 template <class T>
 void attention_case(const AttnCase& c, Rng& rng) {
   using A = gpu::acc_t<T>;
-  cpu::AttentionShape s{c.B, c.T, c.Hq, c.Hkv, c.D, 0, 0, 0, float(1.0 / std::sqrt(double(c.D)))};
+  loom::kernels::AttentionShape s{c.B, c.T, c.Hq, c.Hkv, c.D, 0, 0, 0, float(1.0 / std::sqrt(double(c.D)))};
   const std::size_t rows = std::size_t(c.B) * c.T;
   std::size_t q_at = 0, k_at = 0, v_at = 0, size = 0;
   if (c.fused) {

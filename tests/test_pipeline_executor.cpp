@@ -5,7 +5,7 @@
 
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
-#include <loom/pipeline/costed_model.hpp>
+#include <loom/testing/costed_model.hpp>
 #include <loom/pipeline/executor.hpp>
 
 #include <memory>
@@ -13,6 +13,7 @@
 
 using namespace loom;
 using namespace loom::pipeline;
+using namespace loom::testing;
 
 namespace {
 

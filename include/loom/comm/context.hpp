@@ -5,6 +5,8 @@
 #include <loom/comm/types.hpp>
 #include <loom/config/axis.hpp>
 
+#include <atomic>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,13 +33,19 @@ class Context {
   int coord() const { return Cfg::template coord<A>(rank()); }
 
   //! The communicator of this rank's group over the given axes: comm<Axis::tp>(), comm<Axis::dp, Axis::cp>().
+  //! After the first call for a list of axes, an index into this rank's table.
   template <Axis... A>
   Comm& comm() {
     static_assert(sizeof...(A) > 0, "loom: comm<...>() needs at least one axis; use world() for all ranks");
+    static const std::size_t slot = next_slot();  // one per list of axes, the same in every Context of Cfg
+    if (slot < by_axes_.size() && by_axes_[slot]) return *by_axes_[slot];
     const auto members = Cfg::template group<A...>(rank());
     std::string name;
     ((name += (name.empty() ? "" : "."), name += describe_axis(A)), ...);
-    return get(comm::GroupInfo{name, std::vector<int>(members.begin(), members.end())});
+    Comm& c = get(comm::GroupInfo{name, std::vector<int>(members.begin(), members.end())});
+    if (slot >= by_axes_.size()) by_axes_.resize(slot + 1, nullptr);
+    by_axes_[slot] = &c;
+    return c;
   }
 
   //! The communicator over every rank.
@@ -57,8 +65,14 @@ class Context {
   typename Backend::Rank& backend_rank() { return r_; }
 
  private:
+  static std::size_t next_slot() {
+    static std::atomic<std::size_t> n{0};
+    return n++;
+  }
+
   typename Backend::Rank r_;
   std::map<std::vector<int>, std::unique_ptr<Comm>> comms_;
+  std::vector<Comm*> by_axes_;  // comm<A...>()'s communicators, by the slot of A...
 };
 
 }  // namespace loom

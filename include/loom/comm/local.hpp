@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>

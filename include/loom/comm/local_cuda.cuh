@@ -8,6 +8,7 @@
 // collective passes the same kind of memory (all host, or all device), which the backend checks.
 #pragma once
 
+#define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/kernels/cuda/device.cuh>

@@ -7,6 +7,7 @@
 
 #include <loom/comm/communicator.hpp>
 #include <loom/comm/context.hpp>
+#define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
 #include <loom/core/trace.hpp>

@@ -10,6 +10,7 @@
 
 #include <loom/comm/communicator.hpp>
 #include <loom/comm/context.hpp>
+#define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/worker.hpp>
 #include <loom/comm/mpi.hpp>
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include <loom/config/axis.hpp>
+#define LOOM_CONFIG_PARALLEL_INCLUDED
 #include <loom/config/detail/checks.hpp>
 #include <loom/config/detail/lookup.hpp>
 #include <loom/config/detail/mesh.hpp>

@@ -28,6 +28,11 @@ template <> inline constexpr bool is_element_v<std::int64_t> = true;
 template <class T>
 concept Element = is_element_v<std::remove_cv_t<T>>;
 
+//! The type arithmetic is done in for storage type T: double for double, float otherwise (bf16 and fp16 storage
+//! compute in float), on every device.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 template <Element T>
 inline constexpr DType dtype_of = [] {
   using U = std::remove_cv_t<T>;

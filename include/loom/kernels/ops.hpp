@@ -8,9 +8,11 @@
 #pragma once
 
 #include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/shape.hpp>
 #include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -27,7 +29,7 @@ template <>
 struct Ops<Host> {
   using device = Host;
   template <class T>
-  using acc_t = cpu::acc_t<T>;
+  using acc_t = loom::acc_t<T>;
   //! Temporary memory of n elements, with data().
   template <class U>
   using Scratch = std::vector<U>;
@@ -136,12 +138,12 @@ struct Ops<Host> {
 
   template <class T>
   void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
-                         const cpu::AttentionShape& s) const {
+                         const AttentionShape& s) const {
     cpu::attention_forward(q, k, v, out, lse, s);
   }
   template <class T>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
-                          T* dk, T* dv, const cpu::AttentionShape& s) const {
+                          T* dk, T* dv, const AttentionShape& s) const {
     cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s);
   }
 
@@ -197,6 +199,56 @@ struct Ops<Host> {
   //! Waits for the work issued so far (nothing to wait for on the host).
   void synchronize() const {}
 };
+
+//! What layers, models and optimizers call on a device's Ops, for storage type T (acc_t<T> for statistics, moments
+//! and losses' partials): each Ops<Device> states that it provides every operation with these signatures, so that
+//! the devices cannot drift apart.
+template <class O, class T>
+concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const acc_t<T>* ca,
+                                const std::int32_t* ids, std::size_t n, int i, float f, double d, bool b,
+                                std::uint64_t u, const AttentionShape& s) {
+  typename O::device;
+  { o.template scratch<T>(n).data() } -> std::convertible_to<T*>;
+  o.matmul(c, c, p, i, i, i, b, b, f, f);
+  o.bias_add(c, c, p, i, i);
+  o.bias_backward(c, p, i, i);
+  o.add(c, c, p, n);
+  o.accumulate(c, p, n);
+  o.gelu_forward(c, p, n);
+  o.gelu_backward(c, c, p, n);
+  o.layernorm_forward(c, c, c, p, a, a, i, i, f);
+  o.layernorm_backward_input(c, c, c, ca, ca, p, i, i);
+  o.layernorm_backward_weight(c, c, ca, ca, p, p, i, i);
+  o.ce_partials(c, a, a, i, i);
+  o.template ce_rescale<T>(ca, ca, a, i);
+  o.ce_target_logit(c, ids, a, i, i, i);
+  o.template ce_losses<T>(ca, ca, ca, p, i);
+  o.ce_backward(c, ids, ca, ca, c, p, i, i, i);
+  o.embedding_forward(ids, c, p, i, i, i, i);
+  o.embedding_backward(ids, c, p, i, i, i, i);
+  o.add_positions(c, p, i, i, i, i);
+  o.positions_backward(c, p, i, i, i, i);
+  o.dropout_forward(c, p, n, f, u, u);
+  o.dropout_backward(c, p, n, f, u, u);
+  o.attention_forward(c, c, c, p, a, s);
+  o.attention_backward(c, c, c, c, c, ca, p, p, p, s);
+  o.adamw_step(p, c, a, a, n, d, d, d, d, d, i);
+  o.sgd_step(p, c, a, n, d, d, d, b);
+  o.copy(c, p, n);
+  o.fill(p, n, T{});
+  o.scale(p, n, acc_t<T>{});
+  o.to_host(c, p, n);
+  o.from_host(c, p, n);
+  { o.sum_squares(c, n) } -> std::convertible_to<double>;
+  { o.sum(c, n) } -> std::convertible_to<double>;
+  o.synchronize();
+};
+
+//! DeviceOpsFor every floating storage type a device computes with.
+template <class O>
+concept DeviceOps = DeviceOpsFor<O, float> && DeviceOpsFor<O, double>;
+
+static_assert(DeviceOps<Ops<Host>>, "loom: Ops<Host> must provide every operation of DeviceOps");
 
 //! Whether the device's memory is the host's (host pointers may be read directly).
 template <class Device>

@@ -87,7 +87,7 @@ struct ParallelAttention {
 
  private:
   bool sp() const { return qkv_.region.sequence_parallel; }
-  kernels::cpu::AttentionShape shape() const {
+  kernels::AttentionShape shape() const {
     return {B_, T_, hq_, hkv_, hd_, qkv_.out, qkv_.out, proj_.in, 1.0 / std::sqrt(static_cast<double>(hd_))};
   }
 

@@ -35,7 +35,7 @@ struct CollectiveCounts {
 template <class T>
 class TpGroup {
  public:
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = loom::acc_t<T>;
 
   TpGroup() = default;
   template <class C>
@@ -81,7 +81,22 @@ class TpGroup {
     reduce_scatter_({in, n * size_}, {out, n});
   }
 
-  Phase phase = Phase::other;  //!< the phase counts are recorded under
+  //! While it lives, the collectives this group issues are counted under one phase; the phase before comes back
+  //! when it ends (guards nest).
+  class PhaseScope {
+   public:
+    PhaseScope(TpGroup& g, Phase p) : g_(g), before_(g.phase_) { g.phase_ = p; }
+    ~PhaseScope() { g_.phase_ = before_; }
+    PhaseScope(const PhaseScope&) = delete;
+    PhaseScope& operator=(const PhaseScope&) = delete;
+
+   private:
+    TpGroup& g_;
+    Phase before_;
+  };
+  //! Counts what is issued under phase p until the returned guard ends.
+  [[nodiscard]] PhaseScope counting(Phase p) { return PhaseScope(*this, p); }
+  Phase phase() const { return phase_; }
   const CollectiveCounts& counts(Phase p) const { return counts_[static_cast<int>(p)]; }
   void reset_counts() { counts_ = {}; }
 
@@ -92,12 +107,13 @@ class TpGroup {
   }
   //! Records a collective over a tensor of n elements; an all-reduce sends its data twice.
   CollectiveCounts& note(std::size_t n, int passes = 2) {
-    auto& c = counts_[static_cast<int>(phase)];
+    auto& c = counts_[static_cast<int>(phase_)];
     c.volume += passes * static_cast<double>(n) * (size_ - 1) / size_;
     return c;
   }
 
   int size_ = 1, rank_ = 0;
+  Phase phase_ = Phase::other;  // the phase counts are recorded under (PhaseScope)
   std::function<void(std::span<T>)> all_reduce_;
   std::function<void(std::span<acc>, comm::Reduce)> all_reduce_acc_;
   std::function<void(std::span<const T>, std::span<T>)> all_gather_, reduce_scatter_;

@@ -148,7 +148,7 @@ class Gpt {
   static_assert(DeviceRules<Dev, Cfg>::ok);
 
  public:
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = loom::acc_t<T>;
   using config = Cfg;
   using device = Dev;
   static constexpr GptShape shape = S;
@@ -262,7 +262,6 @@ class Gpt {
     st.ids = tokens_on_device(mb.ids, st.ids_on_device, embedding());
     st.targets = tokens_on_device(mb.targets, st.targets_on_device, head());
     st.step = mb.step, st.row0 = mb.row0, st.forwarded = true;
-    tp_.phase = layers::Phase::other;
     const int N = B * T_, d = S.d_model, rows = region_.rows();
     T* x0 = st.act[0].x.data();
     if (embedding()) {
@@ -272,9 +271,10 @@ class Gpt {
     } else {
       ops_.copy(input, x0, std::size_t(rows) * d);
     }
-    tp_.phase = layers::Phase::forward;
-    for (int l = first_; l < last_; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act(l), next_input(l));
-    tp_.phase = layers::Phase::other;
+    {
+      auto counted = tp_.counting(layers::Phase::forward);
+      for (int l = first_; l < last_; ++l) layer_forward(l, opt_.recompute ? scratch_act_ : act(l), next_input(l));
+    }
     if (!head()) return 0;
     // Final norm on this rank's rows, logits of this rank's vocabulary against the tied embedding, loss.
     T* xl = next_input(last_ - 1);
@@ -397,7 +397,7 @@ class Gpt {
   //! on return d(input of block l). Keeps the branch gradients that backward_weight(l) needs.
   void backward_input(int l) {
     trace::Scope span("backward_input block", "compute");
-    tp_.phase = layers::Phase::backward;
+    auto counted = tp_.counting(layers::Phase::backward);
     Act& a = opt_.recompute ? scratch_act_ : act(l);
     if (opt_.recompute) layer_forward(l, a, recompute_out_.data());
     const Block w = block(params_, l);
@@ -417,7 +417,6 @@ class Gpt {
     ops_.layernorm_backward_input(g.dln1.data(), input_of(l), w.ln1_w, a.mean1.data(), a.rstd1.data(),
                                   g.dtmp.data(), rows, d);
     ops_.accumulate(g.dtmp.data(), dx, nd);  // d(x)
-    tp_.phase = layers::Phase::other;
   }
 
   //! Block l's weight gradients, from the branch gradients kept by backward_input(l); accumulates into grads() and
@@ -454,10 +453,8 @@ class Gpt {
       });
     }
     std::vector<acc> sq{static_cast<acc>(local)};
-    const auto phase = tp_.phase;
-    tp_.phase = layers::Phase::grads;
+    auto counted = tp_.counting(layers::Phase::grads);
     tp_.all_reduce_acc(sq.data(), 1, comm::Reduce::sum);
-    tp_.phase = phase;
     return static_cast<double>(sq[0]);
   }
   //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else empty.
@@ -507,11 +504,11 @@ class Gpt {
     std::vector<U> send(static_cast<std::size_t>(at.back()), U(0)), recv(send.size() * tp_size);
     for (std::size_t p = 0; p < specs_.size(); ++p)
       std::copy_n(local + specs_[p].offset, numel_of(specs_[p].shape), send.data() + at[p]);
-    const auto phase = tp_.phase;
-    tp_.phase = layers::Phase::other;
-    if constexpr (std::is_same_v<U, T>) tp_.all_gather(send.data(), recv.data(), send.size());
-    else tp_.all_gather_acc(send.data(), recv.data(), send.size());
-    tp_.phase = phase;
+    {
+      auto counted = tp_.counting(layers::Phase::other);
+      if constexpr (std::is_same_v<U, T>) tp_.all_gather(send.data(), recv.data(), send.size());
+      else tp_.all_gather_acc(send.data(), recv.data(), send.size());
+    }
     for (std::size_t p = 0; p < specs_.size(); ++p)
       for (int r = 0; r < tp_size; ++r)
         specs_[p].layout.for_rank(r).place(recv.data() + r * send.size() + at[p],
@@ -648,7 +645,7 @@ class Gpt {
   void head_input(double scale, T* dlnf) {
     Slot& st = sl();
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
-    tp_.phase = layers::Phase::other;
+    auto counted = tp_.counting(layers::Phase::other);
     ops_.fill(dloss_.data(), std::size_t(N), static_cast<T>(scale / N));
     T* logits = st.logits.data();
     ce_->backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss_.data(), logits);
@@ -662,7 +659,7 @@ class Gpt {
   void head_weight(const T* dlnf) {
     Slot& st = sl();
     const int N = B_ * T_, d = S.d_model, rows = region_.rows();
-    tp_.phase = layers::Phase::other;
+    auto counted = tp_.counting(layers::Phase::other);
     keep_shared({lnf_w_, lnf_b_ + 1});
     ops_.matmul(st.logits.data(), sp_or(st.lnf_full, st.lnf.data()), grad_ptr(wte_), slice_.count, d, N, true, false,
                 1.0f, 1.0f);
@@ -673,7 +670,7 @@ class Gpt {
   //! The embedding's weight gradients from dx, the gradient of its output (overwritten): dropout, tokens (a
   //! scatter-add into this rank's rows of the tied table), positions.
   void embedding_weight(T* dx) {
-    tp_.phase = layers::Phase::other;
+    auto counted = tp_.counting(layers::Phase::other);
     keep_shared({wte_, wpe_ + 1});
     drop_backward(dx, dx, std::size_t(region_.rows()) * S.d_model, 0, 0);
     emb_->backward(sl().ids, dx, sp_or(emb_full_, dx), grad_ptr(wte_));
@@ -719,10 +716,10 @@ class Gpt {
       if (!pack_shared(r, buf)) return r;
       LOOM_CHECK(buf.size() == shared_before_.size(), "sync_grads without keep_shared");
       for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= shared_before_[i];
-      const auto phase = tp_.phase;
-      tp_.phase = layers::Phase::grads;
-      tp_.all_reduce(buf.data(), buf.size());
-      tp_.phase = phase;
+      {
+        auto counted = tp_.counting(layers::Phase::grads);
+        tp_.all_reduce(buf.data(), buf.size());
+      }
       for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += shared_before_[i];
       each_shared(r, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
       return r;

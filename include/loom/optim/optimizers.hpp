@@ -4,7 +4,7 @@
 #pragma once
 
 #include <loom/kernels/ops.hpp>
-#include <loom/models/gpt.hpp>
+#include <loom/layers/param.hpp>
 #include <loom/tensor/tensor.hpp>
 
 #include <cmath>
@@ -23,9 +23,9 @@ struct AdamWConfig {
 template <class T, class Dev = Host>
 class AdamW {
  public:
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = loom::acc_t<T>;
   using device = Dev;
-  AdamW(std::vector<models::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
+  AdamW(std::vector<layers::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : specs_(std::move(specs)), cfg_(cfg), ops_(ops), m_(Tensor<acc, Dev>::zeros({n})),
         v_(Tensor<acc, Dev>::zeros({n})) {}
 
@@ -50,7 +50,7 @@ class AdamW {
   static constexpr const char* name = "adamw";
 
  private:
-  std::vector<models::ParamSpec> specs_;
+  std::vector<layers::ParamSpec> specs_;
   AdamWConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> m_, v_;
@@ -66,9 +66,9 @@ struct SgdConfig {
 template <class T, class Dev = Host>
 class Sgd {
  public:
-  using acc = kernels::cpu::acc_t<T>;
+  using acc = loom::acc_t<T>;
   using device = Dev;
-  Sgd(std::vector<models::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
+  Sgd(std::vector<layers::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : specs_(std::move(specs)), cfg_(cfg), ops_(ops), buf_(Tensor<acc, Dev>::zeros({n})) {}
 
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
@@ -80,7 +80,7 @@ class Sgd {
   }
 
  private:
-  std::vector<models::ParamSpec> specs_;
+  std::vector<layers::ParamSpec> specs_;
   SgdConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> buf_;
@@ -104,7 +104,7 @@ double grad_norm(const Tensor<T, Dev>& grads, const kernels::Ops<Dev>& ops = {})
 template <class T, class Dev>
 void clip_to(const Tensor<T, Dev>& grads, double norm, double max_norm, const kernels::Ops<Dev>& ops = {}) {
   if (max_norm <= 0 || !(norm > max_norm)) return;
-  const auto scale = static_cast<kernels::cpu::acc_t<T>>(max_norm / (norm + 1e-6));
+  const auto scale = static_cast<loom::acc_t<T>>(max_norm / (norm + 1e-6));
   ops.scale(grads.data(), static_cast<std::size_t>(grads.numel()), scale);
 }
 

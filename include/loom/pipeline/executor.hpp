@@ -38,25 +38,35 @@ class Executor {
                chunks_.size());
   }
 
-  //! Runs this stage's list of `table`, micro-batch i being micro_batch(i) (each the same B x T), and accumulates
-  //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
-  //! loss, 0 elsewhere. grads_ready(c), when given, is called as soon as chunk c's weight gradients are complete
-  //! (after its last micro-batch's W or BW), so that their reduction can start while the stage computes on.
-  template <ScheduleTable Table, class Provider, class Ready = NoCallback>
-  double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = {}) {
+  //! Checks `table` against this pipeline and verifies it, once: run() then takes it with no further check. The
+  //! table's verified peak of (micro-batch, chunk) pairs held on this stage sizes each chunk's activation slots.
+  template <ScheduleTable Table>
+  void prepare(const Table& table) {
     const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
     LOOM_CHECK(table.stage_count() == P, "a table for ", table.stage_count(), " stages on a pipeline of ", P);
     LOOM_CHECK(table.schedule == schedule_, "a ", describe_schedule(table.schedule), " table on an executor built for ",
                describe_schedule(schedule_));
-    const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
-    // Activation slots: a (micro-batch, chunk) holds one from its F to its W (or BW); the table's verified peak
-    // of such pairs on this stage bounds what each chunk needs.
     const VerifyResult check = verify(table);
     LOOM_CHECK(check.ok, "the ", describe_schedule(table.schedule), " table fails verification: ",
                describe(check.problem));
-    const int capacity = std::max(1, std::min(m, check.peak_held[static_cast<std::size_t>(stage)]));
+    capacity_ = std::max(1, std::min(m, check.peak_held[static_cast<std::size_t>(stage)]));
     for (auto* c : chunks_)
-      if (c->slots() != capacity) c->set_slots(capacity);
+      if (c->slots() != capacity_) c->set_slots(capacity_);
+    prepared_ = &table;
+    prepared_m_ = m;
+  }
+
+  //! Runs this stage's list of `table`, micro-batch i being micro_batch(i) (each the same B x T), and accumulates
+  //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
+  //! loss, 0 elsewhere. grads_ready(c), when given, is called as soon as chunk c's weight gradients are complete
+  //! (after its last micro-batch's W or BW), so that their reduction can start while the stage computes on. A table
+  //! not given to prepare() is prepared first.
+  template <ScheduleTable Table, class Provider, class Ready = NoCallback>
+  double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = {}) {
+    if (prepared_ != static_cast<const void*>(&table) || prepared_m_ != table.micro_batches) prepare(table);
+    const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
+    const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
+    const int capacity = capacity_;
     free_.assign(std::size_t(V), {});
     for (auto& f : free_)
       for (int i = capacity; i-- > 0;) f.push_back(i);
@@ -173,6 +183,9 @@ class Executor {
     pending_.clear();
   }
 
+  const void* prepared_ = nullptr;        //!< the table prepare() verified, and its micro-batch count
+  int prepared_m_ = 0;
+  int capacity_ = 1;                      //!< activation slots per chunk, from the prepared table
   std::vector<comm::Handle> pending_;     //!< exchanges posted and not yet waited for, in order
   std::vector<std::vector<int>> free_;  //!< per chunk: free activation slots
   std::vector<int> slot_;               //!< per (chunk, micro-batch): its slot, or -1

@@ -2,6 +2,7 @@
 // (shape, strides, offset into the same storage); devices Host and Cuda; memory accounting per device.
 #pragma once
 
+#include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 
@@ -19,14 +20,6 @@
 #include <vector>
 
 namespace loom {
-
-//! Where a tensor lives.
-struct Host {
-  static constexpr const char* name = "host";
-};
-struct Cuda {
-  static constexpr const char* name = "cuda";
-};
 
 //! Bytes in use and the peak since start (or since reset_peak) for one kind of memory.
 class MemoryStats {

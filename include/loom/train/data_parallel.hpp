@@ -24,7 +24,7 @@ struct Bucket {
 };
 
 //! Buckets of at least `bytes` each (the last may be smaller), filled from the last parameter backwards.
-inline std::vector<Bucket> make_buckets(const std::vector<models::ParamSpec>& specs, std::size_t elem_bytes,
+inline std::vector<Bucket> make_buckets(const std::vector<layers::ParamSpec>& specs, std::size_t elem_bytes,
                                         std::size_t bytes) {
   std::vector<Bucket> out;
   std::size_t end = specs.size();

@@ -80,6 +80,7 @@ class PipelineTrainer {
     for (auto& p : parts_) raw.push_back(p.get());
     exec_ = std::make_unique<pipeline::Executor<Model, typename Ctx::Comm>>(raw, ctx.template comm<Axis::pp>(),
                                                                            schedule);
+    exec_->prepare(table_);  // verified here, once, not at every step
     // The stages holding the first part (embedding) and the last (output layer) share the tied table.
     first_stage_ = pipeline::stage_chunk(schedule, P, 0).stage;
     last_stage_ = pipeline::stage_chunk(schedule, P, parts - 1).stage;

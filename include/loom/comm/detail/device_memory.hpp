@@ -4,6 +4,10 @@
 // every buffer is host memory, as before. Private: include <loom/comm/local.hpp>.
 #pragma once
 
+#ifndef LOOM_COMM_BACKEND_INCLUDED
+#error "loom: comm/detail/ is private: include <loom/comm/local.hpp>, <loom/comm/mpi.hpp> or <loom/comm/nccl.hpp>"
+#endif
+
 #include <loom/comm/types.hpp>
 
 #include <atomic>

@@ -2,6 +2,10 @@
 // <loom/comm/local.hpp> or <loom/comm/mpi.hpp> instead.
 #pragma once
 
+#ifndef LOOM_COMM_BACKEND_INCLUDED
+#error "loom: comm/detail/ is private: include <loom/comm/local.hpp>, <loom/comm/mpi.hpp> or <loom/comm/nccl.hpp>"
+#endif
+
 #include <loom/comm/types.hpp>
 
 #include <algorithm>

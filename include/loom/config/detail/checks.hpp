@@ -2,6 +2,10 @@
 // is a helper template named after it, so a failure also prints the offending policy, option or value.
 #pragma once
 
+#ifndef LOOM_CONFIG_PARALLEL_INCLUDED
+#error "loom: config/detail/ is private: include <loom/config.hpp>"
+#endif
+
 #include <loom/config/axis.hpp>
 #include <loom/config/detail/lookup.hpp>
 #include <loom/config/options.hpp>

@@ -2,6 +2,10 @@
 // family in the lists given to Parallel<...>.
 #pragma once
 
+#ifndef LOOM_CONFIG_PARALLEL_INCLUDED
+#error "loom: config/detail/ is private: include <loom/config.hpp>"
+#endif
+
 #include <type_traits>
 
 #include <loom/config/axis.hpp>

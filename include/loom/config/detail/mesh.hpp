@@ -2,6 +2,10 @@
 // used twice by Parallel<...>: the dense mesh (tp, cp, dp, pp) and the expert mesh (tp, ep, edp, pp).
 #pragma once
 
+#ifndef LOOM_CONFIG_PARALLEL_INCLUDED
+#error "loom: config/detail/ is private: include <loom/config.hpp>"
+#endif
+
 #include <loom/config/axis.hpp>
 
 namespace loom::detail {

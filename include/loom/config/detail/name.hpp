@@ -2,6 +2,10 @@
 // "tp2.pp4.dp2" or "dp8.zero1".
 #pragma once
 
+#ifndef LOOM_CONFIG_PARALLEL_INCLUDED
+#error "loom: config/detail/ is private: include <loom/config.hpp>"
+#endif
+
 #include <array>
 #include <cstddef>
 #include <string_view>

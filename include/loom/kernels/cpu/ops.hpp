@@ -8,6 +8,7 @@
 #pragma once
 
 #include <loom/core/dtype.hpp>
+#include <loom/kernels/shape.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -15,9 +16,7 @@
 
 namespace loom::kernels::cpu {
 
-//! The type arithmetic is done in for storage type T.
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using loom::acc_t;
 
 // --- matrix products ------------------------------------------------------------------------------------------
 //! C = alpha * op(A) * op(B) + beta * C, for `batch` independent products; op(A) is M x K (A stored M x K, or K x M
@@ -115,17 +114,9 @@ template <class T>
 void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0);
 
 // --- attention ------------------------------------------------------------------------------------------------
-//! Causal self-attention in tiles with an online softmax; the T x T matrix is never materialised.
-//! q: B x T x Hq x D with row stride ldq (elements between consecutive (b, t)); k, v: B x T x Hkv x D with stride
-//! ldkv; out: B x T x Hq x D with stride ldo; lse: B x Hq x T, the per-row log-sum-exp kept for backward.
-//! Query head h reads key/value head h / (Hq / Hkv) (multi-head: Hkv = Hq; GQA; MQA: Hkv = 1). scale is usually
-//! 1/sqrt(D); it is double so that a double model scales exactly as PyTorch's (float models round it to float).
-//! q, k, v may point into one fused qkv buffer.
-struct AttentionShape {
-  int B, T, Hq, Hkv, D;
-  std::ptrdiff_t ldq, ldkv, ldo;
-  double scale;
-};
+//! Causal self-attention in tiles with an online softmax; the T x T matrix is never materialised (shapes and
+//! strides: kernels::AttentionShape).
+using kernels::AttentionShape;
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s);
 //! dq, dk, dv (written; strides as q, k, v) from dout (stride ldo), using out and lse from forward.
@@ -148,6 +139,15 @@ void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, 
               bool first);
 
 }  // namespace loom::kernels::cpu
+
+// With LOOM_EXTERN_KERNELS the kernels are instantiated once elsewhere (loom::cpu_kernels), not in every file that
+// calls them: Eigen's products are most of the time a model's translation unit takes to compile.
+#ifdef LOOM_EXTERN_KERNELS
+#include <loom/kernels/cpu/instantiate.hpp>
+namespace loom::kernels::cpu {
+LOOM_CPU_KERNELS(extern)
+}  // namespace loom::kernels::cpu
+#endif
 
 // The definitions.
 #define LOOM_KERNELS_CPU_OPS_INCLUDED

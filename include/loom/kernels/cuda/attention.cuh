@@ -437,8 +437,8 @@ __global__ void __launch_bounds__(P::threads)
 
 // --- launch ------------------------------------------------------------------------------------------------------
 
-inline void check_shape(const AttentionShape& s) {
-  loom::kernels::cpu::detail::check_attention_shape(s);  // the rules both devices share
+inline void check_device_shape(const AttentionShape& s) {
+  kernels::check_shape(s);  // the rules both devices share
   LOOM_CHECK(s.B <= 65535 && s.Hq <= 65535, "attention on the device takes at most 65535 sequences and heads (B=",
              s.B, " Hq=", s.Hq, ")");
 }
@@ -468,7 +468,7 @@ void with_policy(int D, F&& f) {
 
 template <class T>
 void forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s, cudaStream_t stream) {
-  check_shape(s);
+  check_device_shape(s);
   if (s.B == 0 || s.T == 0) return;
   with_policy<T>(s.D, [&](auto policy) {
     using P = decltype(policy);
@@ -484,7 +484,7 @@ void forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const At
 template <class T>
 void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq, T* dk,
               T* dv, const AttentionShape& s, cudaStream_t stream) {
-  check_shape(s);
+  check_device_shape(s);
   if (s.B == 0 || s.T == 0) return;
   const std::size_t rows = std::size_t(s.B) * s.T * s.Hq;
   CudaBuffer<acc_t<T>> delta(rows, stream);

@@ -10,8 +10,9 @@
 // members and constexpr calls; they are Eigen's, not ours.
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 20012, 20013, 20015
-#include <loom/kernels/cpu/ops.hpp>
+#include <loom/core/dtype.hpp>
 #pragma nv_diagnostic pop
+#include <loom/kernels/shape.hpp>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,7 +28,7 @@
 
 namespace loom::kernels::cuda {
 
-using cpu::AttentionShape;
+using kernels::AttentionShape;
 
 //! The CUDA type with T's bytes: loom::bf16 -> __nv_bfloat16, loom::fp16 -> __half, others unchanged.
 template <class T>

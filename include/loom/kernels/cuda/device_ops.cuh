@@ -186,12 +186,12 @@ struct Ops<Cuda> {
 
   template <class T>
   void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
-                         const cpu::AttentionShape& s) const {
+                         const AttentionShape& s) const {
     cuda::attention_forward(q, k, v, out, lse, s, stream);
   }
   template <class T>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
-                          T* dk, T* dv, const cpu::AttentionShape& s) const {
+                          T* dk, T* dv, const AttentionShape& s) const {
     cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, stream);
   }
 
@@ -252,5 +252,7 @@ struct Ops<Cuda> {
   }
   void synchronize() const { LOOM_CUDA(cudaStreamSynchronize(stream)); }
 };
+
+static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
 
 }  // namespace loom::kernels

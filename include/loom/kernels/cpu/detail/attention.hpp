@@ -29,15 +29,6 @@ void scatter_rows(const A* src, T* dst, std::ptrdiff_t ld, int T_, int D, A scal
     for (int d = 0; d < D; ++d) dst[t * ld + d] = static_cast<T>(src[std::ptrdiff_t(t) * D + d] * scale);
 }
 
-inline void check_attention_shape(const AttentionShape& s) {
-  LOOM_CHECK(s.B >= 0 && s.T >= 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0,
-             "attention needs Hq divisible by Hkv and positive sizes (B=", s.B, " T=", s.T, " Hq=", s.Hq,
-             " Hkv=", s.Hkv, " D=", s.D, ")");
-  LOOM_CHECK(s.ldq >= std::ptrdiff_t(s.Hq) * s.D && s.ldkv >= std::ptrdiff_t(s.Hkv) * s.D &&
-                 s.ldo >= std::ptrdiff_t(s.Hq) * s.D,
-             "attention row strides must hold all heads (ldq=", s.ldq, " ldkv=", s.ldkv, " ldo=", s.ldo, ")");
-}
-
 //! Sets entries of the tile rows [i0, i0 + br) x keys [j0, j0 + bc) with key > query to value.
 template <class Tile, class A>
 void mask_future(Tile& tile, int i0, int br, int j0, int bc, A value) {
@@ -53,7 +44,7 @@ namespace loom::kernels::cpu {
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s) {
   detail::check_type<T>();
-  detail::check_attention_shape(s);
+  kernels::check_shape(s);
   using A = acc_t<T>;
   using Mat = detail::RowMat<A>;
   using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
@@ -111,7 +102,7 @@ template <class T>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
                         T* dk, T* dv, const AttentionShape& s) {
   detail::check_type<T>();
-  detail::check_attention_shape(s);
+  kernels::check_shape(s);
   using A = acc_t<T>;
   using Mat = detail::RowMat<A>;
   using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;

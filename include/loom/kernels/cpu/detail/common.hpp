@@ -3,7 +3,7 @@
 #pragma once
 
 #ifndef LOOM_KERNELS_CPU_OPS_INCLUDED
-#error "loom: kernels/cpu/detail/ is private; include <loom/kernels/cpu/ops.hpp>"
+#error "loom: kernels/cpu/detail/ is private: include <loom/kernels/cpu/ops.hpp>"
 #endif
 
 #include <Eigen/Core>

@@ -1,6 +1,6 @@
-// A stand-in for a model part that only takes time: F, B and W sleep for given costs and are logged, so that a
-// schedule run by the executor can be timed against the table's simulation (its bubble, its makespan) without
-// the noise of real compute.
+// For tests and benchmarks of pipeline schedules: a stand-in for a model part that only takes time. F, B and W sleep
+// for given costs and are logged, so that a schedule run by the executor can be timed against the table's
+// simulation (its bubble, its makespan) without the noise of real compute. Not part of the training library.
 #pragma once
 
 #include <loom/comm/local.hpp>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-namespace loom::pipeline {
+namespace loom::testing {
 
 class CostedModel {
  public:
@@ -78,9 +78,9 @@ struct MeasuredStep {
 
 //! Runs `table` on P ranks (threads) whose chunks sleep c.f, c.b and c.w units of `unit` seconds for F, B and W,
 //! and measures the step.
-template <int P, ScheduleTable Table>
-MeasuredStep time_schedule(const Table& table, double unit, Costs c = {}) {
-  const int V = chunks_per_stage(table.schedule, table.chunks);
+template <int P, pipeline::ScheduleTable Table>
+MeasuredStep time_schedule(const Table& table, double unit, pipeline::Costs c = {}) {
+  const int V = pipeline::chunks_per_stage(table.schedule, table.chunks);
   std::vector<std::vector<CostedModel::Span>> spans(P);
   std::vector<int> peak(P);
   run_local<Parallel<PP<P>>>([&](auto& ctx) {
@@ -88,12 +88,12 @@ MeasuredStep time_schedule(const Table& table, double unit, Costs c = {}) {
     std::vector<std::unique_ptr<CostedModel>> parts;
     std::vector<CostedModel*> raw;
     for (int k = 0; k < V; ++k) {
-      const bool head = virtual_stage(table.schedule, P, stage, k) == P * V - 1;
+      const bool head = pipeline::virtual_stage(table.schedule, P, stage, k) == P * V - 1;
       parts.push_back(std::make_unique<CostedModel>(c.f * unit, c.b * unit, c.w * unit, head));
       raw.push_back(parts.back().get());
     }
     auto& pp = ctx.template comm<Axis::pp>();
-    Executor<CostedModel, std::remove_reference_t<decltype(pp)>> exec(raw, pp, table.schedule);
+    pipeline::Executor<CostedModel, std::remove_reference_t<decltype(pp)>> exec(raw, pp, table.schedule);
     pp.barrier();
     exec.run(table, [](int) { return CostedModel::MicroBatch{nullptr, nullptr, 1, 1}; });
     for (auto& p : parts) spans[stage].insert(spans[stage].end(), p->spans().begin(), p->spans().end());
@@ -110,4 +110,4 @@ MeasuredStep time_schedule(const Table& table, double unit, Costs c = {}) {
   return {makespan / unit, 1 - busy / (P * makespan), peak};
 }
 
-}  // namespace loom::pipeline
+}  // namespace loom::testing
