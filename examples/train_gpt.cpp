@@ -147,7 +147,34 @@ Args parse(int argc, char** argv) {
   throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + a.schedule + "'");
 }
 
-//! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2"; "single" for one rank).
+//! The options of the PP policy that --schedule and --parallel vN name, as Parallel<...>::name() spells them after
+//! ppN: "" (1F1B), ".gpipe", ".zb-h1", ".zb-v", or ".vN" (interleaved 1F1B, N chunks per stage). The schedule's rules
+//! on chunks are checked here, with the messages of pipeline::make_schedule_checked.
+std::string pipeline_options(const Args& a) {
+  const Schedule s = [&] {
+    for (Schedule x : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::zero_bubble_h1,
+                       Schedule::zero_bubble_v})
+      if (describe_schedule(x) == a.schedule) return x;
+    throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + a.schedule + "'");
+  }();
+  const int v = a.chunks;
+  switch (s) {
+    case Schedule::one_f_one_b: return v > 1 ? ".v" + std::to_string(v) : "";  // 1F1B with v > 1 is interleaved
+    case Schedule::interleaved:
+      LOOM_CHECK(v >= 2, "the interleaved schedule needs v >= 2 chunks per stage, got v = ", v);
+      return ".v" + std::to_string(v);
+    case Schedule::zero_bubble_v:
+      LOOM_CHECK(v <= 2, "zb-v has two chunks per stage, got v = ", v);
+      return ".zb-v";
+    default:
+      LOOM_CHECK(v == 1, "the ", a.schedule, " schedule takes one chunk per stage, got v = ", v,
+                 " (only interleaved takes v > 1)");
+      return "." + a.schedule;
+  }
+}
+
+//! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2", "pp2.zb-h1.dp2"; "single" for
+//! one rank).
 std::string parse_parallel(const std::string& spec, Args& a) {
   std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}};
   std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
@@ -204,8 +231,8 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   auto add = [&](const std::string& p) { name += (name.empty() ? "" : ".") + p; };
   if (size["tp"] > 1) add("tp" + std::to_string(size["tp"]));
   if (sp) add("sp");
-  for (const char* axis : {"pp", "dp"})
-    if (size[axis] > 1) add(axis + std::to_string(size[axis]));
+  if (size["pp"] > 1) add("pp" + std::to_string(size["pp"]) + pipeline_options(a));
+  if (size["dp"] > 1) add("dp" + std::to_string(size["dp"]));
   if (name.empty()) name = "single";
   if (size["pp"] == 1) {
     LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "
@@ -249,6 +276,17 @@ std::string describe_data(const std::string& path, std::uint64_t tokens, const s
 }
 
 }  // namespace
+
+train::TrainerOptions trainer_options(const Args& a) {
+  train::TrainerOptions o;
+  o.seed = a.seed;
+  o.model.dropout = static_cast<float>(a.dropout);
+  o.split = a.layer_split;
+  auto& c = o.step;
+  c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;
+  c.grad_clip = a.grad_clip, c.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
+  return o;
+}
 
 nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens) {
   return {{"model", a.model},
@@ -333,7 +371,7 @@ void check_resume(const Args& a, const nlohmann::json& run) {
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
   for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts,
-                  &pipeline_parallel_layouts})
+                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
 }
@@ -356,7 +394,8 @@ int main(int argc, char** argv) {
       if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;
       throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
     }
-    for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel})
+    for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel,
+                      &run_pipeline_tensor_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);
   } catch (const std::exception& e) {

@@ -4,15 +4,14 @@
 #pragma once
 
 #include <loom/checkpoint/gpt.hpp>
-#include <loom/checkpoint/pipeline.hpp>
+#include <loom/checkpoint/trainer.hpp>
 #include <loom/checkpoint/training.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
-#include <loom/train/data_parallel.hpp>
-#include <loom/train/pipeline_parallel.hpp>
+#include <loom/train/trainer.hpp>
 #ifdef LOOM_HAS_MPI
 #include <loom/comm/mpi.hpp>
 #endif
@@ -63,26 +62,33 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const std::v
 //! (unless --allow-changed-run; the model and optimizer never change); `run` is this run's run_record.
 void check_resume(const Args& a, const nlohmann::json& run);
 
-//! The --schedule name as a Schedule.
-inline Schedule parse_schedule(const std::string& s) {
-  for (Schedule x : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::zero_bubble_h1,
-                     Schedule::zero_bubble_v})
-    if (describe_schedule(x) == s) return x;
-  throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + s + "'");
-}
-
 //! What each rank holds, in bytes (the largest over ranks: the vocabulary may split unevenly).
 struct Held {
   double replicated = 0, sharded = 0, grads = 0, state = 0;
 };
 
+//! What the loop prints of a layout: its name, tensor-parallel degree and, with pipeline parallelism, its stages,
+//! schedule and chunks per stage; taken from the layout type (layout_facts<Cfg>).
+struct LayoutFacts {
+  std::string name;
+  int tp = 1, pp = 1, chunks = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+};
+template <class Cfg>
+LayoutFacts layout_facts() {
+  constexpr int pp = Cfg::template size<Axis::pp>;
+  return {std::string(Cfg::name()), Cfg::template size<Axis::tp>, pp,
+          pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1, Cfg::schedule};
+}
+
 //! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
 //! optimizer step i and returns its train::StepResult. A skipped step (every rank left the model as it was: its loss
 //! or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
-template <models::GptShape S, class Ctx, class Step>
-void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Held held, Step&& step) {
-  using Cfg = typename Ctx::config;
-  const bool lead = ctx.rank() == 0;
+//! Compiled once per model shape and backend, whatever the layout.
+template <models::GptShape S, class Comm, class Step>
+void train_loop(const Args& a, Comm& world, const LayoutFacts& layout, std::size_t data_tokens, int start, Held held,
+                Step&& step) {
+  const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
     log.open(a.log_json, std::ios::trunc);
@@ -94,24 +100,23 @@ void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Hel
     std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, layout %s (%s), "
                 "batch %d x %d tokens, %d micro-batches per rank, %zu data tokens\n",
                 a.model.c_str(), static_cast<long long>(S.params()), S.layers, S.d_model, S.heads, S.kv_heads,
-                a.dtype.c_str(), a.optimizer.c_str(), std::string(Cfg::name()).c_str(), a.backend.c_str(), a.batch,
-                a.seq, a.micro_batches, data_tokens);
-    if (Cfg::template size<Axis::pp> > 1)
-    {
+                a.dtype.c_str(), a.optimizer.c_str(), layout.name.c_str(), a.backend.c_str(), a.batch, a.seq,
+                a.micro_batches, data_tokens);
+    if (layout.pp > 1) {
       std::string split = "even";
       for (std::size_t i = 0; i < a.layer_split.size(); ++i)
         split = (i ? split + "," : std::string()) + std::to_string(a.layer_split[i]);
-      std::printf("train_gpt: pipeline of %d stages, schedule %s, %d chunks per stage, layers split %s\n",
-                  Cfg::template size<Axis::pp>, a.schedule.c_str(), a.schedule == "zb-v" ? 2 : a.chunks, split.c_str());
+      std::printf("train_gpt: pipeline of %d stages, schedule %s, %d chunks per stage, layers split %s\n", layout.pp,
+                  std::string(describe_schedule(layout.schedule)).c_str(), layout.chunks, split.c_str());
     }
   }
   std::vector<double> bytes{held.replicated, held.sharded, held.grads, held.state};
-  ctx.world().all_reduce(bytes, comm::Reduce::max);
+  world.all_reduce(bytes, comm::Reduce::max);
   constexpr double mib = 1 << 20;
   if (lead)
     std::printf("train_gpt: per rank: parameters %.3f MiB (%.3f replicated + %.3f sharded over tp%d), gradients "
                 "%.3f MiB, optimizer state %.3f MiB\n",
-                (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, Cfg::template size<Axis::tp>,
+                (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp,
                 bytes[2] / mib, bytes[3] / mib);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
   double first_loss = 0, loss = 0;
@@ -136,7 +141,7 @@ void train_loop(const Args& a, Ctx& ctx, std::size_t data_tokens, int start, Hel
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
     std::vector<double> peak{static_cast<double>(host_memory().peak())};
-    ctx.world().all_reduce(peak, comm::Reduce::max);
+    world.all_reduce(peak, comm::Reduce::max);
     if (i == start) first_loss = loss;
     if (lead && log.is_open()) {  // JSON has no NaN: a loss that is not finite is null
       log << "{\"step\": " << i << ", \"loss\": ";
@@ -179,80 +184,64 @@ double state_bytes(const Opt& opt) {
   return static_cast<double>(n);
 }
 
-//! What every rank does: its part of the model (tensor parallelism; with pipeline parallelism the parts of its
-//! stage), its slice of each global batch, gradients averaged over the data-parallel group; on the host or, Dev =
-//! Cuda, on the GPU (ranks that share one GPU through the Local backend).
+//! What a rank does once its trainer is built, whatever the layout: weights from --init-from, the bytes it holds,
+//! --resume, the training loop, --save. Compiled once per model, optimizer and backend.
+template <class Model, class Opt, class Comm>
+void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& world, const LayoutFacts& layout,
+                 std::size_t data_tokens, const nlohmann::json& run) {
+  Held held;
+  for (const auto& p : trainer.parts()) {
+    if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
+    const auto pb = p->param_bytes();
+    held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
+    held.grads += double(p->grads().bytes());
+  }
+  for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
+  const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
+  train_loop<Model::shape>(a, world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });
+  if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
+    checkpoint::save_training(a.save, trainer, std::max(a.steps, start), world.rank() == 0, run);
+    if (world.rank() == 0)
+      std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
+                  a.save.c_str());
+  }
+}
+
+//! The trainer's options from the command line: what the layout type does not say.
+train::TrainerOptions trainer_options(const Args& a);
+
+//! What every rank does: builds the trainer of layout Ctx::config (its part of the model: tensor parallelism; with
+//! pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU (ranks that share
+//! one GPU through the Local backend). Only the trainer's type depends on the layout.
 template <models::GptShape S, class T, class Dev, class Ctx>
 void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
   using Cfg = typename Ctx::config;
   using Model = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
-  const bool lead = ctx.rank() == 0;
+  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::pp> == 1,
+                "loom: train_gpt runs pipeline parallelism on the host");
 #ifdef _OPENMP
   omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / Ctx::world_size));
 #endif
-  train::Batches batches(tokens, a.batch, a.seq,
-                         a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
-                         a.seed, a.data);
-  models::GptOptions mo;
-  mo.dropout = static_cast<float>(a.dropout);
-  train::StepConfig cfg;
-  cfg.batch = a.batch, cfg.seq = a.seq, cfg.micro_batches = a.micro_batches, cfg.lr = a.lr, cfg.warmup = a.warmup;
-  cfg.grad_clip = a.grad_clip, cfg.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
-  // On a GPU train_gpt compiles AdamW alone, which halves the CUDA part of its build.
-  auto with_optimizer = [&](auto&& go) {
-    if (a.optimizer == "adamw")
-      go([&](const auto& specs, std::int64_t n) {
-        return optim::AdamW<T, Dev>(specs, n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
-      });
-    else if constexpr (std::is_same_v<Dev, Host>)
-      go([&](const auto& specs, std::int64_t n) {
-        return optim::Sgd<T, Dev>(specs, n, optim::SgdConfig{0.9, a.weight_decay});
-      });
-    else
-      throw Error("loom: --device cuda trains with --optimizer adamw");
+  const train::Batches batches(tokens, a.batch, a.seq,
+                               a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
+                               a.seed, a.data);
+  const train::TrainerOptions options = trainer_options(a);
+  auto go = [&](auto make) {
+    using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
+    train::Trainer<Cfg, Model, Opt> trainer(ctx, batches, options, make);
+    run_trainer(a, trainer, ctx.world(), layout_facts<Cfg>(), tokens.size(), run);
   };
-  if constexpr (Cfg::template size<Axis::pp> > 1) {
-    static_assert(std::is_same_v<Dev, Host>, "loom: train_gpt runs pipeline parallelism on the host");
-    with_optimizer([&](auto make) {
-      using Opt = decltype(make(std::vector<models::ParamSpec>{}, 0));
-      train::PipelineTrainer<S, T, Opt, Ctx> trainer(
-          ctx, a.seed, mo, batches, cfg, train::PipelineOptions{parse_schedule(a.schedule), a.chunks, a.layer_split},
-          make);
-      Held held;
-      for (const auto& p : trainer.parts()) {
-        if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
-        const auto pb = p->param_bytes();
-        held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
-        held.grads += double(p->grads().bytes());
-      }
-      for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
-      const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
-      train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
-      if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
-        checkpoint::save_training(a.save, trainer, std::max(a.steps, start), lead, run);
-        if (lead)
-          std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
-                      a.save.c_str());
-      }
+  // On a GPU train_gpt compiles AdamW alone, which halves the CUDA part of its build.
+  if (a.optimizer == "adamw")
+    go([&](const auto& specs, std::int64_t n) {
+      return optim::AdamW<T, Dev>(specs, n, optim::AdamWConfig{0.9, 0.999, 1e-8, a.weight_decay});
     });
-  } else {
-    Model model(a.seed, ctx.template comm<Axis::tp>(), mo);
-    if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, model);
-    with_optimizer([&](auto make) {
-      auto opt = make(model.specs(), model.params().numel());
-      const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, model, opt);
-      train::DataParallelTrainer trainer(model, opt, ctx.template comm<Axis::dp>(), batches, cfg);
-      const auto pb = model.param_bytes();
-      const Held held{double(pb.replicated), double(pb.sharded), double(model.grads().bytes()), state_bytes(opt)};
-      train_loop<S>(a, ctx, tokens.size(), start, held, [&](int i) { return trainer.step(i); });
-      if (!a.save.empty()) {  // every rank: the whole model is gathered over tensor parallelism
-        checkpoint::save_training(a.save, model, opt, std::max(a.steps, start), lead, run);
-        if (lead)
-          std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
-                      a.save.c_str());
-      }
+  else if constexpr (std::is_same_v<Dev, Host>)
+    go([&](const auto& specs, std::int64_t n) {
+      return optim::Sgd<T, Dev>(specs, n, optim::SgdConfig{0.9, a.weight_decay});
     });
-  }
+  else
+    throw Error("loom: --device cuda trains with --optimizer adamw");
 }
 
 //! Runs layout Cfg on the chosen backend and device.
@@ -262,7 +251,7 @@ int train(const Args& a, int& argc, char**& argv) {
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
   constexpr int pp = Cfg::template size<Axis::pp>;
   if constexpr (pp > 1) {
-    const int parts = pp * (a.schedule == "zb-v" ? 2 : a.chunks);
+    const int parts = pp * pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages);
     if (a.layer_split.empty())
       LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
                  parts, " pipeline parts (pp", pp, " x ", parts / pp,
@@ -333,16 +322,38 @@ struct DeviceFamily {
 template <class... Cfgs>
 using Family = DeviceFamily<Host, Cfgs...>;
 
+//! Lists of layouts, joined into one family.
+template <class... Cfgs>
+struct LayoutList {};
+template <class... Lists>
+struct JoinLayouts;
+template <class... Cfgs>
+struct JoinLayouts<LayoutList<Cfgs...>> {
+  using family = Family<Cfgs...>;
+};
+template <class... A, class... B, class... Rest>
+struct JoinLayouts<LayoutList<A...>, LayoutList<B...>, Rest...> : JoinLayouts<LayoutList<A..., B...>, Rest...> {};
+template <class... Lists>
+using FamilyOf = typename JoinLayouts<Lists...>::family;
+
+//! Layout L<PP<p, ...>> under every schedule train_gpt offers: 1F1B, GPipe, ZB-H1, ZB-V, and interleaved 1F1B with two
+//! chunks per stage (--schedule and --parallel vN pick one: parse_parallel).
+template <template <class> class L, int P>
+using EverySchedule = LayoutList<L<PP<P>>, L<PP<P, GPipe>>, L<PP<P, ZeroBubbleH1>>, L<PP<P, ZeroBubbleV>>,
+                                 L<PP<P, Interleaved<2>>>>;
+
 //! The families, each compiled in its own translation unit (train_gpt_<family>.cpp): run_* runs the layout if it
 //! is in the family; *_layouts lists the family's layouts.
 std::optional<int> run_data_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_sequence_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
+std::optional<int> run_pipeline_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> data_parallel_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> sequence_parallel_layouts();
 std::vector<std::string> pipeline_parallel_layouts();
+std::vector<std::string> pipeline_tensor_parallel_layouts();
 //! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> cuda_layouts();

@@ -1,12 +1,20 @@
-// train_gpt's layouts: pipeline parallelism, alone and with tensor (and sequence) and data parallelism, up to 8
-// ranks; the schedule (--schedule) and the chunks per stage (--parallel vN) are chosen at run time.
+// train_gpt's layouts: pipeline parallelism, alone and with data parallelism, up to 8 ranks, each under every
+// schedule (--schedule, --parallel vN): the layouts whose model is the single-rank one.
 #include "train_gpt.hpp"
 
 namespace train_gpt {
 
-using Layouts = Family<Parallel<PP<2>>, Parallel<PP<4>>, Parallel<PP<2>, DP<2>>, Parallel<PP<2>, DP<4>>,
-                       Parallel<PP<4>, DP<2>>, Parallel<TP<2>, PP<2>>, Parallel<TP<2>, PP<2>, DP<2>>,
-                       Parallel<TP<2, SequenceParallel>, PP<2>, DP<2>>, Parallel<TP<2>, PP<4>>, Parallel<TP<4>, PP<2>>>;
+namespace {
+template <class Pp>
+using Alone = Parallel<Pp>;
+template <class Pp>
+using WithDp2 = Parallel<Pp, DP<2>>;
+template <class Pp>
+using WithDp4 = Parallel<Pp, DP<4>>;
+
+using Layouts = FamilyOf<EverySchedule<Alone, 2>, EverySchedule<Alone, 4>, EverySchedule<WithDp2, 2>,
+                         EverySchedule<WithDp4, 2>, EverySchedule<WithDp2, 4>>;
+}  // namespace
 
 std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
   return Layouts::run(layout, a, argc, argv);

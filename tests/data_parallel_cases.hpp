@@ -4,7 +4,7 @@
 
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/train/trainer.hpp>
 
 #include "reference_run.hpp"
 
@@ -32,22 +32,37 @@ inline train::Batches data() {
 //! One rank, the whole batch, written directly against the model: the reference.
 inline Run single_rank() { return test::single_rank<shape>(data(), options(), steps, batch, seq); }
 
-//! Rank `rank`'s run of `steps` data-parallel steps over communicator dp.
-template <class Comm>
-Run data_parallel_rank(Comm& dp, int micro_batches, std::size_t bucket_bytes, bool overlap) {
+//! The optimizer of every test: AdamW with weight decay 0.1.
+inline auto adamw = [](const auto& specs, std::int64_t n) {
+  return optim::AdamW<double>(specs, n, {0.9, 0.999, 1e-8, 0.1});
+};
+using AdamW = optim::AdamW<double>;
+
+//! The trainer's options of every test; `micro_batches` per rank and step.
+inline train::TrainerOptions trainer_options(int micro_batches = 1) {
+  train::TrainerOptions o;
+  o.seed = 3;
+  o.model = options();
+  o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
+  o.step.grad_clip = 1.0;
+  return o;
+}
+
+//! This rank's run of `steps` steps of a data-parallel layout Ctx::config.
+template <class Ctx>
+Run data_parallel_rank(Ctx& ctx, int micro_batches, std::size_t bucket_bytes, bool overlap) {
+  using Cfg = typename Ctx::config;
   const auto d = data();
-  Model m(3, options());
-  optim::AdamW<double> opt(m.specs(), shape.params(), {0.9, 0.999, 1e-8, 0.1});
-  train::StepConfig cfg;
-  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
-  cfg.bucket_bytes = bucket_bytes, cfg.overlap = overlap;
-  train::DataParallelTrainer trainer(m, opt, dp, d, cfg);
+  auto o = trainer_options(micro_batches);
+  o.step.bucket_bytes = bucket_bytes, o.step.overlap = overlap;
+  train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, adamw);
   Run r;
   for (int s = 0; s < steps; ++s) {
     const auto res = trainer.step(s);
     if (res.skipped) throw Error("a step was skipped");
     r.losses.push_back(res.loss);
   }
+  const auto& m = trainer.model();
   r.params.assign(m.params().data(), m.params().data() + m.params().numel());
   return r;
 }

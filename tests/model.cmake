@@ -41,7 +41,7 @@ if(TARGET train_gpt)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
   set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
   set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, ppN, vN and dpN")
-  set(_layouts "single, dp2, dp4, dp8, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp4, pp2.dp2, pp2.dp4, pp4.dp2, tp2.pp2, tp2.pp2.dp2, tp2.sp.pp2.dp2, tp2.pp4, tp4.pp2")
+  set(_layouts "single, dp2, dp4, dp8, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2")
   set(_changed "(--allow-changed-run continues the run with the new values)")
   file(WRITE ${_bin}/empty.txt "")
   # name | arguments separated by ^ | the message: a whole line of the output
@@ -213,10 +213,11 @@ if(TARGET train_gpt)
             "-DEXTRA=--micro-batches;2"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
-  # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last.
+  # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last; and
+  # small's four blocks under the schedules with two chunks per stage, and GPipe.
   add_test(NAME train_gpt_pipeline_layer_split
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_pp_split
-            "-DLAYOUTS=pp2 --layer-split 1,3;tp2,pp2,dp2 --layer-split 3,1"
+            "-DLAYOUTS=pp2 --layer-split 1,3;tp2,pp2,dp2 --layer-split 3,1;pp2,v2 --schedule interleaved;pp2 --schedule zb-v;pp2,dp2 --schedule gpipe"
             "-DEXTRA=--model;small;--micro-batches;2" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
   if(LOOM_WITH_CUDA)

@@ -6,7 +6,7 @@
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
-#include <loom/train/pipeline_parallel.hpp>
+#include <loom/train/trainer.hpp>
 
 #include "reference_run.hpp"
 
@@ -41,18 +41,20 @@ Run single_rank() {
   return test::single_rank<S>(data(), options(), steps, batch, seq);
 }
 
-//! One rank of layout Cfg under `schedule` (v chunks per stage for interleaved) with m micro-batches per step, the
-//! blocks split evenly over the virtual stages or as `split` says.
+//! One rank of layout Cfg (whose PP policy names the schedule and chunks per stage) with m micro-batches per step,
+//! the blocks split evenly over the virtual stages or as `split` says.
 template <class Cfg, models::GptShape S = shape, class Ctx>
-Run pipeline_rank(Ctx& ctx, Schedule schedule, int micro_batches, int v = 1, std::vector<int> split = {}) {
+Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}) {
   using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<double>;
   const auto d = data();
-  train::StepConfig cfg;
-  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
-  train::PipelineTrainer<S, double, optim::AdamW<double>, Ctx> trainer(
-      ctx, 3, options(), d, cfg, train::PipelineOptions{schedule, v, std::move(split)}, [](const auto& specs, std::int64_t n) {
-        return optim::AdamW<double>(specs, n, {0.9, 0.999, 1e-8, 0.1});
-      });
+  train::TrainerOptions o;
+  o.seed = 3, o.model = options(), o.split = std::move(split);
+  o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
+  o.step.grad_clip = 1.0;
+  train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
+    return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+  });
   Run r;
   for (int s = 0; s < steps; ++s) {
     const auto res = trainer.step(s);

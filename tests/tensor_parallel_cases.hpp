@@ -1,12 +1,12 @@
 // Tensor-parallel test cases shared by the Local (threads) and Mpi (processes) tests: small GPTs in double with
 // multi-head, grouped-query and multi-query attention, the single-rank reference run, and one rank's run of a
-// layout with tensor parallelism (and sequence and data parallelism), trained through the data-parallel trainer.
+// layout with tensor parallelism (and sequence and data parallelism), trained through train::Trainer.
 #pragma once
 
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/train/trainer.hpp>
 
 #include "reference_run.hpp"
 
@@ -47,12 +47,17 @@ Run single_rank() {
 //! micro_batches micro-batches per rank.
 template <models::GptShape S, class Cfg, class Ctx>
 Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
+  using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<double>;
   const auto d = data<S>();
-  models::Gpt<S, double, Cfg> m(3, ctx.template comm<Axis::tp>(), options());
-  optim::AdamW<double> opt(m.specs(), m.params().numel(), {0.9, 0.999, 1e-8, 0.1});
-  train::StepConfig cfg;
-  cfg.batch = batch, cfg.seq = seq, cfg.micro_batches = micro_batches, cfg.lr = 1e-2, cfg.grad_clip = 1.0;
-  train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
+  train::TrainerOptions o;
+  o.seed = 3, o.model = options();
+  o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
+  o.step.grad_clip = 1.0;
+  train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
+    return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+  });
+  auto& m = trainer.model();
   Run r;
   for (int s = 0; s < steps; ++s) {
     const auto res = trainer.step(s);

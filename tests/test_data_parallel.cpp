@@ -26,7 +26,7 @@ template <int N>
 std::vector<Run> data_parallel(int micro_batches, std::size_t bucket_bytes, bool overlap) {
   std::vector<Run> runs(N);
   run_local<Parallel<DP<N>>>([&](auto& ctx) {
-    runs[ctx.rank()] = data_parallel_rank(ctx.template comm<Axis::dp>(), micro_batches, bucket_bytes, overlap);
+    runs[ctx.rank()] = data_parallel_rank(ctx, micro_batches, bucket_bytes, overlap);
   });
   return runs;
 }
@@ -94,11 +94,7 @@ TEST_CASE("a rank whose data file is too short stops every rank with the message
     run_local<Parallel<DP<4>>>([&](auto& ctx) {
       const std::string file = ctx.rank() == 2 ? short_file : good;
       const train::Batches d(train::read_bytes(file), batch, seq, train::BatchOrder::shuffle, 11, file);
-      Model m(3);
-      optim::AdamW<double> opt(m.specs(), shape.params());
-      train::StepConfig cfg;
-      cfg.batch = batch, cfg.seq = seq;
-      train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
+      train::Trainer<Parallel<DP<4>>, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
       try {
         trainer.step(0);
         stepped[ctx.rank()] = 1;
@@ -123,11 +119,8 @@ TEST_CASE("a non-finite gradient on one rank skips the step on every rank", "[dd
   std::vector<int> skipped(4, 0);
   std::vector<double> changed(4, 0);
   run_local<Parallel<DP<4>>>([&](auto& ctx) {
-    Model m(3);
-    optim::AdamW<double> opt(m.specs(), shape.params());
-    train::StepConfig cfg;
-    cfg.batch = batch, cfg.seq = seq;
-    train::DataParallelTrainer trainer(m, opt, ctx.template comm<Axis::dp>(), d, cfg);
+    train::Trainer<Parallel<DP<4>>, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
+    auto& m = trainer.model();
     if (ctx.rank() == 1) m.params().data()[m.specs()[2].offset] = std::nan("");  // h.0.ln_1.weight[0]
     const auto before = m.params().clone();
     const auto r = trainer.step(0);

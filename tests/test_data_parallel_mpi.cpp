@@ -16,7 +16,7 @@ int run(int argc, char** argv) {
     const auto ref = test::single_rank();
     for (int m : {1, 4}) {
       for (std::size_t bucket : {std::size_t{2048}, std::size_t{25} << 20}) {
-        const auto r = test::data_parallel_rank(ctx.template comm<Axis::dp>(), m, bucket, true);
+        const auto r = test::data_parallel_rank(ctx, m, bucket, true);
         const auto [loss, params] = test::difference(ref, r);
         if (!(loss <= 1e-9 && params <= 1e-9))
           throw Error(loom::detail::cat("rank ", ctx.rank(), ", ", m, " micro-batches, buckets of ", bucket,

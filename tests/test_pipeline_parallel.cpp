@@ -14,15 +14,16 @@ using namespace loom::test::pp;
 
 namespace {
 
+//! Layout Cfg (its PP policy names the schedule and chunks) with m micro-batches against the single-rank run.
 template <class Cfg, models::GptShape S = shape>
-void check(const Run& ref, Schedule schedule, int micro_batches, int v = 1, const std::vector<int>& split = {}) {
-  INFO("layout " << Cfg::name() << ", " << describe_schedule(schedule) << ", m = " << micro_batches << ", v = " << v
-                 << ", " << S.layers << " blocks, split " << split.size() << " ways");
+void check(const Run& ref, int micro_batches, const std::vector<int>& split = {}) {
+  constexpr Schedule schedule = Cfg::schedule;
+  INFO("layout " << Cfg::name() << ", " << describe_schedule(schedule) << ", m = " << micro_batches << ", "
+                 << S.layers << " blocks, split " << split.size() << " ways");
   std::vector<Run> runs(Cfg::world_size);
-  run_local<Cfg>(
-      [&](auto& ctx) { runs[ctx.rank()] = pipeline_rank<Cfg, S>(ctx, schedule, micro_batches, v, split); });
+  run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = pipeline_rank<Cfg, S>(ctx, micro_batches, split); });
   // Each stage holds the blocks the split gives its virtual stages (chunk c of stage s is virtual stage k).
-  const int P = Cfg::template size<Axis::pp>, V = pipeline::chunks_per_stage(schedule, v);
+  const int P = Cfg::template size<Axis::pp>, V = pipeline::chunks_per_stage(schedule, Cfg::virtual_stages);
   const auto at = train::layer_bounds(S.layers, P * V, split);
   for (int r = 0; r < Cfg::world_size; ++r)
     for (int c = 0; c < V; ++c) {
@@ -47,39 +48,39 @@ TEST_CASE("every schedule trains the single-rank model", "[pipeline]") {
   // p in {2, 4} x m in {p, 2p, 3p}; two chunks per stage for interleaved and zb-v (eight blocks for p = 4).
   const auto ref = single_rank(), ref_deep = single_rank<deep>();
   for (int m : {2, 4, 6}) {
-    check<Parallel<PP<2>>>(ref, Schedule::gpipe, m);
-    check<Parallel<PP<2>>>(ref, Schedule::one_f_one_b, m);
-    check<Parallel<PP<2>>>(ref, Schedule::interleaved, m, 2);
-    check<Parallel<PP<2>>>(ref, Schedule::zero_bubble_h1, m);
-    check<Parallel<PP<2>>>(ref, Schedule::zero_bubble_v, m);
+    check<Parallel<PP<2, GPipe>>>(ref, m);
+    check<Parallel<PP<2>>>(ref, m);
+    check<Parallel<PP<2, Interleaved<2>>>>(ref, m);
+    check<Parallel<PP<2, ZeroBubbleH1>>>(ref, m);
+    check<Parallel<PP<2, ZeroBubbleV>>>(ref, m);
   }
   for (int m : {4, 8, 12}) {
-    check<Parallel<PP<4>>>(ref, Schedule::gpipe, m);
-    check<Parallel<PP<4>>>(ref, Schedule::one_f_one_b, m);
-    check<Parallel<PP<4>>>(ref, Schedule::zero_bubble_h1, m);
-    check<Parallel<PP<4>>, deep>(ref_deep, Schedule::interleaved, m, 2);
-    check<Parallel<PP<4>>, deep>(ref_deep, Schedule::zero_bubble_v, m);
+    check<Parallel<PP<4, GPipe>>>(ref, m);
+    check<Parallel<PP<4>>>(ref, m);
+    check<Parallel<PP<4, ZeroBubbleH1>>>(ref, m);
+    check<Parallel<PP<4, Interleaved<2>>>, deep>(ref_deep, m);
+    check<Parallel<PP<4, ZeroBubbleV>>, deep>(ref_deep, m);
   }
 }
 
 TEST_CASE("pipeline parallelism combines with tensor, sequence and data parallelism", "[pipeline]") {
   const auto ref = single_rank();
-  check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, Schedule::one_f_one_b, 2);
-  check<Parallel<TP<2, SequenceParallel>, PP<2>, DP<2>>>(ref, Schedule::interleaved, 2, 2);
-  check<Parallel<PP<4>, DP<2>>>(ref, Schedule::one_f_one_b, 4);
-  check<Parallel<TP<2>, PP<4>>>(ref, Schedule::zero_bubble_h1, 4);
-  check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, Schedule::zero_bubble_v, 4);
+  check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, 2);
+  check<Parallel<TP<2, SequenceParallel>, PP<2, Interleaved<2>>, DP<2>>>(ref, 2);
+  check<Parallel<PP<4>, DP<2>>>(ref, 4);
+  check<Parallel<TP<2>, PP<4, ZeroBubbleH1>>>(ref, 4);
+  check<Parallel<TP<2, SequenceParallel>, PP<2, ZeroBubbleV>>>(ref, 4);
 }
 
 TEST_CASE("an explicit layer split trains the single-rank model", "[pipeline]") {
   // Uneven stages: the first or last stage lighter (it also holds the embedding or the loss), and uneven chunks.
   const auto ref = single_rank(), ref_deep = single_rank<deep>();
-  check<Parallel<PP<2>>>(ref, Schedule::one_f_one_b, 4, 1, {1, 3});
-  check<Parallel<PP<2>>>(ref, Schedule::zero_bubble_h1, 2, 1, {3, 1});
-  check<Parallel<PP<2>>, deep>(ref_deep, Schedule::interleaved, 4, 2, {1, 3, 3, 1});
-  check<Parallel<PP<2>>, deep>(ref_deep, Schedule::zero_bubble_v, 4, 2, {2, 1, 1, 4});
-  check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, Schedule::one_f_one_b, 2, 1, {3, 1});
-  check<Parallel<PP<4>>, deep>(ref_deep, Schedule::gpipe, 4, 1, {1, 2, 2, 3});
+  check<Parallel<PP<2>>>(ref, 4, {1, 3});
+  check<Parallel<PP<2, ZeroBubbleH1>>>(ref, 2, {3, 1});
+  check<Parallel<PP<2, Interleaved<2>>>, deep>(ref_deep, 4, {1, 3, 3, 1});
+  check<Parallel<PP<2, ZeroBubbleV>>, deep>(ref_deep, 4, {2, 1, 1, 4});
+  check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, 2, {3, 1});
+  check<Parallel<PP<4, GPipe>>, deep>(ref_deep, 4, {1, 2, 2, 3});
 }
 
 TEST_CASE("a layer split that does not fit the pipeline is refused with its numbers", "[pipeline]") {

@@ -16,10 +16,10 @@ namespace {
 
 //! Layout Cfg on this process's rank; every rank's run is gathered on each, to put the model together.
 template <class Cfg>
-void check(const Run& ref, int rank, Schedule schedule, int micro_batches, int v = 1,
-           const std::vector<int>& split = {}) {
+void check(const Run& ref, int rank, int micro_batches, const std::vector<int>& split = {}) {
+  constexpr Schedule schedule = Cfg::schedule;
   Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
-  const Run mine = pipeline_rank<Cfg>(ctx, schedule, micro_batches, v, split);
+  const Run mine = pipeline_rank<Cfg>(ctx, micro_batches, split);
   // Put the model together: every rank's parameters and what it holds, gathered.
   const std::size_t n = mine.params.size();
   std::vector<double> params(n * Cfg::world_size), held(n * Cfg::world_size), h(mine.held.begin(), mine.held.end());
@@ -55,22 +55,22 @@ int main(int argc, char** argv) {
   switch (np ? std::atoi(np) : 1) {
     case 2:
       return run<2>(argc, argv, [](const Run& ref, int r) {
-        check<Parallel<PP<2>>>(ref, r, Schedule::one_f_one_b, 4);
-        check<Parallel<PP<2>>>(ref, r, Schedule::interleaved, 2, 2);
-        check<Parallel<PP<2>>>(ref, r, Schedule::zero_bubble_v, 4);
-        check<Parallel<PP<2>>>(ref, r, Schedule::one_f_one_b, 2, 1, {1, 3});
+        check<Parallel<PP<2>>>(ref, r, 4);
+        check<Parallel<PP<2, Interleaved<2>>>>(ref, r, 2);
+        check<Parallel<PP<2, ZeroBubbleV>>>(ref, r, 4);
+        check<Parallel<PP<2>>>(ref, r, 2, {1, 3});
       });
     case 4:
       return run<4>(argc, argv, [](const Run& ref, int r) {
-        check<Parallel<PP<4>>>(ref, r, Schedule::gpipe, 4);
-        check<Parallel<PP<4>>>(ref, r, Schedule::zero_bubble_h1, 8);
-        check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, Schedule::one_f_one_b, 2);
+        check<Parallel<PP<4, GPipe>>>(ref, r, 4);
+        check<Parallel<PP<4, ZeroBubbleH1>>>(ref, r, 8);
+        check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, 2);
       });
     case 8:
       return run<8>(argc, argv, [](const Run& ref, int r) {
-        check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, r, Schedule::one_f_one_b, 2);
-        check<Parallel<TP<2>, PP<4>>>(ref, r, Schedule::one_f_one_b, 4);
-        check<Parallel<PP<4>, DP<2>>>(ref, r, Schedule::zero_bubble_h1, 4);
+        check<Parallel<TP<2>, PP<2>, DP<2>>>(ref, r, 2);
+        check<Parallel<TP<2>, PP<4>>>(ref, r, 4);
+        check<Parallel<PP<4, ZeroBubbleH1>, DP<2>>>(ref, r, 4);
       });
     default: std::fprintf(stderr, "run under mpirun with 2, 4 or 8 processes\n"); return 1;
   }

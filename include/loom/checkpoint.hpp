@@ -5,4 +5,4 @@
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/checkpoint/gpt.hpp>
 #include <loom/checkpoint/training.hpp>
-#include <loom/checkpoint/pipeline.hpp>
+#include <loom/checkpoint/trainer.hpp>

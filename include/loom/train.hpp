@@ -4,4 +4,4 @@
 #include <loom/optim.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
-#include <loom/train/pipeline_parallel.hpp>
+#include <loom/train/trainer.hpp>

@@ -148,9 +148,11 @@ class Gpt {
   static_assert(DeviceRules<Dev, Cfg>::ok);
 
  public:
+  using value_type = T;
   using acc = loom::acc_t<T>;
   using config = Cfg;
   using device = Dev;
+  using Options = GptOptions;
   static constexpr GptShape shape = S;
   static constexpr int tp_size = Cfg::template size<Axis::tp>;
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;

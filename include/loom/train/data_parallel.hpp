@@ -7,8 +7,7 @@
 
 #include <loom/comm/communicator.hpp>
 #include <loom/exec/pipeline.hpp>
-#include <loom/optim/optimizers.hpp>
-#include <loom/train/data.hpp>
+#include <loom/layers/param.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -111,85 +110,6 @@ class DataParallel {
   Comm& comm_;
   std::vector<Bucket> buckets_;
   bool overlap_;
-};
-
-//! How one optimizer step is made: global batch, micro-batches, clipping, warmup.
-struct StepConfig {
-  int batch = 16;          //!< sequences per step, over the whole data-parallel group
-  int seq = 64;            //!< tokens per sequence
-  int micro_batches = 1;   //!< per rank: gradient accumulation
-  double lr = 3e-3;
-  int warmup = 0;
-  double grad_clip = 1.0;  //!< 0: off
-  std::size_t bucket_bytes = std::size_t{25} << 20;
-  bool overlap = true;
-};
-
-//! What a step did. A step whose loss or gradient norm is not finite on some rank is skipped on every rank: no
-//! parameter and no optimizer state changes (the optimizer's step counter included), and the caller decides how
-//! many skipped steps in a row a run tolerates.
-struct StepResult {
-  double loss;       //!< mean over the global batch
-  double grad_norm;  //!< before clipping
-  bool skipped;      //!< the loss or a gradient was not finite on some rank: no update anywhere
-  double lr;
-};
-
-//! One data-parallel training step per call: rank r of the group takes rows [r*B/n, (r+1)*B/n) of the global
-//! batch, in micro-batches; gradients are averaged over the group; every rank applies the same update, or every
-//! rank skips it. A tensor-parallel model takes the same rows on each of its ranks and sums what they share itself;
-//! the data-parallel group then holds one rank per tensor-parallel coordinate.
-template <class Model, class Optimizer, class Comm>
-class DataParallelTrainer {
- public:
-  DataParallelTrainer(Model& model, Optimizer& opt, Comm& dp, const Batches& data, StepConfig cfg)
-      : model_(model), opt_(opt), dp_(dp), data_(data), cfg_(cfg), ddp_(model, dp, cfg.bucket_bytes, cfg.overlap) {
-    const int n = dp.size();
-    LOOM_CHECK(cfg.batch % (n * cfg.micro_batches) == 0, "the global batch of ", cfg.batch,
-               " sequences does not split into ", n, " data-parallel ranks x ", cfg.micro_batches,
-               " micro-batches");
-    rows_ = cfg.batch / n;
-    micro_ = rows_ / cfg.micro_batches;
-    in_.resize(static_cast<std::size_t>(micro_) * cfg.seq);
-    tg_.resize(in_.size());
-  }
-
-  StepResult step(int step) {
-    model_.zero_grad();
-    double loss = 0;
-    const int m = cfg_.micro_batches;
-    for (int mb = 0; mb < m; ++mb) {
-      const int row0 = dp_.rank() * rows_ + mb * micro_;
-      data_.fill(step, row0, micro_, in_.data(), tg_.data());
-      loss += model_.forward(in_.data(), tg_.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0) / m;
-      if (mb + 1 < m) model_.backward(1.0 / m);
-      else ddp_.backward(1.0 / m);
-    }
-    std::vector<double> l{loss};
-    dp_.all_reduce(l, comm::Reduce::avg);
-    // The averaged gradients are the same on every rank of the group; agree on finiteness anyway, so that no rank
-    // can differ. The model's norm counts each element of the whole model once (tensor-parallel ranks hold parts).
-    const double norm = model_.grad_norm();
-    std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
-    dp_.all_reduce(finite, comm::Reduce::min);
-    const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
-    if (!finite[0]) return {l[0], norm, true, lr};
-    optim::clip_to(model_.grads(), norm, cfg_.grad_clip, model_.ops());
-    opt_.step(model_.params(), model_.grads(), lr);
-    return {l[0], norm, false, lr};
-  }
-
-  const DataParallel<Model, Comm>& data_parallel() const { return ddp_; }
-
- private:
-  Model& model_;
-  Optimizer& opt_;
-  Comm& dp_;
-  const Batches& data_;
-  StepConfig cfg_;
-  DataParallel<Model, Comm> ddp_;
-  int rows_ = 0, micro_ = 0;
-  std::vector<std::int32_t> in_, tg_;
 };
 
 }  // namespace loom::train

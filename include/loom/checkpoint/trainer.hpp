@@ -1,18 +1,22 @@
-// Training checkpoints of a pipeline-parallel run: the stages' parts put together into the whole model and optimizer
-// state, in the single-rank layout, so that any layout resumes them; and resuming one into every part.
+// Training checkpoints of a train::Trainer on any layout: its parts (with pipeline parallelism, every stage's) put
+// together into the whole model and optimizer state, in the single-rank layout, so that any layout resumes them; and
+// resuming one into every part.
 #pragma once
 
 #include <loom/checkpoint/training.hpp>
-#include <loom/train/pipeline_parallel.hpp>
+#include <loom/train/trainer.hpp>
 
 namespace loom::checkpoint {
 
 //! A collective over the tensor- and pipeline-parallel groups; the ranks with `write` write. `run` is stored as
 //! trainer.json's "run" (see write_training).
-template <models::GptShape S, class T, class Optimizer, class Ctx>
-void save_training(const std::string& dir, train::PipelineTrainer<S, T, Optimizer, Ctx>& trainer, int next_step,
+template <class Model, class Optimizer>
+void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
                    bool write = true, const nlohmann::json& run = nullptr) {
+  if (!trainer.pipelined())
+    return save_training(dir, trainer.model(), trainer.optimizers().front(), next_step, write, run);
   using A = typename Optimizer::acc;
+  using T = typename Model::value_type;
   auto& parts = trainer.parts();
   auto& opts = trainer.optimizers();
   const auto whole =
@@ -24,13 +28,13 @@ void save_training(const std::string& dir, train::PipelineTrainer<S, T, Optimize
       return parts[c]->gather(opts[c].state()[k].second.data());
     }));
   if (!write) return;
-  write_gpt<S>(dir, whole, parts.front()->options().ln_eps);
+  write_gpt<Model::shape>(dir, whole, parts.front()->options().ln_eps);
   write_training<Optimizer>(dir, state, opts.front().counter(), next_step, run);
 }
 
 //! Loads a training checkpoint (saved on any layout) into every part and its optimizer; returns the next step.
-template <models::GptShape S, class T, class Optimizer, class Ctx>
-int load_training(const std::string& dir, train::PipelineTrainer<S, T, Optimizer, Ctx>& trainer) {
+template <class Model, class Optimizer>
+int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& trainer) {
   int next = 0;
   for (std::size_t c = 0; c < trainer.parts().size(); ++c)
     next = load_training(dir, *trainer.parts()[c], trainer.optimizers()[c]);

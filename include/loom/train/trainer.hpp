@@ -1,0 +1,420 @@
+// One trainer for every layout: Trainer<Cfg, Model, Optimizer> trains a model on rank ctx of layout Cfg, whatever
+// axes Cfg has. The type decides: without a pipeline axis the rank holds its tensor-parallel part of the whole
+// model, runs its micro-batches one after the other and averages gradients over data parallelism bucket by bucket
+// during the last backward; with one it holds the parts its stage holds (layers split evenly over the p·v virtual
+// stages, or as an explicit split says), runs the schedule PP<p, Schedule, Interleaved<v>> names over its
+// micro-batches, averages each part's gradients as soon as its backward is done, and sums the tied embedding's
+// gradient between the stages that hold its two uses. Then, for every layout alike: the loss over the global batch,
+// the global gradient norm (each element once), a step skipped on every rank when either is not finite, clipping,
+// and every part's optimizer step.
+#pragma once
+
+#include <loom/comm/context.hpp>
+#include <loom/config.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/pipeline/executor.hpp>
+#include <loom/train/data.hpp>
+#include <loom/train/data_parallel.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+//! How one optimizer step is made: global batch, micro-batches, clipping, warmup.
+struct StepConfig {
+  int batch = 16;          //!< sequences per step, over the whole data-parallel group
+  int seq = 64;            //!< tokens per sequence
+  int micro_batches = 1;   //!< per rank: gradient accumulation
+  double lr = 3e-3;
+  int warmup = 0;
+  double grad_clip = 1.0;  //!< 0: off
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  bool overlap = true;
+};
+
+//! What a step did. A step whose loss or gradient norm is not finite on some rank is skipped on every rank: no
+//! parameter and no optimizer state changes (the optimizer's step counter included), and the caller decides how
+//! many skipped steps in a row a run tolerates.
+struct StepResult {
+  double loss;       //!< mean over the global batch
+  double grad_norm;  //!< before clipping
+  bool skipped;      //!< the loss or a gradient was not finite on some rank: no update anywhere
+  double lr;
+};
+
+//! The first block of each of `parts` virtual stages and, last, `layers`: from an explicit split (blocks per virtual
+//! stage, each at least one, adding up to layers), or an even one. Errors name the numbers that do not fit.
+inline std::vector<int> layer_bounds(int layers, int parts, const std::vector<int>& split) {
+  std::vector<int> at{0};
+  if (split.empty()) {
+    LOOM_CHECK(layers % parts == 0, "the model's ", layers, " layers do not split evenly over ", parts,
+               " pipeline parts (pp x chunks); give an explicit split of the layers");
+    for (int k = 0; k < parts; ++k) at.push_back(at.back() + layers / parts);
+    return at;
+  }
+  LOOM_CHECK(static_cast<int>(split.size()) == parts, "the layer split has ", split.size(), " entries but the pipeline has ",
+             parts, " parts (pp x chunks)");
+  for (std::size_t k = 0; k < split.size(); ++k) {
+    LOOM_CHECK(split[k] >= 1, "part ", k, " of the layer split has ", split[k], " layers; each part needs at least one");
+    at.push_back(at.back() + split[k]);
+  }
+  LOOM_CHECK(at.back() == layers, "the layer split adds up to ", at.back(), " layers but the model has ", layers);
+  return at;
+}
+
+//! What the trainer needs of a model part; models::Gpt has it. Comm is any communicator type: the trainer builds
+//! each part from (seed, tensor-parallel communicator, part, options).
+template <class M>
+concept TrainableModel = requires(M& m, const M& cm, int i, double s, const typename M::value_type* p,
+                                  const typename M::MicroBatch& mb) {
+  typename M::value_type;
+  typename M::Options;
+  typename M::config;
+  typename M::ParamRange;
+  { M::no_param } -> std::convertible_to<std::size_t>;
+  { m.forward(i, mb, p) } -> std::convertible_to<double>;
+  m.backward(i, s, p);
+  m.backward_inputs(i, s, p);
+  m.backward_weights(i);
+  { m.backward_chunks() } -> std::convertible_to<int>;
+  { m.backward_chunk(i, s) } -> std::same_as<typename M::ParamRange>;
+  { cm.output(i) } -> std::convertible_to<const typename M::value_type*>;
+  { cm.input_grad() } -> std::convertible_to<const typename M::value_type*>;
+  { cm.slots() } -> std::convertible_to<int>;
+  m.set_slots(i);
+  m.zero_grad();
+  { m.grad_square(true) } -> std::convertible_to<double>;
+  { m.tied_grad() } -> std::convertible_to<std::span<typename M::value_type>>;
+  { cm.embedding() } -> std::convertible_to<bool>;
+  { cm.head() } -> std::convertible_to<bool>;
+  cm.specs();
+  m.params();
+  m.grads();
+  cm.ops();
+  { M::io_elements(i, i) } -> std::convertible_to<std::size_t>;
+};
+
+//! What an optimizer needs to offer the trainer.
+template <class O, class Model>
+concept TrainerOptimizer = requires(O& o, Model& m, double lr) { o.step(m.params(), m.grads(), lr); };
+
+//! What the layout type does not say: how the model starts, how a step is made, and an explicit layer split.
+struct TrainerOptions {
+  std::uint64_t seed = 0;    //!< initialises the model: the same whole model on every layout
+  models::GptOptions model;  //!< recompute, dropout, layer-norm epsilon
+  StepConfig step;           //!< global batch, sequence length, micro-batches, lr, warmup, clipping, buckets
+  std::vector<int> split;    //!< blocks per virtual pipeline stage, in pipeline order; empty: an even split
+};
+
+namespace detail {
+
+//! This rank's place in the layout and its communicators: what a step reads of the layout type, taken from it by
+//! Trainer<Cfg, ...> so that the step itself is compiled once per model, optimizer and backend, not per layout.
+template <class Comm>
+struct RankInLayout {
+  Comm* tp;
+  Comm* dp;
+  Comm* pp;
+  Comm* world;
+  Comm* tied;  //!< the first and last stages' pair, for the tied table; null when one stage holds both uses
+  int dp_rank, stage, stages;
+  Schedule schedule;
+  int chunks;  //!< model chunks per pipeline stage
+};
+
+//! A trainer as Trainer<Cfg, ...> holds it, whatever its backend.
+template <class Model, class Optimizer>
+class TrainerBase {
+ public:
+  using T = typename Model::value_type;
+  using acc = loom::acc_t<T>;
+  virtual ~TrainerBase() = default;
+  virtual StepResult step(int step) = 0;
+  //! Sums a buffer of parameters (or of optimizer state) over the pipeline group; nothing without a pipeline.
+  virtual void sum_over_pipeline(std::span<T> x) = 0;
+  virtual void sum_state_over_pipeline(std::span<acc> x) = 0;
+  std::vector<std::unique_ptr<Model>> parts;
+  std::vector<Optimizer> optimizers;
+};
+
+//! The step, for a model, optimizer and communicator type; with or without a pipeline (a compile-time choice).
+template <class Model, class Optimizer, class Comm, bool Pipelined>
+class TrainerCore final : public TrainerBase<Model, Optimizer> {
+  using Base = TrainerBase<Model, Optimizer>;
+  using T = typename Base::T;
+  using acc = typename Base::acc;
+
+ public:
+  template <class MakeOptimizer>
+  TrainerCore(const RankInLayout<Comm>& at, const Batches& data, const TrainerOptions& o, int layers,
+              MakeOptimizer&& make_optimizer)
+      : at_(at), data_(data), cfg_(o.step) {
+    const StepConfig& cfg = o.step;
+    const int dp = at.dp->size();
+    LOOM_CHECK(cfg.micro_batches >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ",
+               cfg.batch, " sequences does not split into ", dp, " data-parallel ranks x ", cfg.micro_batches,
+               " micro-batches");
+    rows_ = cfg.batch / dp;
+    micro_ = rows_ / cfg.micro_batches;
+    const int parts = at.stages * at.chunks;
+    if constexpr (Pipelined) {
+      table_ = pipeline::make_schedule_checked(at.schedule, at.stages, cfg.micro_batches, at.chunks);
+    }
+    const std::vector<int> bounds = layer_bounds(layers, parts, o.split);
+    for (int c = 0; c < at.chunks; ++c) {
+      const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
+      const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
+      this->parts.push_back(std::make_unique<Model>(o.seed, *at.tp, part, o.model));
+      this->optimizers.push_back(make_optimizer(this->parts.back()->specs(), this->parts.back()->params().numel()));
+    }
+    if constexpr (Pipelined) {
+      std::vector<Model*> raw;
+      for (auto& p : this->parts) raw.push_back(p.get());
+      exec_ = std::make_unique<pipeline::Executor<Model, Comm>>(raw, *at.pp, at.schedule);
+      exec_->prepare(table_);  // verified here, once, not at every step
+      in_.resize(std::size_t(cfg.micro_batches));
+      tg_.resize(in_.size());
+    } else {
+      ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
+                                                          cfg.overlap);
+      in_.resize(1);
+      tg_.resize(1);
+    }
+  }
+
+  StepResult step(int step) override {
+    auto& parts = this->parts;
+    for (auto& p : parts) p->zero_grad();
+    const double loss = Pipelined ? run_pipeline(step) : run_micro_batches(step);
+    // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism.
+    std::vector<double> l{loss};
+    if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
+    at_.dp->all_reduce(l, comm::Reduce::avg);
+    // The global norm: every element once (tensor-parallel ranks sum their parts; the tied table counts on the
+    // stage with the embedding).
+    double sq = 0;
+    for (auto& p : parts) sq += p->grad_square(/*skip_tied=*/!p->embedding());
+    std::vector<double> s{sq};
+    if constexpr (Pipelined) at_.pp->all_reduce(s, comm::Reduce::sum);
+    const double norm = std::sqrt(s[0]);
+    // Every rank skips the update, or none does (StepResult).
+    std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
+    at_.world->all_reduce(finite, comm::Reduce::min);
+    const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
+    if (!finite[0]) return {l[0], norm, true, lr};
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+      optim::clip_to(parts[c]->grads(), norm, cfg_.grad_clip, parts[c]->ops());
+      this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
+    }
+    return {l[0], norm, false, lr};
+  }
+
+  void sum_over_pipeline(std::span<T> x) override {
+    if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
+  }
+  void sum_state_over_pipeline(std::span<acc> x) override {
+    if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
+  }
+
+  const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
+
+ private:
+  //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
+  std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
+
+  //! Without a pipeline: each micro-batch forward and backward in turn; the last backward averages the gradients
+  //! over data parallelism, bucket by bucket, as they complete.
+  double run_micro_batches(int step) {
+    Model& m = *this->parts.front();
+    auto& in = in_.front();
+    auto& tg = tg_.front();
+    in.resize(std::size_t(micro_) * cfg_.seq);
+    tg.resize(in.size());
+    double loss = 0;
+    const int mbs = cfg_.micro_batches;
+    for (int i = 0; i < mbs; ++i) {
+      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+      loss += m.forward(0, typename Model::MicroBatch{in.data(), tg.data(), micro_, cfg_.seq,
+                                                     static_cast<std::uint64_t>(step), row0(i)}) /
+              mbs;
+      if (i + 1 < mbs) m.backward(1.0 / mbs);
+      else ddp_->backward(1.0 / mbs);
+    }
+    return loss;
+  }
+
+  //! With a pipeline: the schedule's table over every micro-batch; each part's gradients are averaged over data
+  //! parallelism as soon as its last backward is done, while this stage (and the others) compute on; then the tied
+  //! table's sum over its two holders (both are sums over other ranks, so their order does not matter).
+  double run_pipeline(int step) {
+    auto& parts = this->parts;
+    // Data only where it is needed: token ids for the embedding, targets for the loss.
+    const bool needs_data = std::any_of(parts.begin(), parts.end(), [](auto& p) { return p->embedding() || p->head(); });
+    for (int i = 0; needs_data && i < cfg_.micro_batches; ++i) {
+      auto& in = in_[std::size_t(i)];
+      auto& tg = tg_[std::size_t(i)];
+      in.resize(std::size_t(micro_) * cfg_.seq);
+      tg.resize(in.size());
+      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+    }
+    auto& dp = *at_.dp;
+    std::vector<comm::Handle> averaging;
+    const double loss = exec_->run(
+        table_,
+        [&](int i) {
+          const auto u = std::size_t(i);
+          return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
+                                            micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
+        },
+        [&](int chunk) {
+          if (dp.size() > 1)
+            averaging.push_back(dp.all_reduce_async(parts[std::size_t(chunk)]->grads().span(), comm::Reduce::avg));
+        });
+    {
+      trace::Scope span("wait for data-parallel averages", "comm");
+      for (auto& h : averaging) h.wait();
+    }
+    reduce_tied();
+    return loss;
+  }
+
+  //! Sums the tied table's gradient over its two holders: two chunks of one stage, or the first and last stages.
+  void reduce_tied() {
+    std::vector<std::span<T>> held;
+    for (auto& p : this->parts)
+      if (auto g = p->tied_grad(); !g.empty()) held.push_back(g);
+    if (held.empty()) return;
+    if (!at_.tied) {  // both uses on this stage (a one-stage pipeline holds one part)
+      if (held.size() == 2) {
+        for (std::size_t i = 0; i < held[0].size(); ++i) held[0][i] += held[1][i];
+        std::copy(held[0].begin(), held[0].end(), held[1].begin());
+      }
+      return;
+    }
+    at_.tied->all_reduce(held[0], comm::Reduce::sum);
+  }
+
+  RankInLayout<Comm> at_;
+  const Batches& data_;
+  StepConfig cfg_;
+  int rows_ = 0, micro_ = 0;
+  pipeline::RuntimeTable table_;
+  std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
+  std::unique_ptr<DataParallel<Model, Comm>> ddp_;
+  std::vector<std::vector<std::int32_t>> in_, tg_;
+};
+
+}  // namespace detail
+
+//! A trainer whatever its layout: what Trainer<Cfg, Model, Optimizer> offers after it is built, for code that
+//! runs and checkpoints a training without depending on the layout's type (and so is compiled once for a model and
+//! optimizer, not once per layout).
+template <class Model, class Optimizer>
+class TrainerOf {
+ public:
+  using T = typename Model::value_type;
+  using acc = loom::acc_t<T>;
+
+  //! Optimizer step `step` (it keys the batch and dropout): forward and backward of every micro-batch, gradients
+  //! averaged and clipped, the update; or, when the loss or gradient norm is not finite on some rank, no update on
+  //! any rank.
+  StepResult step(int step) { return core_->step(step); }
+
+  //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
+  const std::vector<std::unique_ptr<Model>>& parts() const { return core_->parts; }
+  //! The model, where this rank holds one part.
+  Model& model() {
+    LOOM_CHECK(core_->parts.size() == 1, "model(): this rank holds ", core_->parts.size(), " parts (parts())");
+    return *core_->parts.front();
+  }
+  const std::vector<Optimizer>& optimizers() const { return core_->optimizers; }
+  std::vector<Optimizer>& optimizers() { return core_->optimizers; }
+  //! Whether the layout has pipeline parallelism (the model is in parts over stages).
+  bool pipelined() const { return pipelined_; }
+
+  //! A buffer laid out as the whole model's parameters, put together from every stage's parts: gather(c) gives part
+  //! c's (zero where it holds nothing); the tied table is taken from the part with the embedding. A collective over
+  //! the pipeline group (and, through gather, the tensor-parallel group).
+  template <class U, class Gather>
+  std::vector<U> assemble(Gather&& gather) {
+    const auto& parts = core_->parts;
+    if (!pipelined_) return gather(0);
+    std::vector<U> whole(static_cast<std::size_t>(Model::shape.params()), U(0));
+    const auto global = Model::param_specs(0, true);
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+      const auto g = gather(c);
+      for (const auto& s : parts[c]->specs()) {
+        if (s.index == 0 && !parts[c]->embedding()) continue;  // the tied table's second holder
+        const auto& at = global[s.index];
+        std::copy_n(g.begin() + at.offset, numel_of(at.shape), whole.begin() + at.offset);
+      }
+    }
+    if constexpr (std::is_same_v<U, T>) core_->sum_over_pipeline(std::span<U>(whole));
+    else core_->sum_state_over_pipeline(std::span<U>(whole));
+    return whole;
+  }
+
+ protected:
+  TrainerOf() = default;
+  std::unique_ptr<detail::TrainerBase<Model, Optimizer>> core_;
+  bool pipelined_ = false;
+};
+
+//! Trains Model (models::Gpt<S, T, ModelLayout<Cfg>, Dev>) on one rank of layout Cfg with Optimizer. The layout type
+//! is the whole configuration: its tensor-parallel degree and sequence parallelism are the model's, its pipeline
+//! degree, schedule and chunks per stage (PP<p, Schedule, Interleaved<v>>) the step's; what it does not say (the
+//! global batch, micro-batches, learning rate, an explicit layer split) is in TrainerOptions, checked once, here.
+template <class Cfg, class Model, class Optimizer>
+class Trainer : public TrainerOf<Model, Optimizer> {
+  static_assert(ParallelLayout<Cfg>, "loom: a trainer's layout must be a loom::Parallel<...>");
+  static_assert(TrainableModel<Model>, "loom: the model does not have what the trainer needs (train::TrainableModel)");
+  static_assert(TrainerOptimizer<Optimizer, Model>,
+                "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
+  static_assert(std::is_same_v<typename Model::config, models::ModelLayout<Cfg>>,
+                "loom: the model's layout must be ModelLayout<Cfg>: its tensor-parallel degree and sequence "
+                "parallelism are the trainer's layout's");
+
+ public:
+  static constexpr int stages = Cfg::template size<Axis::pp>;
+  static constexpr bool pipelined = stages > 1;
+  static constexpr Schedule schedule = Cfg::schedule;
+  static constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
+
+  //! Builds this rank's model parts (from options.seed: the same whole model on every layout) and, with
+  //! make_optimizer(specs, numel), one optimizer per part. Checks what the type cannot: that the global batch
+  //! splits over data parallelism and micro-batches, that the micro-batch count fits the schedule, that the layers
+  //! split over the virtual stages.
+  template <class Backend, class MakeOptimizer>
+  Trainer(Context<Cfg, Backend>& ctx, const Batches& data, const TrainerOptions& options,
+          MakeOptimizer&& make_optimizer) {
+    using Comm = typename Backend::Comm;
+    detail::RankInLayout<Comm> at{&ctx.template comm<Axis::tp>(), &ctx.template comm<Axis::dp>(),
+                                  &ctx.template comm<Axis::pp>(), &ctx.world(), nullptr,
+                                  ctx.template coord<Axis::dp>(), ctx.template coord<Axis::pp>(), stages,
+                                  schedule, chunks};
+    if constexpr (pipelined) {
+      // The stages holding the first part (embedding) and the last (output layer) share the tied table.
+      const int first = pipeline::stage_chunk(schedule, stages, 0).stage;
+      const int last = pipeline::stage_chunk(schedule, stages, stages * chunks - 1).stage;
+      if (first != last) {
+        Coords a = Cfg::coords(ctx.rank()), b = a;
+        a.pp = first, b.pp = last;
+        std::vector<int> ranks{Cfg::rank_of(a), Cfg::rank_of(b)};
+        std::sort(ranks.begin(), ranks.end());
+        if (ctx.template coord<Axis::pp>() == first || ctx.template coord<Axis::pp>() == last)
+          at.tied = &ctx.get(comm::GroupInfo{"embedding", ranks});
+      }
+    }
+    this->core_ = std::make_unique<detail::TrainerCore<Model, Optimizer, Comm, pipelined>>(
+        at, data, options, Model::shape.layers, std::forward<MakeOptimizer>(make_optimizer));
+    this->pipelined_ = pipelined;
+  }
+};
+
+}  // namespace loom::train
