@@ -43,24 +43,6 @@ std::string show(double x) {
   return std::string(buf, r.ptr);
 }
 
-//! The number of processes a launcher (mpirun, mpiexec, srun with PMI) started together with this one, and the
-//! variable that says so; {0, ""} where none did. A launcher that gives only a rank gives away that there are
-//! several processes when the rank is not 0: that is reported as -1.
-std::pair<long, std::string> launched_processes() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"})
-    if (const char* v = std::getenv(var)) return {std::atol(v), std::string(var) + "=" + v};
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* v = std::getenv(var); v && std::atol(v) > 0) return {-1, std::string(var) + "=" + v};
-  return {0, ""};
-}
-
-//! This process's rank in a launch of several (0 where it is alone): only rank 0 prints notes before the ranks start.
-long launched_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* v = std::getenv(var)) return std::atol(v);
-  return 0;
-}
-
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -126,10 +108,11 @@ Args parse(int argc, char** argv) {
              "--batch-order must be sequential or shuffle, got '", a.batch_order, "'");
   LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi, got '", a.backend, "'");
   if (a.backend == "local") {
-    const auto [n, var] = launched_processes();
-    if (n > 1 || n < 0)
+    const comm::Launch l = comm::launch();
+    if (l.several())
       throw Error("loom: --backend local runs every rank as a thread of one process, but this process is one of " +
-                  (n > 1 ? std::to_string(n) : std::string("several")) + " started together (" + var +
+                  (l.processes > 1 ? std::to_string(l.processes) : std::string("several")) + " started together (" +
+                  l.evidence +
                   "): each would run the whole job, so launch with --backend mpi");
   }
   LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", show(a.bucket_mb));
@@ -363,7 +346,7 @@ void check_resume(const Args& a, const nlohmann::json& run) {
   if (changed.empty()) return;
   LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": ", changed,
              " (--allow-changed-run continues the run with the new values)");
-  if (launched_rank() == 0)
+  if (comm::launch().rank == 0)
     std::printf("train_gpt: --allow-changed-run: --resume %s continues with other settings: %s\n", a.resume.c_str(),
                 changed.c_str());
 }

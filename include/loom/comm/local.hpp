@@ -9,6 +9,7 @@
 #include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
+#include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
 
 #include <algorithm>
@@ -32,6 +33,8 @@ struct LocalOptions {
   //! larger groups, where a slice's fan-in grows, use halving_doubling up to small_bytes and ring above.
   int direct_max_ranks = 16;
   std::size_t small_bytes = 64 * 1024;
+  //! The OpenMP threads each rank's kernels use; 0: threads_per_rank(world size), the machine's share of one rank.
+  int threads_per_rank = 0;
 };
 
 namespace detail {
@@ -721,9 +724,11 @@ void run_local(F&& fn, comm::LocalOptions opt = {}) {
   std::vector<char> abandoned(Cfg::world_size, 0);
   std::vector<std::thread> threads;
   threads.reserve(Cfg::world_size);
+  const int rank_threads = opt.threads_per_rank > 0 ? opt.threads_per_rank : threads_per_rank(Cfg::world_size);
   for (int r = 0; r < Cfg::world_size; ++r) {
     threads.emplace_back([&, r] {
       trace::set_rank(r);
+      use_threads(rank_threads);
       Context<Cfg, comm::Local> ctx(comm::Local::Rank{&world, r});
       try {
         fn(ctx);

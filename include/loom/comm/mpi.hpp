@@ -10,6 +10,7 @@
 #define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
+#include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
 
 #include <mpi.h>
@@ -414,6 +415,15 @@ int mpi_main(int& argc, char**& argv, Body&& body) {
     return 1;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  {  // the processes on this node share its cores
+    MPI_Comm node;
+    int here = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &here);
+      MPI_Comm_free(&node);
+    }
+    use_threads(threads_per_rank(here));
+  }
   try {
     comm::detail::MpiWatch::get().start(comm::default_timeout());
     trace::set_rank(rank);

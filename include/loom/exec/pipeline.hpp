@@ -7,11 +7,9 @@
 #pragma once
 
 #include <loom/core/error.hpp>
+#include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include <algorithm>
 #include <condition_variable>
@@ -150,21 +148,13 @@ class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
     (add_resource<typename S::resource>(resources), ...);
     // Workers belong to the calling rank: they inherit its trace rank and its OpenMP thread count.
     const int rank = trace::rank();
-#ifdef _OPENMP
-    const int omp_threads = omp_get_max_threads();
-#else
-    const int omp_threads = 1;
-#endif
+    const int threads = threads_in_use();
     std::vector<std::thread> workers;
     workers.reserve(resources.size());
     for (const char* r : resources)
-      workers.emplace_back([this, r, rank, omp_threads] {
+      workers.emplace_back([this, r, rank, threads] {
         trace::set_rank(rank);
-#ifdef _OPENMP
-        omp_set_num_threads(omp_threads);
-#else
-        (void)omp_threads;
-#endif
+        use_threads(threads);
         work(r);
       });
     for (auto& w : workers) w.join();
