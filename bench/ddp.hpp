@@ -79,8 +79,8 @@ Row measure(const DdpOptions& o) {
         dp.all_reduce(std::span<T>(m.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)),
                       comm::Reduce::avg);
     });
-    const double serial = timed([&] { fwd(), off.backward(1.0); });
-    const double overlap = timed([&] { fwd(), on.backward(1.0); });
+    const double serial = timed([&] { fwd(), off.backward(0, 1.0); });
+    const double overlap = timed([&] { fwd(), on.backward(0, 1.0); });
     if (ctx.rank() == 0) {
       row.buckets = static_cast<int>(on.buckets().size());
       row.compute_ms = compute, row.comm_ms = comm, row.serial_ms = serial, row.overlap_ms = overlap;

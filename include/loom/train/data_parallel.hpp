@@ -53,10 +53,11 @@ class DataParallel {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
-  //! Backward of the last micro-batch of a step, with each bucket averaged over the group once complete.
-  void backward(double scale) {
+  //! Backward of the last micro-batch of a step (in activation slot `slot`), with each bucket averaged over the
+  //! group once complete.
+  void backward(int slot, double scale) {
     if (!overlap_ || comm_.size() == 1) {
-      model_.backward(scale);
+      model_.backward(slot, scale);
       model_.ops().synchronize();
       if (comm_.size() > 1)
         for (const auto& b : buckets_) reduce(b);
@@ -65,7 +66,7 @@ class DataParallel {
     std::vector<char> complete(model_.specs().size(), 0);
     std::size_t next = 0;  // buckets are launched in order, so every rank issues the same collectives
     exec::Pipeline<exec::Stage<exec::Compute, BackwardChunk>, exec::Stage<exec::Comm, ReduceReady>> p(
-        BackwardChunk{&model_, scale}, ReduceReady{this, &complete, &next});
+        BackwardChunk{&model_, slot, scale}, ReduceReady{this, &complete, &next});
     p.run(static_cast<std::size_t>(model_.backward_chunks()));
     LOOM_CHECK(next == buckets_.size(), "data parallel: ", buckets_.size() - next, " of ", buckets_.size(),
                " gradient buckets were never complete");
@@ -77,9 +78,10 @@ class DataParallel {
   struct BackwardChunk {
     static constexpr const char* name = "backward";
     Model* m;
+    int slot;
     double scale;
     auto operator()(std::size_t c) const {
-      const auto done = m->backward_chunk(static_cast<int>(c), scale);
+      const auto done = m->backward_chunk(slot, static_cast<int>(c), scale);
       m->ops().synchronize();
       return done;
     }

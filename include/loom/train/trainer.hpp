@@ -83,7 +83,7 @@ concept TrainableModel = requires(M& m, const M& cm, int i, double s, const type
   m.backward_inputs(i, s, p);
   m.backward_weights(i);
   { m.backward_chunks() } -> std::convertible_to<int>;
-  { m.backward_chunk(i, s) } -> std::same_as<typename M::ParamRange>;
+  { m.backward_chunk(i, i, s) } -> std::same_as<typename M::ParamRange>;
   { cm.output(i) } -> std::convertible_to<const typename M::value_type*>;
   { cm.input_grad() } -> std::convertible_to<const typename M::value_type*>;
   { cm.slots() } -> std::convertible_to<int>;
@@ -243,8 +243,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       loss += m.forward(0, typename Model::MicroBatch{in.data(), tg.data(), micro_, cfg_.seq,
                                                      static_cast<std::uint64_t>(step), row0(i)}) /
               mbs;
-      if (i + 1 < mbs) m.backward(1.0 / mbs);
-      else ddp_->backward(1.0 / mbs);
+      if (i + 1 < mbs) m.backward(0, 1.0 / mbs);
+      else ddp_->backward(0, 1.0 / mbs);
     }
     return loss;
   }

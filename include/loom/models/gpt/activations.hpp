@@ -1,0 +1,140 @@
+// The GPT's activation storage and its accounting: what each micro-batch in flight keeps between its forward and
+// its backward (a slot), what a split backward keeps between B and W, the scratch every call shares, how much of
+// it a batch shape needs, and the bytes held.
+#pragma once
+
+#include <loom/models/gpt/block.hpp>
+#include <loom/tensor/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::models {
+
+//! What one micro-batch in flight keeps: its blocks' activations, its output (the next part's input, or the final
+//! residual), and in the part with the loss the final norm, the logits and the loss statistics.
+template <class T, class Dev>
+struct GptSlot {
+  using Block = GptBlock<T, Dev>;
+  using Buf = Tensor<T, Dev>;
+  using AccBuf = Tensor<loom::acc_t<T>, Dev>;
+
+  std::vector<typename Block::Acts> act;  //!< one per block; with recompute only act[0].x (the part's input)
+  std::vector<Buf> inputs;                //!< with recompute: each block's input but the first
+  Buf out, lnf, lnf_full, logits, losses;
+  AccBuf lnf_mean, lnf_rstd, row_max, row_sumexp;
+  //! The tokens where the kernels read them: the caller's arrays on the host, the copies below on a device.
+  const std::int32_t* ids = nullptr;
+  const std::int32_t* targets = nullptr;
+  Tensor<std::int32_t, Dev> ids_on_device, targets_on_device;
+  Dropout dropout{0, 0, 0};
+  bool forwarded = false;
+
+  //! Block i's input (i counted from the part's first block).
+  T* input_of(std::size_t i, bool recompute) const {
+    return i == 0 || !recompute ? act[recompute ? 0 : i].x.data() : inputs[i].data();
+  }
+  //! Where block i writes its output: the next block's input, or the part's output after its last block.
+  T* output_of(std::size_t i, bool recompute) const {
+    return i + 1 < act.size() ? input_of(i + 1, recompute) : out.data();
+  }
+};
+
+//! What a split backward keeps per slot between B (input gradients) and W (weight gradients): each block's branch
+//! gradients, the final norm's output gradient, the embedding's output gradient.
+template <class T, class Dev>
+struct GptSplit {
+  std::vector<typename GptBlock<T, Dev>::Grads> blocks;
+  Tensor<T, Dev> dlnf, dx;
+};
+
+//! The sizes activation storage is made for: a batch shape on this rank's rows, in a part of the model.
+struct GptActivationShape {
+  std::int64_t rows, tokens, d_model, vocab_rows;  //!< this rank's rows, all N tokens, width, its vocabulary
+  int blocks;
+  bool embedding, head, recompute, sequence_parallel;
+};
+
+//! Every slot's storage and the scratch the calls share, for one batch shape.
+template <class T, class Dev>
+struct GptActivations {
+  using Block = GptBlock<T, Dev>;
+  using Buf = Tensor<T, Dev>;
+  using AccBuf = Tensor<loom::acc_t<T>, Dev>;
+
+  std::vector<GptSlot<T, Dev>> slots;
+  std::vector<GptSplit<T, Dev>> splits;  //!< made on a slot's first split backward
+  typename Block::Acts scratch_act;      //!< with recompute: the block being recomputed
+  typename Block::Grads grads;           //!< the branch gradients of a backward that is not split
+  Buf recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss;
+
+  //! Storage for shape s in every slot (n of them), made by block's layers.
+  void allocate(int n, const GptActivationShape& s, const Block& block) {
+    const std::int64_t rows = s.rows, N = s.tokens, d = s.d_model;
+    slots.assign(static_cast<std::size_t>(n), GptSlot<T, Dev>{});
+    for (auto& st : slots) {
+      st.act.resize(static_cast<std::size_t>(s.blocks));
+      st.inputs.resize(static_cast<std::size_t>(s.blocks));
+      if (s.recompute) {
+        st.act[0].x = Buf({rows, d});
+        for (std::size_t i = 1; i < st.inputs.size(); ++i) st.inputs[i] = Buf({rows, d});
+      } else {
+        for (auto& a : st.act) a = block.make_acts(true);
+      }
+      st.out = Buf({rows, d});
+      if (s.head) {
+        st.lnf = Buf({rows, d});
+        st.lnf_mean = AccBuf({rows});
+        st.lnf_rstd = AccBuf({rows});
+        if (s.sequence_parallel) st.lnf_full = Buf({N, d});
+        st.logits = Buf({N, s.vocab_rows});
+        st.losses = Buf({N});
+        st.row_max = AccBuf({N});
+        st.row_sumexp = AccBuf({N});
+      }
+    }
+    splits.clear();
+    scratch_act = s.recompute ? block.make_acts(false) : typename Block::Acts{};
+    recompute_out = s.recompute ? Buf({rows, d}) : Buf();
+    dlnf = Buf({rows, d});
+    dx = Buf({rows, d});
+    partial = emb_full = dlnf_full = Buf();
+    if (s.sequence_parallel) partial = Buf({N, d}), emb_full = Buf({N, d}), dlnf_full = Buf({N, d});
+    dloss = Buf({N});
+    grads = block.make_grads();
+  }
+
+  //! The split-backward storage of slot `slot`, made on first use.
+  GptSplit<T, Dev>& split(int slot, const GptActivationShape& s, const Block& block) {
+    if (splits.size() != slots.size()) splits.assign(slots.size(), GptSplit<T, Dev>{});
+    auto& sp = splits[static_cast<std::size_t>(slot)];
+    if (sp.blocks.empty()) {
+      for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads());
+      if (s.head) sp.dlnf = Buf({s.rows, s.d_model});
+      if (s.embedding) sp.dx = Buf({s.rows, s.d_model});
+    }
+    return sp;
+  }
+
+  //! Bytes of every activation and scratch tensor held (this model's own count: ranks that are threads of one
+  //! process share the process's).
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto& st : slots) {
+      for (const auto& a : st.act) n += Block::bytes(a);
+      for (const auto& t : st.inputs) n += Block::held(t);
+      n += Block::held(st.out, st.lnf, st.lnf_full, st.logits, st.losses, st.lnf_mean, st.lnf_rstd, st.row_max,
+                       st.row_sumexp);
+    }
+    n += Block::bytes(scratch_act) + Block::bytes(grads);
+    n += Block::held(recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss);
+    for (const auto& sp : splits) {
+      for (const auto& g : sp.blocks) n += Block::bytes(g);
+      n += Block::held(sp.dlnf, sp.dx);
+    }
+    return n;
+  }
+};
+
+}  // namespace loom::models

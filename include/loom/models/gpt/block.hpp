@@ -1,0 +1,168 @@
+// One pre-LayerNorm GPT block on this rank's rows: x2 = x + drop(attention(ln1(x))), y = x2 + drop(mlp(ln2(x2))),
+// the attention and the MLP split over the tensor-parallel group. Every call names the storage it uses: the block's
+// parameters, the activations one micro-batch keeps, the branch gradients, the dropout of that micro-batch.
+#pragma once
+
+#include <loom/core/random.hpp>
+#include <loom/core/trace.hpp>
+#include <loom/layers/attention.hpp>
+#include <loom/layers/mlp.hpp>
+#include <loom/layers/param.hpp>
+#include <loom/models/gpt/shape.hpp>
+#include <loom/tensor/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::models {
+
+//! The dropout of one micro-batch: the mask of an element is keyed by (step, layer, site) and its global index,
+//! so it is the same whichever rank holds the element. Sites: 0 the embedding, 1 the attention branch, 2 the MLP
+//! branch.
+struct Dropout {
+  float p;               //!< 0: none
+  std::uint64_t step;    //!< the optimizer step
+  std::uint64_t index0;  //!< the global index of this rank's first element of the micro-batch
+
+  std::uint64_t key(int l, int site) const { return random::key(0x6c6f6f6d, step, l, site); }
+  template <class Ops, class T>
+  void forward(const Ops& ops, const T* in, T* out, std::size_t n, int l, int site) const {
+    if (p > 0) ops.dropout_forward(in, out, n, p, key(l, site), index0);
+  }
+  template <class Ops, class T>
+  void backward(const Ops& ops, const T* din, T* dout, std::size_t n, int l, int site) const {
+    if (p > 0) ops.dropout_backward(din, dout, n, p, key(l, site), index0);
+    else ops.copy(din, dout, n);
+  }
+};
+
+//! The block's computation for one batch shape (B sequences of T tokens), on the rows of the region.
+template <class T, class Dev>
+class GptBlock {
+ public:
+  using acc = loom::acc_t<T>;
+  using Attention = layers::ParallelAttention<T, Dev>;
+  using Mlp = layers::ParallelMlp<T, Dev>;
+  using Buf = Tensor<T, Dev>;
+  using AccBuf = Tensor<acc, Dev>;
+
+  //! Pointers to a block's parameters (or gradients) inside a flat buffer.
+  struct Params {
+    T *ln1_w, *ln1_b;
+    typename Attention::Params attn;
+    T *ln2_w, *ln2_b;
+    typename Mlp::Params mlp;
+
+    //! The block whose first parameter is specs[p], in the flat buffer `flat` laid out by specs.
+    static Params in(T* flat, const std::vector<layers::ParamSpec>& specs, std::size_t p) {
+      auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
+      return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}};
+    }
+  };
+  //! What one block keeps from forward for backward, on this rank's rows: its input (unless the caller keeps it),
+  //! the norms' outputs and statistics, the residual after attention, and the layers' own.
+  struct Acts {
+    Buf x, ln1, x2, ln2;
+    AccBuf mean1, rstd1, mean2, rstd2;
+    typename Attention::Acts attn;
+    typename Mlp::Acts mlp;
+  };
+  //! The branch gradients that backward_input leaves for backward_weight.
+  struct Grads {
+    Buf dfcp, dln2, dtmp, dattp, dln1;
+    typename Attention::Grads attn;
+    typename Mlp::Grads mlp;
+  };
+
+  GptBlock(layers::Region<T, Dev> region, int B, int T_, const GptShape& s, float ln_eps)
+      : region_(region), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim()), mlp_(region, s.ffn()),
+        eps_(ln_eps) {}
+
+  int rows() const { return region_.rows(); }
+  int width() const { return region_.C; }
+
+  Acts make_acts(bool with_input) const {
+    const std::int64_t r = rows(), d = width();
+    Acts a{with_input ? Buf({r, d}) : Buf(), Buf({r, d}), Buf({r, d}), Buf({r, d}), AccBuf({r}), AccBuf({r}),
+           AccBuf({r}), AccBuf({r}), attn_.make_acts(), mlp_.make_acts()};
+    return a;
+  }
+  Grads make_grads() const {
+    const std::int64_t r = rows(), d = width();
+    return Grads{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(),
+                 mlp_.make_grads()};
+  }
+
+  //! Block l: out from x, keeping what backward needs in a; partial is N x d scratch (sequence parallelism).
+  void forward(int l, const Params& w, const T* x, Acts& a, T* partial, T* out, const Dropout& drop) const {
+    trace::Scope span("forward block", "compute");
+    const auto& ops = region_.ops;
+    const int d = width(), r = rows();
+    const std::size_t nd = std::size_t(r) * d;
+    ops.layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), r, d, eps_);
+    T* x2 = a.x2.data();
+    attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2);
+    drop.forward(ops, x2, x2, nd, l, 1);
+    ops.add(x, x2, x2, nd);
+    ops.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d, eps_);
+    mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
+    drop.forward(ops, out, out, nd, l, 2);
+    ops.add(x2, out, out, nd);
+  }
+
+  //! Block l's part of backward that gives the gradient of its input: on entry dx holds d(output), on return
+  //! d(x). Leaves in g what backward_weight needs.
+  void backward_input(int l, const Params& w, const T* x, const Acts& a, Grads& g, T* dx, const Dropout& drop) const {
+    trace::Scope span("backward_input block", "compute");
+    const auto& ops = region_.ops;
+    const int d = width(), r = rows();
+    const std::size_t nd = std::size_t(r) * d;
+    // MLP branch: y = x2 + drop(mlp(ln2(x2)))
+    drop.backward(ops, dx, g.dfcp.data(), nd, l, 2);
+    mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
+    ops.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(),
+                                 r, d);
+    ops.accumulate(g.dtmp.data(), dx, nd);  // d(x2)
+    // Attention branch: x2 = x + drop(attention(ln1(x)))
+    drop.backward(ops, dx, g.dattp.data(), nd, l, 1);
+    attn_.backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
+    ops.layernorm_backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), g.dtmp.data(), r, d);
+    ops.accumulate(g.dtmp.data(), dx, nd);  // d(x)
+  }
+
+  //! The block's weight gradients (accumulated into dw) from the branch gradients in g.
+  void backward_weight(const Params& dw, const T* x, const Acts& a, const Grads& g) const {
+    trace::Scope span("backward_weight block", "compute");
+    const auto& ops = region_.ops;
+    const int d = width(), r = rows();
+    mlp_.backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, dw.mlp);
+    ops.layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), dw.ln2_w, dw.ln2_b, r,
+                                  d);
+    attn_.backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, dw.attn);
+    ops.layernorm_backward_weight(g.dln1.data(), x, a.mean1.data(), a.rstd1.data(), dw.ln1_w, dw.ln1_b, r, d);
+  }
+
+  //! Bytes held by one block's activations and by one set of branch gradients.
+  static std::size_t bytes(const Acts& a) {
+    return held(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv, a.attn.out,
+                a.attn.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
+  }
+  static std::size_t bytes(const Grads& g) {
+    return held(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
+                g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full);
+  }
+  //! The bytes of the tensors given that hold storage.
+  template <class... U>
+  static std::size_t held(const U&... t) {
+    return ((t.defined() ? t.bytes() : std::size_t{0}) + ... + std::size_t{0});
+  }
+
+ private:
+  layers::Region<T, Dev> region_;
+  Attention attn_;
+  Mlp mlp_;
+  float eps_;
+};
+
+}  // namespace loom::models

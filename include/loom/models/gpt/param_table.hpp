@@ -1,0 +1,77 @@
+// The GPT's parameters: the table a rank (or a pipeline part of the model) holds, named and ordered as Hugging
+// Face's GPT-2, each declared by the layer that owns it with its placement over the tensor-parallel group; and the
+// index of the groups the model computes with (the tied embedding, the positions, each block, the final norm).
+#pragma once
+
+#include <loom/layers/attention.hpp>
+#include <loom/layers/mlp.hpp>
+#include <loom/layers/param.hpp>
+#include <loom/layers/vocab.hpp>
+#include <loom/models/gpt/shape.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace loom::models {
+
+using layers::ParamSpec;
+
+//! The parameters of tensor-parallel rank `rank` of `tp` in part `part` of a GPT of shape S, in Hugging Face's
+//! order. tp = 1 and the whole part give the whole model. The tied embedding is held by the parts with the
+//! embedding and with the output layer.
+template <GptShape S, class T>
+std::vector<ParamSpec> gpt_param_specs(int tp, int rank, GptPart part) {
+  layers::ParamTable t(tp, rank);
+  const int d = S.d_model, first = part.first, last = part.last < 0 ? S.layers : part.last;
+  const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * S.layers);
+  t.skip(first != 0 && last != S.layers);
+  layers::VocabParallelEmbedding<T>::declare(t, "wte", S.vocab, d, std_w);
+  t.skip(first != 0);
+  t.add<Replicate>("wpe.weight", {S.max_seq, d}, true, 0.01);
+  for (int l = 0; l < S.layers; ++l) {
+    t.skip(l < first || l >= last);
+    const std::string h = "h." + std::to_string(l) + ".";
+    t.add<Replicate>(h + "ln_1.weight", {d}, false, 0, 1);
+    t.add<Replicate>(h + "ln_1.bias", {d}, false, 0);
+    layers::ParallelAttention<T>::declare(t, h + "attn.", d, S.heads, S.kv_heads, std_w, std_proj);
+    t.add<Replicate>(h + "ln_2.weight", {d}, false, 0, 1);
+    t.add<Replicate>(h + "ln_2.bias", {d}, false, 0);
+    layers::ParallelMlp<T>::declare(t, h + "mlp.", d, S.ffn(), std_w, std_proj);
+  }
+  t.skip(last != S.layers);
+  t.add<Replicate>("ln_f.weight", {d}, false, 0, 1);
+  t.add<Replicate>("ln_f.bias", {d}, false, 0);
+  return t.take();
+}
+
+//! An index into a part's parameter table that names no parameter: the part does not hold it.
+inline constexpr std::size_t no_param = static_cast<std::size_t>(-1);
+
+//! Parameters [first, last) of a part's table, and `also` one more (the tied table, which the output layer
+//! completes in a part without the embedding): what a backward chunk completes.
+struct ParamRange {
+  std::size_t first, last, also = no_param;
+};
+
+//! Where the groups of a part's table start: blocks [first, last) of `layers`; the tied table and the positions
+//! with the embedding (block 0), the tied table and the final norm with the output layer (the last block).
+struct GptParamIndex {
+  static constexpr std::size_t per_block = 12;  //!< ln_1 (2), attention (4), ln_2 (2), MLP (4)
+  int first, last;
+  std::size_t wte, wpe, block0, lnf_w, lnf_b;
+
+  GptParamIndex(int layers, GptPart part)
+      : first(part.first), last(part.last < 0 ? layers : part.last),
+        wte(first == 0 || last == layers ? 0 : no_param), wpe(first == 0 ? 1 : no_param),
+        block0((wte == 0 ? 1 : 0) + (first == 0 ? 1 : 0)),
+        lnf_w(last == layers ? block0 + per_block * static_cast<std::size_t>(last - first) : no_param),
+        lnf_b(last == layers ? lnf_w + 1 : no_param) {}
+
+  //! Block l's first parameter (l global, in [first, last)).
+  std::size_t block(int l) const { return block0 + per_block * static_cast<std::size_t>(l - first); }
+  ParamRange of_block(int l) const { return {block(l), block(l) + per_block}; }
+};
+
+}  // namespace loom::models

@@ -1,0 +1,123 @@
+// A model's parameters as the tensor-parallel group holds them: gathered into the single-rank layout and scattered
+// back (for checkpoints and tests), and the gradients that several ranks of the group hold, summed over it once
+// per step.
+#pragma once
+
+#include <loom/layers/param.hpp>
+#include <loom/layers/tp.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace loom::models {
+
+//! The whole model's buffer in the single-rank layout (`global`, `total` elements) from this rank's part `local`
+//! (laid out by `specs`, in host memory) and its peers': an all-gather over tp, whose every rank receives the
+//! result. A part of the model fills only its own parameters (the others are 0). U is the parameters' type or the
+//! arithmetic type (an optimizer's moments).
+template <class U, class T>
+std::vector<U> gather_params(layers::TpGroup<T>& tp, const std::vector<layers::ParamSpec>& specs,
+                             const std::vector<layers::ParamSpec>& global, std::int64_t total, const U* local) {
+  static_assert(std::is_same_v<U, T> || std::is_same_v<U, acc_t<T>>, "loom: gather() takes parameters or moments");
+  std::vector<U> out(static_cast<std::size_t>(total));
+  if (tp.size() == 1 && specs.size() == global.size()) {
+    std::copy_n(local, out.size(), out.data());
+    return out;
+  }
+  const int t = tp.size();
+  std::vector<std::int64_t> at(specs.size() + 1, 0);
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    std::int64_t width = 0;
+    for (int r = 0; r < t; ++r) width = std::max(width, specs[p].layout.for_rank(r).local_numel());
+    at[p + 1] = at[p] + width;
+  }
+  std::vector<U> send(static_cast<std::size_t>(at.back()), U(0)), recv(send.size() * t);
+  for (std::size_t p = 0; p < specs.size(); ++p)
+    std::copy_n(local + specs[p].offset, numel_of(specs[p].shape), send.data() + at[p]);
+  {
+    auto counted = tp.counting(layers::Phase::other);
+    if constexpr (std::is_same_v<U, T>) tp.all_gather(send.data(), recv.data(), send.size());
+    else tp.all_gather_acc(send.data(), recv.data(), send.size());
+  }
+  for (std::size_t p = 0; p < specs.size(); ++p)
+    for (int r = 0; r < t; ++r)
+      specs[p].layout.for_rank(r).place(recv.data() + r * send.size() + at[p],
+                                        out.data() + global[specs[p].index].offset);
+  return out;
+}
+
+//! This rank's part (laid out by `specs`) of a buffer in the single-rank layout (`global`), both in host memory;
+//! no communication.
+template <class U>
+void scatter_params(const std::vector<layers::ParamSpec>& specs, const std::vector<layers::ParamSpec>& global,
+                    const U* global_buffer, U* local) {
+  for (std::size_t p = 0; p < specs.size(); ++p)
+    specs[p].layout.scatter(global_buffer + global[specs[p].index].offset, local + specs[p].offset);
+}
+
+//! The gradients that several ranks of a tensor-parallel group hold, of the parameters of one part: with sequence
+//! parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that ranks share when
+//! kv_heads < TP. A backward keeps them (keep) before it adds to them, and sums what it added over the group once
+//! it is done (sum), in one all-reduce for all: gradients accumulated over micro-batches are summed once.
+template <class T>
+class SharedGradients {
+ public:
+  SharedGradients(const std::vector<layers::ParamSpec>& specs, bool sequence_parallel)
+      : specs_(specs), sequence_parallel_(sequence_parallel) {}
+
+  //! Remembers the shared gradients of parameters [first, last) before a backward adds to them.
+  void keep(const T* grads, std::size_t first, std::size_t last) { pack(grads, first, last, before_); }
+
+  //! Sums over tp what the backward added to the shared gradients of [first, last) since keep(first, last).
+  void sum(layers::TpGroup<T>& tp, T* grads, std::size_t first, std::size_t last) {
+    if (tp.size() == 1) return;
+    std::vector<T> buf;
+    if (!pack(grads, first, last, buf)) return;
+    LOOM_CHECK(buf.size() == before_.size(), "the shared gradients were summed without being kept");
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= before_[i];
+    {
+      auto counted = tp.counting(layers::Phase::grads);
+      tp.all_reduce(buf.data(), buf.size());
+    }
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += before_[i];
+    each(grads, first, last, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
+  }
+
+ private:
+  bool shared(const layers::ParamSpec& s) const {
+    return s.layout.shared_numel() > 0 && (!s.replicated || sequence_parallel_);
+  }
+  //! The shared gradients of [first, last) in one buffer laid out alike on every rank (zero where this rank holds
+  //! nothing); false when there are none.
+  bool pack(const T* grads, std::size_t first, std::size_t last, std::vector<T>& buf) const {
+    std::int64_t n = 0;
+    for (std::size_t p = first; p < last; ++p)
+      if (shared(specs_[p])) n += specs_[p].layout.shared_numel();
+    buf.assign(static_cast<std::size_t>(n), T(0));
+    if (n == 0) return false;
+    each(const_cast<T*>(grads), first, last, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(g, len, b); });
+    return true;
+  }
+  //! f(gradient piece, its place in the packed buffer, length) over the shared pieces of [first, last).
+  template <class F>
+  void each(T* grads, std::size_t first, std::size_t last, std::vector<T>& buf, F&& f) const {
+    std::int64_t at = 0;
+    for (std::size_t p = first; p < last; ++p) {
+      const auto& s = specs_[p];
+      if (!shared(s)) continue;
+      s.layout.for_each_shared_piece([&](std::int64_t lo, std::int64_t sh, std::int64_t len) {
+        f(grads + s.offset + lo, buf.data() + at + sh, len);
+      });
+      at += s.layout.shared_numel();
+    }
+  }
+
+  const std::vector<layers::ParamSpec>& specs_;
+  bool sequence_parallel_;
+  std::vector<T> before_;
+};
+
+}  // namespace loom::models
