@@ -1,0 +1,114 @@
+// The two ends of the GPT around its blocks: the embedding (tokens from the vocabulary-parallel table, plus learned
+// positions, then dropout) and the head (final norm, logits against the tied table, vocabulary-parallel
+// cross-entropy). Each call takes the parameters, the micro-batch's storage and its dropout it uses.
+#pragma once
+
+#include <loom/layers/vocab.hpp>
+#include <loom/models/gpt/activations.hpp>
+#include <loom/models/gpt/block.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::models {
+
+//! The embedding for one batch shape (N tokens of sequences of T), on this rank's rows of the region.
+template <class T, class Dev>
+class GptEmbedding {
+ public:
+  GptEmbedding(layers::Region<T, Dev> region, layers::VocabSlice slice, int seq)
+      : region_(region), emb_{region, slice}, seq_(seq) {}
+
+  //! x (this rank's rows x d) from ids (all N, where the kernels read them); full is N x d scratch with sequence
+  //! parallelism, else x.
+  void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
+    const int d = region_.C;
+    emb_.forward(ids, wte, full, x);
+    for_positions([&](int i, int n, int t0) { region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0); });
+    drop.forward(region_.ops, x, x, std::size_t(region_.rows()) * d, 0, 0);
+  }
+  //! Accumulates the tables' gradients from dx, the gradient of x (overwritten); dfull as full in forward.
+  void backward(const std::int32_t* ids, T* dx, T* dfull, T* dwte, T* dwpe, const Dropout& drop) const {
+    const int d = region_.C;
+    drop.backward(region_.ops, dx, dx, std::size_t(region_.rows()) * d, 0, 0);
+    emb_.backward(ids, dx, dfull, dwte);
+    for_positions([&](int i, int n, int t0) {
+      region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
+    });
+  }
+
+ private:
+  //! f(i, n, t0) for each run of n of this rank's rows, from row i, that are consecutive positions from t0.
+  template <class F>
+  void for_positions(F&& f) const {
+    const int rows = region_.rows(), first = region_.first_row();
+    for (int i = 0; i < rows;) {
+      const int t0 = (first + i) % seq_, n = std::min(seq_ - t0, rows - i);
+      f(i, n, t0);
+      i += n;
+    }
+  }
+
+  layers::Region<T, Dev> region_;
+  layers::VocabParallelEmbedding<T, Dev> emb_;
+  int seq_;
+};
+
+//! The head for one batch shape: the final norm on this rank's rows of the last block's output (slot.out), the
+//! logits of this rank's vocabulary against the tied table, and the loss.
+template <class T, class Dev>
+class GptHead {
+ public:
+  GptHead(layers::Region<T, Dev> region, layers::VocabSlice slice, float ln_eps)
+      : region_(region), ce_{region.tp, region.N, slice, region.ops}, slice_(slice), eps_(ln_eps) {}
+
+  //! The mean loss of the micro-batch in st, keeping what backward needs there.
+  double forward(GptSlot<T, Dev>& st, const T* wte, const T* lnf_w, const T* lnf_b) const {
+    const auto& ops = region_.ops;
+    const int N = region_.N, d = region_.C;
+    ops.layernorm_forward(st.out.data(), lnf_w, lnf_b, st.lnf.data(), st.lnf_mean.data(), st.lnf_rstd.data(),
+                          region_.rows(), d, eps_);
+    T* lnf_full = full_or(st.lnf_full, st.lnf.data());
+    region_.enter_forward(st.lnf.data(), lnf_full);
+    ops.matmul(lnf_full, wte, st.logits.data(), N, slice_.count, d, false, true);
+    ce_.forward(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
+    return ops.sum(st.losses.data(), std::size_t(N)) / N;
+  }
+  //! dx, the gradient of the last block's output, from the loss scaled by `scale` (the logits in st become their
+  //! gradient); dlnf (this rank's rows x d) keeps the norm's output gradient for backward_weight. dlnf_full and
+  //! dloss are scratch (N x d with sequence parallelism, N).
+  void backward_input(GptSlot<T, Dev>& st, double scale, const T* wte, const T* lnf_w, T* dlnf, T* dlnf_full,
+                      T* dloss, T* dx) const {
+    const auto& ops = region_.ops;
+    const int N = region_.N, d = region_.C;
+    ops.fill(dloss, std::size_t(N), static_cast<T>(scale / N));
+    T* logits = st.logits.data();
+    ce_.backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss, logits);
+    T* dfull = region_.sequence_parallel ? dlnf_full : dlnf;
+    ops.matmul(logits, wte, dfull, N, d, slice_.count, false, false);
+    region_.enter_backward(dfull, dlnf);
+    ops.layernorm_backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx,
+                                 region_.rows(), d);
+  }
+  //! Accumulates the tied table's gradient (this rank's vocabulary rows) and the final norm's.
+  void backward_weight(const GptSlot<T, Dev>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
+    const auto& ops = region_.ops;
+    const int N = region_.N, d = region_.C;
+    ops.matmul(st.logits.data(), full_or(st.lnf_full, st.lnf.data()), dwte, slice_.count, d, N, true, false, 1.0f,
+               1.0f);
+    ops.layernorm_backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
+                                  region_.rows(), d);
+  }
+
+ private:
+  //! Where a full (N-row) tensor lives: buf with sequence parallelism, else alt (this rank holds every row).
+  T* full_or(const Tensor<T, Dev>& buf, T* alt) const { return region_.sequence_parallel ? buf.data() : alt; }
+
+  layers::Region<T, Dev> region_;
+  layers::VocabParallelCrossEntropy<T, Dev> ce_;
+  layers::VocabSlice slice_;
+  float eps_;
+};
+
+}  // namespace loom::models

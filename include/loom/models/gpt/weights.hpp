@@ -1,0 +1,171 @@
+// The GPT's parameters as one rank holds them: its part of each, in one flat buffer on its device, initialised from
+// a seed so that every layout starts from the same whole model; their gradients; their views by name; the global
+// gradient norm; and the whole model gathered from, or scattered to, the tensor-parallel group.
+#pragma once
+
+#include <loom/config.hpp>
+#include <loom/kernels/ops.hpp>
+#include <loom/layers/tp.hpp>
+#include <loom/models/gpt/param_table.hpp>
+#include <loom/models/gpt/shape.hpp>
+#include <loom/models/gpt/sharding.hpp>
+#include <loom/tensor/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace loom::models {
+
+//! The parameters and gradients of a GPT of shape S (or of a pipeline part of it) on this rank of the
+//! tensor-parallel group of layout Cfg, on device Dev. models::Gpt computes with them.
+template <GptShape S, class T, class Cfg, class Dev>
+class GptWeights {
+  static_assert(ImplementedRules<Cfg>::ok);
+  static_assert(DeviceRules<Dev, Cfg>::ok);
+
+ protected:
+  using Buf = Tensor<T, Dev>;
+
+ public:
+  using acc = loom::acc_t<T>;
+  static constexpr std::size_t no_param = models::no_param;
+  static constexpr GptShape shape = S;
+  static constexpr int tp_size = Cfg::template size<Axis::tp>;
+  static constexpr bool sequence_parallel = Cfg::sequence_parallel;
+  static_assert(TensorParallelRules<S, tp_size, sequence_parallel>::ok);
+
+  //! The parameters of tensor-parallel rank tp_rank in part `part` (gpt_param_specs); global: the whole model's.
+  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {
+    return gpt_param_specs<S, T>(global ? 1 : tp_size, global ? 0 : tp_rank, part);
+  }
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  //! Parameters and gradients in one flat buffer each, on Dev.
+  const Buf& params() const { return params_; }
+  const Buf& grads() const { return grads_; }
+  //! A view of this rank's part of one parameter (or its gradient) by its Hugging Face name.
+  Buf param(std::string_view name) const { return view_of(params_, name); }
+  Buf grad(std::string_view name) const { return view_of(grads_, name); }
+  void zero_grad() { grads_.fill(T(0)); }
+  //! The operations the model runs on its device (on CUDA: with the stream they are issued on).
+  const kernels::Ops<Dev>& ops() const { return ops_; }
+  int tp_rank() const { return tp_.rank(); }
+  //! The tensor-parallel group, with the counts of the collectives the model has issued.
+  layers::TpGroup<T>& tp() { return tp_; }
+  const layers::TpGroup<T>& tp() const { return tp_; }
+
+  //! Whether this part holds the embedding (block 0), the loss (the last block); its blocks [first, last).
+  bool embedding() const { return ix_.wpe != no_param; }
+  bool head() const { return ix_.lnf_w != no_param; }
+  int first_layer() const { return ix_.first; }
+  int last_layer() const { return ix_.last; }
+
+  //! The global gradient norm: each element of the whole model counted once, whichever ranks hold it.
+  double grad_norm() { return std::sqrt(grad_square()); }
+  //! The sum of squares of this part's gradients over its tensor-parallel group, each element counted once;
+  //! without the tied table when skip_tied (a pipeline counts it on one of the two stages that hold it).
+  double grad_square(bool skip_tied = false) {
+    double local = 0;
+    for (std::size_t p = 0; p < specs_.size(); ++p) {
+      if (skip_tied && p == ix_.wte) continue;
+      const T* g = grad_ptr(p);
+      specs_[p].layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
+        local += ops_.sum_squares(g + lo, static_cast<std::size_t>(n)) / replicas;
+      });
+    }
+    std::vector<acc> sq{static_cast<acc>(local)};
+    auto counted = tp_.counting(layers::Phase::grads);
+    tp_.all_reduce_acc(sq.data(), 1, comm::Reduce::sum);
+    return static_cast<double>(sq[0]);
+  }
+  //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else empty.
+  std::span<T> tied_grad() {
+    if (ix_.wte == no_param) return {};
+    return {grad_ptr(ix_.wte), static_cast<std::size_t>(numel_of(specs_[ix_.wte].shape))};
+  }
+  //! Bytes of this rank's parameters: those every tensor-parallel rank holds in full, and its part of the others.
+  struct ParamBytes {
+    std::size_t replicated, sharded;
+  };
+  ParamBytes param_bytes() const {
+    ParamBytes b{0, 0};
+    for (const auto& s : specs_) (s.replicated ? b.replicated : b.sharded) += numel_of(s.shape) * sizeof(T);
+    return b;
+  }
+  //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments, U = acc) in the
+  //! single-rank layout, in host memory on every rank (gather_params: a collective over the tensor-parallel
+  //! group); local is in Dev's memory.
+  template <class U>
+  std::vector<U> gather(const U* local) {
+    std::vector<U> staged;
+    if constexpr (!on_host) {
+      staged.resize(static_cast<std::size_t>(params_.numel()));
+      ops_.to_host(local, staged.data(), staged.size());
+      local = staged.data();
+    }
+    return gather_params(tp_, specs_, param_specs(0, true), S.params(), local);
+  }
+  //! Sets this rank's part (local, in Dev's memory) from a buffer in the single-rank layout in host memory (no
+  //! communication).
+  template <class U>
+  void scatter(const U* global_buffer, U* local) const {
+    if constexpr (!on_host) {  // every element of local is written: build it on the host, copy it over
+      std::vector<U> staged(static_cast<std::size_t>(params_.numel()));
+      scatter_params(specs_, param_specs(0, true), global_buffer, staged.data());
+      ops_.from_host(staged.data(), local, staged.size());
+    } else {
+      scatter_params(specs_, param_specs(0, true), global_buffer, local);
+    }
+  }
+ protected:
+  static constexpr bool on_host = kernels::is_host_v<Dev>;
+
+  GptWeights(layers::TpGroup<T> tp, std::uint64_t seed, GptPart part)
+      : tp_(std::move(tp)), ix_(S.layers, part), specs_(param_specs(tp_.rank(), false, part)),
+        shared_(specs_, sequence_parallel) {
+    LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= S.layers, "a part of the model holds blocks [",
+               part.first, ", ", part.last, "), which is not a non-empty range of 0..", S.layers);
+    LOOM_CHECK(tp_.size() == tp_size, "the tensor-parallel communicator has ", tp_.size(), " ranks but the layout ",
+               Cfg::name(), " has tp = ", tp_size);
+    const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
+    params_ = Buf::zeros({n});
+    grads_ = Buf::zeros({n});
+    if constexpr (on_host) {
+      layers::initialise(specs_, params_.data(), seed);
+    } else {  // made on the host, element by element as there, then copied
+      const auto init = Tensor<T>::zeros({n});
+      layers::initialise(specs_, init.data(), seed);
+      ops_.from_host(init.data(), params_.data(), static_cast<std::size_t>(n));
+    }
+  }
+  GptWeights(const GptWeights&) = delete;
+  GptWeights& operator=(const GptWeights&) = delete;
+
+  T* param_ptr(std::size_t p) const { return params_.data() + specs_[p].offset; }
+  T* grad_ptr(std::size_t p) const { return grads_.data() + specs_[p].offset; }
+  Buf view_of(const Buf& buf, std::string_view name) const {
+    for (const auto& s : specs_)
+      if (s.name == name) return buf.slice(0, s.offset, s.offset + numel_of(s.shape)).view(s.shape);
+    throw Error(loom::detail::cat("loom: the model has no parameter named '", name, "'"));
+  }
+  //! A backward keeps the gradients that tensor-parallel ranks share before it adds to those of r, and sums them
+  //! over the group after.
+  void keep_shared(ParamRange r) {
+    if constexpr (tp_size > 1) shared_.keep(grads_.data(), r.first, r.last);
+  }
+  void sum_shared(ParamRange r) {
+    if constexpr (tp_size > 1) shared_.sum(tp_, grads_.data(), r.first, r.last);
+  }
+
+  kernels::Ops<Dev> ops_{};
+  layers::TpGroup<T> tp_;
+  GptParamIndex ix_;
+  std::vector<ParamSpec> specs_;
+  SharedGradients<T> shared_;  //!< refers to specs_
+  Buf params_, grads_;
+};
+
+}  // namespace loom::models
