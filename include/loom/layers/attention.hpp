@@ -11,7 +11,7 @@
 
 namespace loom::layers {
 
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct ParallelAttention {
   using acc = typename kernels::Ops<Dev>::template acc_t<T>;
   using Tensor = loom::Tensor<T, Dev>;
@@ -38,8 +38,8 @@ struct ParallelAttention {
     RowParallelLinear<T>::declare(t, prefix + "c_proj", {{heads, hd}}, d, std_proj);
   }
 
-  ParallelAttention(Region<T, Dev> r, int B, int T_, int heads, int kv_heads, int head_dim)
-      : B_(B), T_(T_), hq_(heads / r.tp->size()), hkv_(static_cast<int>(units_of(kv_heads, r.tp->size(), 0).count)),
+  ParallelAttention(Region<T, Dev, Tp> r, int B, int T_, int heads, int kv_heads, int head_dim)
+      : B_(B), T_(T_), hq_(heads / Tp::size), hkv_(static_cast<int>(units_of(kv_heads, Tp::size, 0).count)),
         hd_(head_dim), qkv_{r, (hq_ + 2 * hkv_) * head_dim}, proj_{r, hq_ * head_dim} {}
 
   int local_heads() const { return hq_; }
@@ -48,52 +48,52 @@ struct ParallelAttention {
   Acts make_acts() const {
     const std::int64_t N = qkv_.region.N;
     Acts a{Tensor(), Tensor({N, qkv_.out}), Tensor({N, proj_.in}), AccTensor({std::int64_t{B_} * hq_ * T_})};
-    if (qkv_.region.sequence_parallel) a.in_full = Tensor({N, qkv_.region.C});
+    if constexpr (sp) a.in_full = Tensor({N, qkv_.region.C});
     return a;
   }
   Grads make_grads() const {
     const std::int64_t N = qkv_.region.N, d = qkv_.region.C;
     Grads g{Tensor(), Tensor({N, proj_.in}), Tensor({N, qkv_.out}), Tensor()};
-    if (qkv_.region.sequence_parallel) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
+    if constexpr (sp) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
     return g;
   }
 
   //! The input every rank uses: gathered with sequence parallelism, else x itself.
-  const T* input_full(const T* x, const Acts& a) const { return sp() ? a.in_full.data() : x; }
+  const T* input_full(const T* x, const Acts& a) const { return sp ? a.in_full.data() : x; }
 
   //! y (this rank's rows x d) from x (this rank's rows x d); partial is N x d scratch (may be y without sequence
   //! parallelism).
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
-    qkv_.forward(x, sp() ? a.in_full.data() : const_cast<T*>(x), w.qkv_w, w.qkv_b, a.qkv.data());
+    qkv_.forward(x, sp ? a.in_full.data() : const_cast<T*>(x), w.qkv_w, w.qkv_b, a.qkv.data());
     const T* q = a.qkv.data();
     qkv_.region.ops.attention_forward(q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(), a.lse.data(), shape());
-    proj_.forward(a.out.data(), w.proj_w, w.proj_b, sp() ? partial : y, y);
+    proj_.forward(a.out.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
   }
   //! dx (this rank's rows x d) from dy; keeps what backward_weight needs in g.
   void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx) const {
-    T* dy_full = sp() ? g.dy_full.data() : const_cast<T*>(dy);
+    T* dy_full = sp ? g.dy_full.data() : const_cast<T*>(dy);
     proj_.backward_input(dy, dy_full, w.proj_w, g.dout.data());
     const T* q = a.qkv.data();
     T* dq = g.dqkv.data();
     qkv_.region.ops.attention_backward(g.dout.data(), q, q + hq_ * hd_, q + (hq_ + hkv_) * hd_, a.out.data(),
                                        a.lse.data(), dq, dq + hq_ * hd_, dq + (hq_ + hkv_) * hd_, shape());
-    qkv_.backward_input(dq, w.qkv_w, sp() ? g.dx_full.data() : dx, dx);
+    qkv_.backward_input(dq, w.qkv_w, sp ? g.dx_full.data() : dx, dx);
   }
   //! Accumulates the weight gradients; x is the block's input to this layer, dy the gradient of its output.
   void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
-    proj_.backward_weight(a.out.data(), sp() ? g.dy_full.data() : dy, dy, dw.proj_w, dw.proj_b);
+    proj_.backward_weight(a.out.data(), sp ? g.dy_full.data() : dy, dy, dw.proj_w, dw.proj_b);
     qkv_.backward_weight(input_full(x, a), g.dqkv.data(), dw.qkv_w, dw.qkv_b);
   }
 
  private:
-  bool sp() const { return qkv_.region.sequence_parallel; }
+  static constexpr bool sp = Tp::sequence_parallel;
   kernels::AttentionShape shape() const {
     return {B_, T_, hq_, hkv_, hd_, qkv_.out, qkv_.out, proj_.in, 1.0 / std::sqrt(static_cast<double>(hd_))};
   }
 
   int B_, T_, hq_, hkv_, hd_;
-  ColumnParallelLinear<T, Dev> qkv_;
-  RowParallelLinear<T, Dev> proj_;
+  ColumnParallelLinear<T, Dev, Tp> qkv_;
+  RowParallelLinear<T, Dev, Tp> proj_;
 };
 
 }  // namespace loom::layers

@@ -18,7 +18,7 @@ inline std::int64_t extent_of(const std::vector<Segment>& segments) {
   return n;
 }
 
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct ColumnParallelLinear {
   using weight_placement = Shard<1>;
   using bias_placement = Shard<0>;
@@ -30,7 +30,7 @@ struct ColumnParallelLinear {
     t.add<bias_placement>(name + ".bias", {extent_of(out)}, false, 0, 0, out);
   }
 
-  Region<T, Dev> region;  //!< N tokens of `in` features
+  Region<T, Dev, Tp> region;  //!< N tokens of `in` features
   int out;           //!< local output features
 
   //! y (N x out) = x_full W + b, where x_full (N x in) is gathered from this rank's rows of x (or is x).
@@ -51,7 +51,7 @@ struct ColumnParallelLinear {
   }
 };
 
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct RowParallelLinear {
   using weight_placement = Shard<0>;
   using bias_placement = Replicate;
@@ -63,7 +63,7 @@ struct RowParallelLinear {
     t.add<bias_placement>(name + ".bias", {out}, false, 0);
   }
 
-  Region<T, Dev> region;  //!< N tokens of `out` features
+  Region<T, Dev, Tp> region;  //!< N tokens of `out` features
   int in;            //!< local input features
 
   //! y (this rank's rows x out) = the sum over ranks of x W (partial: N x out, may be y without sequence

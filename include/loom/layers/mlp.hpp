@@ -7,7 +7,7 @@
 
 namespace loom::layers {
 
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct ParallelMlp {
   using Tensor = loom::Tensor<T, Dev>;
   struct Params {
@@ -26,42 +26,42 @@ struct ParallelMlp {
     RowParallelLinear<T>::declare(t, prefix + "c_proj", {{d_ff, 1}}, d, std_proj);
   }
 
-  ParallelMlp(Region<T, Dev> r, int d_ff) : fc_{r, d_ff / r.tp->size()}, proj_{r, d_ff / r.tp->size()} {}
+  ParallelMlp(Region<T, Dev, Tp> r, int d_ff) : fc_{r, d_ff / Tp::size}, proj_{r, d_ff / Tp::size} {}
 
   Acts make_acts() const {
     const std::int64_t N = fc_.region.N;
     Acts a{Tensor(), Tensor({N, fc_.out}), Tensor({N, fc_.out})};
-    if (sp()) a.in_full = Tensor({N, fc_.region.C});
+    if constexpr (sp) a.in_full = Tensor({N, fc_.region.C});
     return a;
   }
   Grads make_grads() const {
     const std::int64_t N = fc_.region.N, d = fc_.region.C;
     Grads g{Tensor(), Tensor({N, fc_.out}), Tensor()};
-    if (sp()) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
+    if constexpr (sp) g.dy_full = Tensor({N, d}), g.dx_full = Tensor({N, d});
     return g;
   }
 
-  const T* input_full(const T* x, const Acts& a) const { return sp() ? a.in_full.data() : x; }
+  const T* input_full(const T* x, const Acts& a) const { return sp ? a.in_full.data() : x; }
 
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
-    fc_.forward(x, sp() ? a.in_full.data() : const_cast<T*>(x), w.fc_w, w.fc_b, a.h.data());
+    fc_.forward(x, sp ? a.in_full.data() : const_cast<T*>(x), w.fc_w, w.fc_b, a.h.data());
     fc_.region.ops.gelu_forward(a.h.data(), a.g.data(), a.h.numel());
-    proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp() ? partial : y, y);
+    proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
   }
   void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx) const {
-    proj_.backward_input(dy, sp() ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, g.dg.data());
+    proj_.backward_input(dy, sp ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, g.dg.data());
     fc_.region.ops.gelu_backward(a.h.data(), g.dg.data(), g.dg.data(), a.h.numel());
-    fc_.backward_input(g.dg.data(), w.fc_w, sp() ? g.dx_full.data() : dx, dx);
+    fc_.backward_input(g.dg.data(), w.fc_w, sp ? g.dx_full.data() : dx, dx);
   }
   void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
-    proj_.backward_weight(a.g.data(), sp() ? g.dy_full.data() : dy, dy, dw.proj_w, dw.proj_b);
+    proj_.backward_weight(a.g.data(), sp ? g.dy_full.data() : dy, dy, dw.proj_w, dw.proj_b);
     fc_.backward_weight(input_full(x, a), g.dg.data(), dw.fc_w, dw.fc_b);
   }
 
  private:
-  bool sp() const { return fc_.region.sequence_parallel; }
-  ColumnParallelLinear<T, Dev> fc_;
-  RowParallelLinear<T, Dev> proj_;
+  static constexpr bool sp = Tp::sequence_parallel;
+  ColumnParallelLinear<T, Dev, Tp> fc_;
+  RowParallelLinear<T, Dev, Tp> proj_;
 };
 
 }  // namespace loom::layers

@@ -8,12 +8,13 @@
 #pragma once
 
 #include <loom/comm/types.hpp>
+#include <loom/core/error.hpp>
 #include <loom/kernels/ops.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <span>
 
 namespace loom::layers {
@@ -30,55 +31,102 @@ struct CollectiveCounts {
   double volume = 0;
 };
 
-//! A tensor-parallel group of any communicator, behind one interface, counting what it issues. Default-constructed
-//! it is a group of one rank, where every operator is the identity.
+//! The tensor-parallel degree and sequence parallelism that layers are compiled for: the tp axis of the layout
+//! type, TP<Size> or TP<Size, SequenceParallel>. Every size and branch that depends on them is a constant.
+template <int Size, bool SequenceParallel = false>
+struct TensorParallel {
+  static_assert(Size >= 1, "loom: a tensor-parallel group has at least one rank");
+  static constexpr int size = Size;
+  static constexpr bool sequence_parallel = SequenceParallel;
+};
+//! Whether Tp is a TensorParallel<...>.
+template <class Tp>
+inline constexpr bool is_tensor_parallel_v = false;
+template <int Size, bool SequenceParallel>
+inline constexpr bool is_tensor_parallel_v<TensorParallel<Size, SequenceParallel>> = true;
+
+namespace detail {
+
+//! The collectives a tensor-parallel group issues, on whichever communicator it was given.
 template <class T>
+struct TpLink {
+  using acc = loom::acc_t<T>;
+  virtual ~TpLink() = default;
+  virtual void all_reduce(std::span<T> x) = 0;
+  virtual void all_reduce_acc(std::span<acc> x, comm::Reduce op) = 0;
+  virtual void all_gather(std::span<const T> in, std::span<T> out) = 0;
+  virtual void all_gather_acc(std::span<const acc> in, std::span<acc> out) = 0;
+  virtual void reduce_scatter(std::span<const T> in, std::span<T> out) = 0;
+};
+template <class T, class C>
+struct TpLinkOf final : TpLink<T> {
+  using acc = loom::acc_t<T>;
+  explicit TpLinkOf(C& c) : c(c) {}
+  void all_reduce(std::span<T> x) override { c.all_reduce(x, comm::Reduce::sum); }
+  void all_reduce_acc(std::span<acc> x, comm::Reduce op) override { c.all_reduce(x, op); }
+  void all_gather(std::span<const T> in, std::span<T> out) override { c.all_gather(in, out); }
+  void all_gather_acc(std::span<const acc> in, std::span<acc> out) override { c.all_gather(in, out); }
+  void reduce_scatter(std::span<const T> in, std::span<T> out) override {
+    c.reduce_scatter(in, out, comm::Reduce::sum);
+  }
+  C& c;
+};
+
+}  // namespace detail
+
+//! The tensor-parallel group of Tp::size ranks as layers see it, on any communicator, counting what it issues. A
+//! group of one (Tp::size == 1) needs no communicator, and every operator is the identity at compile time.
+template <class T, class Tp>
 class TpGroup {
+  static_assert(is_tensor_parallel_v<Tp>, "loom: TpGroup<T, Tp> takes a layers::TensorParallel<size, sp>");
+
  public:
   using acc = loom::acc_t<T>;
+  using spec = Tp;
+  static constexpr int size() { return Tp::size; }
 
-  TpGroup() = default;
+  TpGroup()
+    requires(Tp::size == 1)
+  = default;
+  //! The group of communicator c, which must have Tp::size ranks.
   template <class C>
-  explicit TpGroup(C& c) : size_(c.size()), rank_(c.rank()) {
-    all_reduce_ = [&c](std::span<T> x) { c.all_reduce(x, comm::Reduce::sum); };
-    all_reduce_acc_ = [&c](std::span<acc> x, comm::Reduce op) { c.all_reduce(x, op); };
-    all_gather_ = [&c](std::span<const T> in, std::span<T> out) { c.all_gather(in, out); };
-    all_gather_acc_ = [&c](std::span<const acc> in, std::span<acc> out) { c.all_gather(in, out); };
-    reduce_scatter_ = [&c](std::span<const T> in, std::span<T> out) { c.reduce_scatter(in, out, comm::Reduce::sum); };
+  explicit TpGroup(C& c) : rank_(c.rank()), link_(std::make_unique<detail::TpLinkOf<T, C>>(c)) {
+    LOOM_CHECK(c.size() == Tp::size, "the tensor-parallel communicator has ", c.size(), " ranks but the layout has tp = ",
+               Tp::size);
   }
 
-  int size() const { return size_; }
   int rank() const { return rank_; }
 
   //! x = sum over the group of x.
   void all_reduce(T* x, std::size_t n) {
-    if (size_ == 1) return;
-    note(n).all_reduce++;
-    all_reduce_({x, n});
+    if constexpr (Tp::size > 1) {
+      note(n).all_reduce++;
+      link_->all_reduce({x, n});
+    }
   }
   //! In the arithmetic type (loss partials), with any reduction.
   void all_reduce_acc(acc* x, std::size_t n, comm::Reduce op) {
-    if (size_ == 1) return;
-    note(n).all_reduce++;
-    all_reduce_acc_({x, n}, op);
+    if constexpr (Tp::size > 1) {
+      note(n).all_reduce++;
+      link_->all_reduce_acc({x, n}, op);
+    }
   }
   //! out (size() * n) = the n elements of every rank, in rank order.
   void all_gather(const T* in, T* out, std::size_t n) {
-    if (size_ == 1) return copy(in, out, n);
-    note(n * size_, 1).all_gather++;
-    all_gather_({in, n}, {out, n * size_});
+    gather(in, out, n, [&] { link_->all_gather({in, n}, {out, n * Tp::size}); });
   }
   //! all_gather in the arithmetic type (optimizer state).
   void all_gather_acc(const acc* in, acc* out, std::size_t n) {
-    if (size_ == 1) return copy(in, out, n);
-    note(n * size_, 1).all_gather++;
-    all_gather_acc_({in, n}, {out, n * size_});
+    gather(in, out, n, [&] { link_->all_gather_acc({in, n}, {out, n * Tp::size}); });
   }
   //! out (n) = block rank() of the sum over the group of in (size() * n).
   void reduce_scatter(const T* in, T* out, std::size_t n) {
-    if (size_ == 1) return copy(in, out, n);
-    note(n * size_, 1).reduce_scatter++;
-    reduce_scatter_({in, n * size_}, {out, n});
+    if constexpr (Tp::size == 1) {
+      copy(in, out, n);
+    } else {
+      note(n * Tp::size, 1).reduce_scatter++;
+      link_->reduce_scatter({in, n * Tp::size}, {out, n});
+    }
   }
 
   //! While it lives, the collectives this group issues are counted under one phase; the phase before comes back
@@ -101,6 +149,15 @@ class TpGroup {
   void reset_counts() { counts_ = {}; }
 
  private:
+  template <class U, class Issue>
+  void gather(const U* in, U* out, std::size_t n, Issue&& issue) {
+    if constexpr (Tp::size == 1) {
+      copy(in, out, n);
+    } else {
+      note(n * Tp::size, 1).all_gather++;
+      issue();
+    }
+  }
   template <class U>
   static void copy(const U* in, U* out, std::size_t n) {
     if (in != out) std::copy_n(in, n, out);
@@ -108,43 +165,43 @@ class TpGroup {
   //! Records a collective over a tensor of n elements; an all-reduce sends its data twice.
   CollectiveCounts& note(std::size_t n, int passes = 2) {
     auto& c = counts_[static_cast<int>(phase_)];
-    c.volume += passes * static_cast<double>(n) * (size_ - 1) / size_;
+    c.volume += passes * static_cast<double>(n) * (Tp::size - 1) / Tp::size;
     return c;
   }
 
-  int size_ = 1, rank_ = 0;
+  int rank_ = 0;
+  std::unique_ptr<detail::TpLink<T>> link_;
   Phase phase_ = Phase::other;  // the phase counts are recorded under (PhaseScope)
-  std::function<void(std::span<T>)> all_reduce_;
-  std::function<void(std::span<acc>, comm::Reduce)> all_reduce_acc_;
-  std::function<void(std::span<const T>, std::span<T>)> all_gather_, reduce_scatter_;
-  std::function<void(std::span<const acc>, std::span<acc>)> all_gather_acc_;
   std::array<CollectiveCounts, 4> counts_{};
 };
 
 //! The edges of a tensor-parallel region over N tokens of C features. Outside the region a rank holds rows()
-//! tokens: all N, or with sequence parallelism its N / t consecutive ones, starting at first_row(). The layers of
-//! the region compute on Dev through ops; on a device the model allows only a group of one, which issues no
-//! collective (models::DeviceRules).
-template <class T, class Dev = Host>
+//! tokens: all N, or with sequence parallelism (Tp::sequence_parallel) its N / t consecutive ones, starting at
+//! first_row(). The layers of the region compute on Dev through ops; on a device the model allows only a group of
+//! one, which issues no collective (models::DeviceRules).
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct Region {
-  TpGroup<T>* tp;
-  bool sequence_parallel;
+  static constexpr bool sequence_parallel = Tp::sequence_parallel;
+  TpGroup<T, Tp>* tp;
   int N, C;
   kernels::Ops<Dev> ops{};
 
-  int rows() const { return sequence_parallel ? N / tp->size() : N; }
+  int rows() const { return sequence_parallel ? N / Tp::size : N; }
   int first_row() const { return sequence_parallel ? tp->rank() * rows() : 0; }
 
   //! Entering, forward: full (N x C) from this rank's rows of x. Without sequence parallelism full may be x.
   void enter_forward(const T* x, T* full) const {
-    if (sequence_parallel) tp->all_gather(x, full, std::size_t(rows()) * C);
+    if constexpr (sequence_parallel) tp->all_gather(x, full, std::size_t(rows()) * C);
     else ops.copy(x, full, std::size_t(N) * C);
   }
   //! Entering, backward: dx (this rank's rows) from the partial gradients (N x C) of every rank; may be in place.
   void enter_backward(T* dfull, T* dx) const {
-    if (sequence_parallel) return tp->reduce_scatter(dfull, dx, std::size_t(rows()) * C);
-    tp->all_reduce(dfull, std::size_t(N) * C);
-    ops.copy(dfull, dx, std::size_t(N) * C);
+    if constexpr (sequence_parallel) {
+      tp->reduce_scatter(dfull, dx, std::size_t(rows()) * C);
+    } else {
+      tp->all_reduce(dfull, std::size_t(N) * C);
+      ops.copy(dfull, dx, std::size_t(N) * C);
+    }
   }
   //! Leaving, forward: this rank's rows of the sum of every rank's partial output (N x C); may be in place.
   void exit_forward(T* partial, T* y) const { enter_backward(partial, y); }

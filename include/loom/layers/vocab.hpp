@@ -22,7 +22,7 @@ inline VocabSlice vocab_slice(int V, int t, int r) {
 
 //! Looks up tokens in this rank's rows of the table (zero for tokens held elsewhere) and sums over the group, as
 //! the region's exit: all-reduce, or reduce-scatter to this rank's tokens with sequence parallelism.
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct VocabParallelEmbedding {
   using weight_placement = Shard<0>;
 
@@ -30,7 +30,7 @@ struct VocabParallelEmbedding {
     t.add<weight_placement>(name + ".weight", {vocab, dim}, true, init_std);
   }
 
-  Region<T, Dev> region;  //!< N tokens of dim features
+  Region<T, Dev, Tp> region;  //!< N tokens of dim features
   VocabSlice slice;
 
   //! out (this rank's rows x dim) from the N ids (in Dev's memory), through full (N x dim; may be out without
@@ -49,10 +49,10 @@ struct VocabParallelEmbedding {
 //! Cross-entropy of N rows of logits over this rank's slice of the vocabulary. Forward issues two all-reduces: the
 //! row maxima, then the rescaled sums of exp together with the target logits (on a device, only a group of one,
 //! which issues none: models::DeviceRules).
-template <class T, class Dev = Host>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct VocabParallelCrossEntropy {
   using acc = typename kernels::Ops<Dev>::template acc_t<T>;
-  TpGroup<T>* tp;
+  TpGroup<T, Tp>* tp;
   int N;
   VocabSlice slice;
   kernels::Ops<Dev> ops{};

@@ -14,9 +14,9 @@ namespace loom::models {
 
 //! What one micro-batch in flight keeps: its blocks' activations, its output (the next part's input, or the final
 //! residual), and in the part with the loss the final norm, the logits and the loss statistics.
-template <class T, class Dev>
+template <class T, class Dev, class Tp>
 struct GptSlot {
-  using Block = GptBlock<T, Dev>;
+  using Block = GptBlock<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
   using AccBuf = Tensor<loom::acc_t<T>, Dev>;
 
@@ -43,9 +43,9 @@ struct GptSlot {
 
 //! What a split backward keeps per slot between B (input gradients) and W (weight gradients): each block's branch
 //! gradients, the final norm's output gradient, the embedding's output gradient.
-template <class T, class Dev>
+template <class T, class Dev, class Tp>
 struct GptSplit {
-  std::vector<typename GptBlock<T, Dev>::Grads> blocks;
+  std::vector<typename GptBlock<T, Dev, Tp>::Grads> blocks;
   Tensor<T, Dev> dlnf, dx;
 };
 
@@ -53,18 +53,18 @@ struct GptSplit {
 struct GptActivationShape {
   std::int64_t rows, tokens, d_model, vocab_rows;  //!< this rank's rows, all N tokens, width, its vocabulary
   int blocks;
-  bool embedding, head, recompute, sequence_parallel;
+  bool embedding, head, recompute;
 };
 
 //! Every slot's storage and the scratch the calls share, for one batch shape.
-template <class T, class Dev>
+template <class T, class Dev, class Tp>
 struct GptActivations {
-  using Block = GptBlock<T, Dev>;
+  using Block = GptBlock<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
   using AccBuf = Tensor<loom::acc_t<T>, Dev>;
 
-  std::vector<GptSlot<T, Dev>> slots;
-  std::vector<GptSplit<T, Dev>> splits;  //!< made on a slot's first split backward
+  std::vector<GptSlot<T, Dev, Tp>> slots;
+  std::vector<GptSplit<T, Dev, Tp>> splits;  //!< made on a slot's first split backward
   typename Block::Acts scratch_act;      //!< with recompute: the block being recomputed
   typename Block::Grads grads;           //!< the branch gradients of a backward that is not split
   Buf recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss;
@@ -72,7 +72,7 @@ struct GptActivations {
   //! Storage for shape s in every slot (n of them), made by block's layers.
   void allocate(int n, const GptActivationShape& s, const Block& block) {
     const std::int64_t rows = s.rows, N = s.tokens, d = s.d_model;
-    slots.assign(static_cast<std::size_t>(n), GptSlot<T, Dev>{});
+    slots.assign(static_cast<std::size_t>(n), GptSlot<T, Dev, Tp>{});
     for (auto& st : slots) {
       st.act.resize(static_cast<std::size_t>(s.blocks));
       st.inputs.resize(static_cast<std::size_t>(s.blocks));
@@ -87,7 +87,7 @@ struct GptActivations {
         st.lnf = Buf({rows, d});
         st.lnf_mean = AccBuf({rows});
         st.lnf_rstd = AccBuf({rows});
-        if (s.sequence_parallel) st.lnf_full = Buf({N, d});
+        if (Tp::sequence_parallel) st.lnf_full = Buf({N, d});
         st.logits = Buf({N, s.vocab_rows});
         st.losses = Buf({N});
         st.row_max = AccBuf({N});
@@ -100,14 +100,14 @@ struct GptActivations {
     dlnf = Buf({rows, d});
     dx = Buf({rows, d});
     partial = emb_full = dlnf_full = Buf();
-    if (s.sequence_parallel) partial = Buf({N, d}), emb_full = Buf({N, d}), dlnf_full = Buf({N, d});
+    if (Tp::sequence_parallel) partial = Buf({N, d}), emb_full = Buf({N, d}), dlnf_full = Buf({N, d});
     dloss = Buf({N});
     grads = block.make_grads();
   }
 
   //! The split-backward storage of slot `slot`, made on first use.
-  GptSplit<T, Dev>& split(int slot, const GptActivationShape& s, const Block& block) {
-    if (splits.size() != slots.size()) splits.assign(slots.size(), GptSplit<T, Dev>{});
+  GptSplit<T, Dev, Tp>& split(int slot, const GptActivationShape& s, const Block& block) {
+    if (splits.size() != slots.size()) splits.assign(slots.size(), GptSplit<T, Dev, Tp>{});
     auto& sp = splits[static_cast<std::size_t>(slot)];
     if (sp.blocks.empty()) {
       for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads());

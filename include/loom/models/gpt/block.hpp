@@ -37,13 +37,14 @@ struct Dropout {
   }
 };
 
-//! The block's computation for one batch shape (B sequences of T tokens), on the rows of the region.
-template <class T, class Dev>
+//! The block's computation for one batch shape (B sequences of T tokens), on the rows of the region, for the
+//! tensor-parallel group Tp (a layers::TensorParallel).
+template <class T, class Dev, class Tp>
 class GptBlock {
  public:
   using acc = loom::acc_t<T>;
-  using Attention = layers::ParallelAttention<T, Dev>;
-  using Mlp = layers::ParallelMlp<T, Dev>;
+  using Attention = layers::ParallelAttention<T, Dev, Tp>;
+  using Mlp = layers::ParallelMlp<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
   using AccBuf = Tensor<acc, Dev>;
 
@@ -75,7 +76,7 @@ class GptBlock {
     typename Mlp::Grads mlp;
   };
 
-  GptBlock(layers::Region<T, Dev> region, int B, int T_, const GptShape& s, float ln_eps)
+  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps)
       : region_(region), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim()), mlp_(region, s.ffn()),
         eps_(ln_eps) {}
 
@@ -159,7 +160,7 @@ class GptBlock {
   }
 
  private:
-  layers::Region<T, Dev> region_;
+  layers::Region<T, Dev, Tp> region_;
   Attention attn_;
   Mlp mlp_;
   float eps_;

@@ -14,10 +14,10 @@
 namespace loom::models {
 
 //! The embedding for one batch shape (N tokens of sequences of T), on this rank's rows of the region.
-template <class T, class Dev>
+template <class T, class Dev, class Tp>
 class GptEmbedding {
  public:
-  GptEmbedding(layers::Region<T, Dev> region, layers::VocabSlice slice, int seq)
+  GptEmbedding(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, int seq)
       : region_(region), emb_{region, slice}, seq_(seq) {}
 
   //! x (this rank's rows x d) from ids (all N, where the kernels read them); full is N x d scratch with sequence
@@ -50,21 +50,21 @@ class GptEmbedding {
     }
   }
 
-  layers::Region<T, Dev> region_;
-  layers::VocabParallelEmbedding<T, Dev> emb_;
+  layers::Region<T, Dev, Tp> region_;
+  layers::VocabParallelEmbedding<T, Dev, Tp> emb_;
   int seq_;
 };
 
 //! The head for one batch shape: the final norm on this rank's rows of the last block's output (slot.out), the
 //! logits of this rank's vocabulary against the tied table, and the loss.
-template <class T, class Dev>
+template <class T, class Dev, class Tp>
 class GptHead {
  public:
-  GptHead(layers::Region<T, Dev> region, layers::VocabSlice slice, float ln_eps)
+  GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, float ln_eps)
       : region_(region), ce_{region.tp, region.N, slice, region.ops}, slice_(slice), eps_(ln_eps) {}
 
   //! The mean loss of the micro-batch in st, keeping what backward needs there.
-  double forward(GptSlot<T, Dev>& st, const T* wte, const T* lnf_w, const T* lnf_b) const {
+  double forward(GptSlot<T, Dev, Tp>& st, const T* wte, const T* lnf_w, const T* lnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
     ops.layernorm_forward(st.out.data(), lnf_w, lnf_b, st.lnf.data(), st.lnf_mean.data(), st.lnf_rstd.data(),
@@ -78,7 +78,7 @@ class GptHead {
   //! dx, the gradient of the last block's output, from the loss scaled by `scale` (the logits in st become their
   //! gradient); dlnf (this rank's rows x d) keeps the norm's output gradient for backward_weight. dlnf_full and
   //! dloss are scratch (N x d with sequence parallelism, N).
-  void backward_input(GptSlot<T, Dev>& st, double scale, const T* wte, const T* lnf_w, T* dlnf, T* dlnf_full,
+  void backward_input(GptSlot<T, Dev, Tp>& st, double scale, const T* wte, const T* lnf_w, T* dlnf, T* dlnf_full,
                       T* dloss, T* dx) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
@@ -92,7 +92,7 @@ class GptHead {
                                  region_.rows(), d);
   }
   //! Accumulates the tied table's gradient (this rank's vocabulary rows) and the final norm's.
-  void backward_weight(const GptSlot<T, Dev>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
+  void backward_weight(const GptSlot<T, Dev, Tp>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
     ops.matmul(st.logits.data(), full_or(st.lnf_full, st.lnf.data()), dwte, slice_.count, d, N, true, false, 1.0f,
@@ -105,8 +105,8 @@ class GptHead {
   //! Where a full (N-row) tensor lives: buf with sequence parallelism, else alt (this rank holds every row).
   T* full_or(const Tensor<T, Dev>& buf, T* alt) const { return region_.sequence_parallel ? buf.data() : alt; }
 
-  layers::Region<T, Dev> region_;
-  layers::VocabParallelCrossEntropy<T, Dev> ce_;
+  layers::Region<T, Dev, Tp> region_;
+  layers::VocabParallelCrossEntropy<T, Dev, Tp> ce_;
   layers::VocabSlice slice_;
   float eps_;
 };

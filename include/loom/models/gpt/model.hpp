@@ -39,8 +39,9 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
 
-  using Block = GptBlock<T, Dev>;
-  using Slot = GptSlot<T, Dev>;
+  using Tp = typename GptWeights<S, T, Cfg, Dev>::tensor_parallel;
+  using Block = GptBlock<T, Dev, Tp>;
+  using Slot = GptSlot<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
 
  public:
@@ -56,15 +57,15 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   //! The single-rank model, initialised from seed: element i of parameter p is a function of (seed, p, i) alone.
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
     requires(tp_size == 1)
-      : Gpt(layers::TpGroup<T>{}, seed, opt, GptPart{}) {}
+      : Gpt(layers::TpGroup<T, Tp>{}, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(layers::TpGroup<T>(tp), seed, opt, GptPart{}) {}
+  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(group_of(tp), seed, opt, GptPart{}) {}
   //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
   template <class Comm>
   Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-      : Gpt(layers::TpGroup<T>(tp), seed, opt, part) {}
+      : Gpt(group_of(tp), seed, opt, part) {}
 
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -223,7 +224,13 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
 
 
  private:
-  Gpt(layers::TpGroup<T> tp, std::uint64_t seed, GptOptions opt, GptPart part)
+  template <class Comm>
+  static layers::TpGroup<T, Tp> group_of(Comm& tp) {
+    LOOM_CHECK(tp.size() == tp_size, "the tensor-parallel communicator has ", tp.size(), " ranks but the layout ",
+               Cfg::name(), " has tp = ", tp_size);
+    return layers::TpGroup<T, Tp>(tp);
+  }
+  Gpt(layers::TpGroup<T, Tp> tp, std::uint64_t seed, GptOptions opt, GptPart part)
       : Weights(std::move(tp), seed, part), opt_(opt) {
     slice_ = layers::vocab_slice(S.vocab, tp_size, tp_.rank());
     acts_.slots.resize(1);
@@ -299,14 +306,14 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
 
   GptActivationShape activation_shape() const {
     return {region_.rows(), std::int64_t{B_} * T_, S.d_model, slice_.count, ix_.last - ix_.first,
-            embedding(),    head(),                opt_.recompute, sequence_parallel};
+            embedding(),    head(),                opt_.recompute};
   }
   //! The layers and the activation storage for B sequences of T tokens; nothing when the shape is the same.
   void resize(int B, int T_new) {
     if (B == B_ && T_new == T_) return;
     B_ = B, T_ = T_new;
     const int N = B * T_new;
-    region_ = layers::Region<T, Dev>{&tp_, sequence_parallel, N, S.d_model, ops_};
+    region_ = layers::Region<T, Dev, Tp>{&tp_, N, S.d_model, ops_};
     block_.emplace(region_, B, T_new, S, opt_.ln_eps);
     emb_.emplace(region_, slice_, T_new);
     head_.emplace(region_, slice_, opt_.ln_eps);
@@ -316,11 +323,11 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   GptOptions opt_;
   layers::VocabSlice slice_{0, S.vocab};
   int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for
-  layers::Region<T, Dev> region_{nullptr, false, 0, S.d_model};
+  layers::Region<T, Dev, Tp> region_{nullptr, 0, S.d_model};
   std::optional<Block> block_;
-  std::optional<GptEmbedding<T, Dev>> emb_;
-  std::optional<GptHead<T, Dev>> head_;
-  GptActivations<T, Dev> acts_;
+  std::optional<GptEmbedding<T, Dev, Tp>> emb_;
+  std::optional<GptHead<T, Dev, Tp>> head_;
+  GptActivations<T, Dev, Tp> acts_;
 };
 
 }  // namespace loom::models

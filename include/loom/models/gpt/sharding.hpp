@@ -18,8 +18,8 @@ namespace loom::models {
 //! (laid out by `specs`, in host memory) and its peers': an all-gather over tp, whose every rank receives the
 //! result. A part of the model fills only its own parameters (the others are 0). U is the parameters' type or the
 //! arithmetic type (an optimizer's moments).
-template <class U, class T>
-std::vector<U> gather_params(layers::TpGroup<T>& tp, const std::vector<layers::ParamSpec>& specs,
+template <class U, class T, class Tp>
+std::vector<U> gather_params(layers::TpGroup<T, Tp>& tp, const std::vector<layers::ParamSpec>& specs,
                              const std::vector<layers::ParamSpec>& global, std::int64_t total, const U* local) {
   static_assert(std::is_same_v<U, T> || std::is_same_v<U, acc_t<T>>, "loom: gather() takes parameters or moments");
   std::vector<U> out(static_cast<std::size_t>(total));
@@ -58,22 +58,21 @@ void scatter_params(const std::vector<layers::ParamSpec>& specs, const std::vect
     specs[p].layout.scatter(global_buffer + global[specs[p].index].offset, local + specs[p].offset);
 }
 
-//! The gradients that several ranks of a tensor-parallel group hold, of the parameters of one part: with sequence
+//! The gradients that several ranks of a tensor-parallel group Tp hold, of the parameters of one part: with sequence
 //! parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that ranks share when
 //! kv_heads < TP. A backward keeps them (keep) before it adds to them, and sums what it added over the group once
 //! it is done (sum), in one all-reduce for all: gradients accumulated over micro-batches are summed once.
-template <class T>
+template <class T, class Tp>
 class SharedGradients {
  public:
-  SharedGradients(const std::vector<layers::ParamSpec>& specs, bool sequence_parallel)
-      : specs_(specs), sequence_parallel_(sequence_parallel) {}
+  explicit SharedGradients(const std::vector<layers::ParamSpec>& specs) : specs_(specs) {}
 
   //! Remembers the shared gradients of parameters [first, last) before a backward adds to them.
   void keep(const T* grads, std::size_t first, std::size_t last) { pack(grads, first, last, before_); }
 
   //! Sums over tp what the backward added to the shared gradients of [first, last) since keep(first, last).
-  void sum(layers::TpGroup<T>& tp, T* grads, std::size_t first, std::size_t last) {
-    if (tp.size() == 1) return;
+  void sum(layers::TpGroup<T, Tp>& tp, T* grads, std::size_t first, std::size_t last) {
+    if constexpr (Tp::size == 1) return;
     std::vector<T> buf;
     if (!pack(grads, first, last, buf)) return;
     LOOM_CHECK(buf.size() == before_.size(), "the shared gradients were summed without being kept");
@@ -88,7 +87,7 @@ class SharedGradients {
 
  private:
   bool shared(const layers::ParamSpec& s) const {
-    return s.layout.shared_numel() > 0 && (!s.replicated || sequence_parallel_);
+    return s.layout.shared_numel() > 0 && (!s.replicated || Tp::sequence_parallel);
   }
   //! The shared gradients of [first, last) in one buffer laid out alike on every rank (zero where this rank holds
   //! nothing); false when there are none.
@@ -116,7 +115,6 @@ class SharedGradients {
   }
 
   const std::vector<layers::ParamSpec>& specs_;
-  bool sequence_parallel_;
   std::vector<T> before_;
 };
 

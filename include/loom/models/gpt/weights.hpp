@@ -36,6 +36,8 @@ class GptWeights {
   static constexpr int tp_size = Cfg::template size<Axis::tp>;
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;
   static_assert(TensorParallelRules<S, tp_size, sequence_parallel>::ok);
+  //! The tensor-parallel group the layers are compiled for.
+  using tensor_parallel = layers::TensorParallel<tp_size, sequence_parallel>;
 
   //! The parameters of tensor-parallel rank tp_rank in part `part` (gpt_param_specs); global: the whole model's.
   static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {
@@ -54,8 +56,8 @@ class GptWeights {
   const kernels::Ops<Dev>& ops() const { return ops_; }
   int tp_rank() const { return tp_.rank(); }
   //! The tensor-parallel group, with the counts of the collectives the model has issued.
-  layers::TpGroup<T>& tp() { return tp_; }
-  const layers::TpGroup<T>& tp() const { return tp_; }
+  layers::TpGroup<T, tensor_parallel>& tp() { return tp_; }
+  const layers::TpGroup<T, tensor_parallel>& tp() const { return tp_; }
 
   //! Whether this part holds the embedding (block 0), the loss (the last block); its blocks [first, last).
   bool embedding() const { return ix_.wpe != no_param; }
@@ -123,13 +125,11 @@ class GptWeights {
  protected:
   static constexpr bool on_host = kernels::is_host_v<Dev>;
 
-  GptWeights(layers::TpGroup<T> tp, std::uint64_t seed, GptPart part)
+  GptWeights(layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part)
       : tp_(std::move(tp)), ix_(S.layers, part), specs_(param_specs(tp_.rank(), false, part)),
-        shared_(specs_, sequence_parallel) {
+        shared_(specs_) {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= S.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", S.layers);
-    LOOM_CHECK(tp_.size() == tp_size, "the tensor-parallel communicator has ", tp_.size(), " ranks but the layout ",
-               Cfg::name(), " has tp = ", tp_size);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
     params_ = Buf::zeros({n});
     grads_ = Buf::zeros({n});
@@ -161,10 +161,10 @@ class GptWeights {
   }
 
   kernels::Ops<Dev> ops_{};
-  layers::TpGroup<T> tp_;
+  layers::TpGroup<T, tensor_parallel> tp_;
   GptParamIndex ix_;
   std::vector<ParamSpec> specs_;
-  SharedGradients<T> shared_;  //!< refers to specs_
+  SharedGradients<T, tensor_parallel> shared_;  //!< refers to specs_
   Buf params_, grads_;
 };
 
