@@ -1,6 +1,7 @@
 // The main example for now: 8 ranks as threads of this process, laid out as TP2 x PP2 x DP2, run a tour of
 // collectives over their mesh groups and print what each did.
 #include <loom/comm/local.hpp>
+#include <loom/core/half.hpp>  // bf16 values
 #include <loom/config.hpp>
 
 #include <cstdio>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#include <loom/core/half.hpp>
 #include <loom/config.hpp>
 
 #include <array>

@@ -5,7 +5,10 @@
 
 #include <loom/comm/local.hpp>
 
+#include <bit>
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 using namespace loom;
 using comm::Algorithm;
@@ -86,3 +89,36 @@ TEST_CASE("comm<axes...>() hands out one communicator per group, the same one ev
 }
 
 static_assert(comm::Communicator<comm::LocalComm>);
+
+// The host reductions hold bf16 and fp16 as bits (they need not parse Eigen); their conversions must be the
+// element types' own, bit for bit, or a reduction would round differently from the same arithmetic done in bf16.
+TEST_CASE("the host reductions convert bf16 and fp16 exactly as the types do") {
+  using comm::detail::Bf16Format;
+  using comm::detail::Fp16Format;
+  int wrong = 0;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {  // every 16-bit pattern decodes to the same float
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float b = static_cast<float>(Eigen::numext::bit_cast<bf16>(bits));
+    const float f = static_cast<float>(Eigen::numext::bit_cast<fp16>(bits));
+    if (!std::isnan(b) && std::bit_cast<std::uint32_t>(b) != std::bit_cast<std::uint32_t>(Bf16Format::decode(bits)))
+      ++wrong;
+    if (!std::isnan(f) && std::bit_cast<std::uint32_t>(f) != std::bit_cast<std::uint32_t>(Fp16Format::decode(bits)))
+      ++wrong;
+    if (std::isnan(b) != std::isnan(Bf16Format::decode(bits)) || std::isnan(f) != std::isnan(Fp16Format::decode(bits)))
+      ++wrong;
+  }
+  CHECK(wrong == 0);
+  // Every float whose low 12 bits are 0, 0x7ff, 0x800 (a tie for fp16), 0x801 or 0xfff (and ties for bf16
+  // among them): both signs, every exponent, subnormals, the overflow edges, infinities; rounding to nearest even.
+  for (std::uint32_t hi = 0; hi < 0x100000u; ++hi)
+    for (std::uint32_t lo : {0x000u, 0x7ffu, 0x800u, 0x801u, 0xfffu}) {
+      const std::uint32_t u = (hi << 12) | lo;
+      const float x = std::bit_cast<float>(u);
+      if (std::isnan(x)) continue;
+      if (Eigen::numext::bit_cast<std::uint16_t>(bf16(x)) != Bf16Format::encode(x)) ++wrong;
+      if (Eigen::numext::bit_cast<std::uint16_t>(fp16(x)) != Fp16Format::encode(x)) ++wrong;
+    }
+  CHECK(wrong == 0);
+  CHECK(std::isnan(Bf16Format::decode(Bf16Format::encode(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(Fp16Format::decode(Fp16Format::encode(std::numeric_limits<float>::quiet_NaN()))));
+}

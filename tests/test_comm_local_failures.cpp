@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <loom/comm/local.hpp>
+#include <loom/core/half.hpp>
 #include <loom/config.hpp>
 
 #include <chrono>

@@ -3,7 +3,7 @@
 // interrupted write never leaves a half-written file in place. Needs nlohmann-json.
 #pragma once
 
-#include <loom/core/dtype.hpp>
+#include <loom/core/half.hpp>
 #include <loom/core/error.hpp>
 
 #include <nlohmann/json.hpp>

@@ -154,7 +154,7 @@ struct Mover {
   }
   template <class T>
   void reduce_into(T* dst, const T* src, std::size_t n, Reduce op) const {
-    if (dev) dev->reduce_into(dtype_of<T>, dst, src, n, op);
+    if (dev) dev->reduce_into(host_dtype<T>, dst, src, n, op);
     else detail::reduce_into(dst, src, n, op);
   }
   //! dst = the reduction of srcs[0..nsrc); dst may be one of them.
@@ -171,7 +171,7 @@ struct Mover {
   template <class T>
   void finish_avg(T* dst, std::size_t n, int group_size, Reduce op) const {
     if (op != Reduce::avg || !n) return;
-    if (dev) dev->divide(dtype_of<T>, dst, n, group_size);
+    if (dev) dev->divide(host_dtype<T>, dst, n, group_size);
     else detail::finish_avg(dst, n, group_size, op);
   }
 };
@@ -311,7 +311,8 @@ class LocalComm : public Frontend<LocalComm> {
     }
     std::string mismatch = validate(seq);
     if (mismatch.empty()) {
-      visit_dtype(op.dtype, [&](auto tag) { execute<typename decltype(tag)::type>(seq, op, algo, deadline); });
+      visit_dtype(op.dtype,
+                  [&](auto tag) { execute<detail::host_t<typename decltype(tag)::type>>(seq, op, algo, deadline); });
     }
     {
       Lock lk(g.m);

@@ -72,8 +72,8 @@ class MpiTypes {
       MPI_Type_contiguous(2, MPI_BYTE, &t);
       MPI_Type_commit(&t);
     }
-    make_ops<bf16>(half_ops_[0]);
-    make_ops<fp16>(half_ops_[1]);
+    make_ops<host_t<bf16>>(half_ops_[0]);
+    make_ops<host_t<fp16>>(half_ops_[1]);
   }
   template <class T, Reduce R>
   static void apply(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -364,7 +364,7 @@ class MpiComm : public Frontend<MpiComm> {
   void avg(const Op& op, void* data, std::size_t n) {
     if (op.reduce != Reduce::avg) return;
     visit_dtype(op.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
+      using T = detail::host_t<typename decltype(tag)::type>;
       detail::finish_avg(static_cast<T*>(data), n, size_, op.reduce);
     });
   }

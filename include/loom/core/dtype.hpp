@@ -1,12 +1,16 @@
 // Element types loom moves and computes with, and the run-time tag (DType) that names them across backends.
 #pragma once
 
-#include <Eigen/Core>
-
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+
+// Named here, complete (with their arithmetic) where <loom/core/half.hpp> or <Eigen/Core> is included.
+namespace Eigen {
+struct bfloat16;
+struct half;
+}  // namespace Eigen
 
 namespace loom {
 

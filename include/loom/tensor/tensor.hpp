@@ -3,7 +3,7 @@
 #pragma once
 
 #include <loom/core/device.hpp>
-#include <loom/core/dtype.hpp>
+#include <loom/core/half.hpp>
 #include <loom/core/error.hpp>
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 // T is float or double; bf16 and fp16 storage compute in float (acc_t<T>).
 #pragma once
 
-#include <loom/core/dtype.hpp>
+#include <loom/core/half.hpp>
 #include <loom/kernels/shape.hpp>
 
 #include <cstddef>

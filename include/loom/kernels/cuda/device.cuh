@@ -6,11 +6,11 @@
 #include <loom/kernels/cuda/check.cuh>
 #include <loom/tensor/cuda_allocator.hpp>
 
-// Eigen 3.4's headers (through loom/core/dtype.hpp) trip nvcc's warnings about defaulted __host__ __device__
+// Eigen 3.4's headers (through loom/core/half.hpp) trip nvcc's warnings about defaulted __host__ __device__
 // members and constexpr calls; they are Eigen's, not ours.
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 20012, 20013, 20015
-#include <loom/core/dtype.hpp>
+#include <loom/core/half.hpp>
 #pragma nv_diagnostic pop
 #include <loom/kernels/shape.hpp>
 
