@@ -308,15 +308,36 @@ int train_model(const Args& a, int& argc, char**& argv) {
   throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2)");
 }
 
+//! Whether train_gpt compiles layout Cfg: every layout, or with -DLOOM_TRAIN_GPT_ONLY="name" (CMake:
+//! LOOM_TRAIN_GPT_LAYOUT=name) only that one, so that a build for one run does not wait for the others.
+template <class Cfg>
+inline constexpr bool compiled =
+#ifdef LOOM_TRAIN_GPT_ONLY
+    Cfg::name() == std::string_view(LOOM_TRAIN_GPT_ONLY);
+#else
+    true;
+#endif
+
 //! A family of layouts compiled in one translation unit for device Dev: runs the one named `layout`, if it is
 //! among them.
 template <class Dev, class... Cfgs>
 struct DeviceFamily {
-  static std::vector<std::string> names() { return {std::string(Cfgs::name())...}; }
+  static std::vector<std::string> names() {
+    std::vector<std::string> v;
+    ((compiled<Cfgs> ? (void)v.emplace_back(Cfgs::name()) : void()), ...);
+    return v;
+  }
   static std::optional<int> run(const std::string& layout, const Args& a, int& argc, char**& argv) {
     std::optional<int> rc;
-    ((layout == Cfgs::name() && !rc ? (void)(rc = train_model<Cfgs, Dev>(a, argc, argv)) : void()), ...);
+    (run_one<Cfgs>(layout, a, argc, argv, rc), ...);
     return rc;
+  }
+
+ private:
+  template <class Cfg>
+  static void run_one(const std::string& layout, const Args& a, int& argc, char**& argv, std::optional<int>& rc) {
+    if constexpr (compiled<Cfg>)
+      if (layout == Cfg::name() && !rc) rc = train_model<Cfg, Dev>(a, argc, argv);
   }
 };
 template <class... Cfgs>
