@@ -3,10 +3,12 @@
 #include "catch.hpp"
 #include "temp_dir.hpp"
 
+#include <loom/exec/graph.hpp>
 #include <loom/exec/pipeline.hpp>
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 
 #include <chrono>
 #include <dirent.h>
@@ -200,4 +202,43 @@ TEST_CASE("completions join the dependency graph: the next stage and run() wait 
   p.run(4);
   CHECK(seen == std::vector<int>{1, 1, 1, 1});
   for (std::size_t i = 0; i < 4; ++i) CHECK(p.result<1>(i).finished->load());  // run() waited for the last stage's
+}
+
+TEST_CASE("a graph runs tasks on their resources in order, each after the data it reads", "[exec]") {
+  // Compute produces a, then b; P2p "sends" a once it exists, leaving the transfer running (a Later); Compute's
+  // third task reads what the transfer delivered. The transfer overlaps Compute's second task.
+  std::vector<std::string> log;
+  std::mutex m;
+  auto note = [&](std::string s) {
+    std::lock_guard lk(m);
+    log.push_back(std::move(s));
+  };
+  std::shared_ptr<std::atomic<bool>> delivered;
+  exec::Graph g;
+  const auto a = g.add<exec::Compute>("a", [&] { note("a"); });
+  const auto send = g.add<exec::P2p>("send a", [&] {
+    note("send a");
+    Later t(60ms);
+    delivered = t.finished;
+    return t;
+  }, {a});
+  g.add<exec::Compute>("b", [&] { std::this_thread::sleep_for(20ms), note("b"); });
+  g.add<exec::Compute>("use a", [&] { note(delivered->load() ? "use a after delivery" : "use a too early"); }, {send});
+  const auto t0 = Clock::now();
+  g.run();
+  CHECK(Clock::now() - t0 < 120ms);  // b ran while a was in flight: 60 ms, not 80
+  REQUIRE(log.size() == 4);
+  CHECK(log.front() == "a");
+  CHECK(log.back() == "use a after delivery");
+  CHECK_THROWS_WITH(g.add<exec::Compute>("late", [] {}, {g.size()}),
+                    Catch::Contains("a task may depend only on tasks added before it"));
+}
+
+TEST_CASE("a graph's failure reaches the caller and stops the tasks that depend on it", "[exec]") {
+  exec::Graph g;
+  bool ran = false;
+  const auto bad = g.add<exec::Comm>("bad", [] { throw std::runtime_error("the exchange failed"); });
+  g.add<exec::Compute>("after", [&] { ran = true; }, {bad});
+  CHECK_THROWS_WITH(g.run(), "the exchange failed");
+  CHECK_FALSE(ran);
 }

@@ -9,60 +9,22 @@
 #pragma once
 
 #include <loom/core/error.hpp>
-#include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
+#include <loom/exec/graph.hpp>
 
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <memory>
+#include <array>
 #include <cstddef>
-#include <exception>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace loom::exec {
-
-//! The rank's computation (on CUDA: its compute stream).
-struct Compute {
-  static constexpr const char* name = "compute";
-};
-//! Collectives (on CUDA: a communication stream).
-struct Comm {
-  static constexpr const char* name = "comm";
-};
-//! Point-to-point transfers, beside Comm (pipeline send/recv, ring attention).
-struct P2p {
-  static constexpr const char* name = "p2p";
-};
-
-template <class R>
-concept Resource = requires {
-  { R::name } -> std::convertible_to<const char*>;
-};
-
-//! Work that finishes after the call that started it: a communicator's Handle, a device's mark (kernels::Ops::mark),
-//! a Pending value. wait() blocks until it is done and rethrows its failure.
-template <class C>
-concept Completion = requires(C& c) { c.wait(); };
-
-//! A value that may be used once `done` has completed: what a stage returns when its work is still running.
-template <class V, Completion C>
-struct Pending {
-  V value;
-  C done;
-  void wait() { done.wait(); }
-};
 
 //! Operation Op_ on resource Resource_.
 template <class Resource_, class Op_>
@@ -73,86 +35,6 @@ struct Stage {
 };
 
 namespace detail {
-
-//! A thread that runs the jobs posted to it, in order, until it is destroyed. Jobs must not throw.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard lk(m_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest exists
-};
-
-//! A number for each resource type, from 0, the same in every translation unit.
-inline int next_resource_id() {
-  static std::atomic<int> next{0};
-  return next++;
-}
-template <class R>
-int resource_id() {
-  static const int id = next_resource_id();
-  return id;
-}
-
-//! A rank's workers, one per resource type, each started the first time a pipeline uses it. The rank is the thread
-//! that runs pipelines (a run_local rank thread, an MPI process's main thread): its workers end when it does.
-class Workers {
- public:
-  static Workers& of_this_thread() {
-    thread_local Workers w;
-    return w;
-  }
-  template <class R>
-  Worker& of() {
-    const auto id = static_cast<std::size_t>(resource_id<R>());
-    if (id >= workers_.size()) workers_.resize(id + 1);
-    if (!workers_[id]) workers_[id] = std::make_unique<Worker>();
-    return *workers_[id];
-  }
-  //! Workers started so far (for tests).
-  std::size_t started() const {
-    return static_cast<std::size_t>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return !!w; }));
-  }
-
- private:
-  std::vector<std::unique_ptr<Worker>> workers_;
-};
 
 template <class T>
 using stored_t = std::conditional_t<std::is_void_v<T>, std::size_t, T>;
@@ -213,14 +95,11 @@ struct ResultsOf<Extra, std::index_sequence<I...>, S...> {
 template <class Extra, class... S>
 using results_base_t = typename ResultsOf<Extra, std::make_index_sequence<sizeof...(S)>, S...>::type;
 
+//! The name of stage k's operation in the trace: its `name`, or "stage k".
 template <class Op>
-const char* op_name(std::size_t k, std::string& buf) {
-  if constexpr (requires { Op::name; }) {
-    return Op::name;
-  } else {
-    buf = "stage " + std::to_string(k);
-    return buf.c_str();
-  }
+std::string op_name(std::size_t k, const std::string&) {
+  if constexpr (requires { Op::name; }) return Op::name;
+  else return "stage " + std::to_string(k);
 }
 
 }  // namespace detail
@@ -235,136 +114,82 @@ class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
   using stage_t = std::tuple_element_t<k, std::tuple<S...>>;
   template <std::size_t k>
   using out_t = detail::stored_t<typename types<k>::output>;
-  //! Whether stage k is the first on its resource: one job per resource.
-  template <std::size_t k>
-  static constexpr bool first_on_resource = [] {
-    bool first = true;
-    [&]<std::size_t... J>(std::index_sequence<J...>) {
-      ((first = first && !std::is_same_v<typename stage_t<J>::resource, typename stage_t<k>::resource>), ...);
-    }(std::make_index_sequence<k>{});
-    return first;
-  }();
 
  public:
-  explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {}
+  explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((names_[I] = detail::op_name<typename stage_t<I>::op>(I, names_[I])), ...);
+    }(std::make_index_sequence<K>{});
+  }
 
-  //! Runs chunks 0..n-1 through every stage on the rank's workers and returns when all are done, the last stage's
-  //! completions included; rethrows the first failure, once every task has stopped.
+  //! Runs chunks 0..n-1 through every stage, as one exec::Graph on the rank's workers, and returns when all are
+  //! done, the last stage's completions included; rethrows the first failure, once no task is running.
   void run(std::size_t chunks) {
     n_ = chunks;
-    done_.assign(K * chunks, 0);
-    failure_ = nullptr;
     this->reset_results(chunks);
     if (chunks == 0) return;
-    auto& workers = detail::Workers::of_this_thread();
-    // The workers act for the calling rank: its trace rank and its OpenMP threads.
-    const Caller caller{trace::rank(), threads_in_use()};
-    running_ = 0;
-    post_all(workers, caller, std::make_index_sequence<K>{});
-    {
-      std::unique_lock lk(m_);
-      cv_.wait(lk, [&] { return running_ == 0; });
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk), added by diagonal: deadlock-free
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t i = 0; i < chunks; ++i) tasks.emplace_back(k, i);
+    detail::diagonal_order(tasks);
+    Graph g;
+    std::vector<Graph::Id> id(K * chunks);
+    for (auto [k, i] : tasks) {
+      std::vector<Graph::Id> after;
+      if (k > 0) after.push_back(id[(k - 1) * chunks + i]);
+      id[k * chunks + i] = add_task(g, k, i, std::move(after), std::make_index_sequence<K>{});
     }
-    if (failure_) std::rethrow_exception(failure_);
-    if constexpr (Completion<out_t<K - 1>>)
-      for (auto& r : std::get<K - 1>(this->results_)) r->wait();
+    g.run();
   }
 
  private:
-  struct Caller {
-    int rank, threads;
+  template <std::size_t... I>
+  Graph::Id add_task(Graph& g, std::size_t stage, std::size_t chunk, std::vector<Graph::Id> after,
+                     std::index_sequence<I...>) {
+    Graph::Id id = 0;
+    ((stage == I ? void(id = add_stage<I>(g, chunk, std::move(after))) : void()), ...);
+    return id;
+  }
+  //! What stage k left running for chunk i, for the graph to wait on.
+  template <std::size_t k>
+  struct Left {
+    out_t<k>* result;
+    void wait() { result->wait(); }
   };
-  template <std::size_t... I>
-  void post_all(detail::Workers& workers, Caller caller, std::index_sequence<I...>) {
-    (post_resource<I>(workers, caller), ...);
-  }
   template <std::size_t k>
-  void post_resource(detail::Workers& workers, Caller caller) {
-    if constexpr (first_on_resource<k>) {
-      using R = typename stage_t<k>::resource;
-      {
-        std::lock_guard lk(m_);
-        ++running_;
-      }
-      workers.template of<R>().post([this, caller] {
-        trace::set_rank(caller.rank);
-        use_threads(caller.threads);
-        work<R>();
-        std::lock_guard lk(m_);
-        --running_;
-        cv_.notify_all();
-      });
-    }
+  Graph::Id add_stage(Graph& g, std::size_t chunk, std::vector<Graph::Id> after) {
+    using R = typename stage_t<k>::resource;
+    const char* name = names_[k].c_str();
+    if constexpr (Completion<out_t<k>>)
+      return g.add<R>(name, [this, chunk] { return Left<k>{run_stage<k>(chunk)}; }, std::move(after));
+    else
+      return g.add<R>(name, [this, chunk] { run_stage<k>(chunk); }, std::move(after));
   }
-
-  //! The tasks of resource R, in the order that cannot deadlock: by diagonal i + k, then by stage.
-  template <class R>
-  void work() {
-    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk)
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((std::is_same_v<typename stage_t<I>::resource, R> ? add_tasks(tasks, I) : void()), ...);
-    }(std::make_index_sequence<K>{});
-    detail::diagonal_order(tasks);
-    for (auto [stage, chunk] : tasks) {
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return failure_ || stage == 0 || done_[(stage - 1) * n_ + chunk]; });
-        if (failure_) return;
-      }
-      try {
-        run_task(stage, chunk, std::make_index_sequence<K>{});
-      } catch (...) {
-        std::lock_guard lk(m_);
-        if (!failure_) failure_ = std::current_exception();
-        cv_.notify_all();
-        return;
-      }
-      std::lock_guard lk(m_);
-      done_[stage * n_ + chunk] = 1;
-      cv_.notify_all();
-    }
-  }
-  void add_tasks(std::vector<std::pair<std::size_t, std::size_t>>& tasks, std::size_t stage) const {
-    for (std::size_t i = 0; i < n_; ++i) tasks.emplace_back(stage, i);
-  }
-
-  template <std::size_t... I>
-  void run_task(std::size_t stage, std::size_t chunk, std::index_sequence<I...>) {
-    ((stage == I ? run_stage<I>(chunk) : void()), ...);
-  }
+  //! Stage k on chunk i; returns where its result is kept.
   template <std::size_t k>
-  void run_stage(std::size_t chunk) {
+  out_t<k>* run_stage(std::size_t chunk) {
     auto& op = std::get<k>(ops_);
-    const double t0 = trace::enabled() ? trace::now_us() : 0;
-    auto call = [&](auto&& input) {
+    auto& out = std::get<k>(this->results_)[chunk];
+    auto call = [&](auto& input) {
       if constexpr (std::is_void_v<typename types<k>::output>) {
         op(input);
-        std::get<k>(this->results_)[chunk] = chunk;
+        out = chunk;
       } else {
-        std::get<k>(this->results_)[chunk].emplace(op(input));
+        out.emplace(op(input));
       }
     };
     if constexpr (k == 0) {
-      call(chunk);
+      std::size_t i = chunk;
+      call(i);
     } else {
-      auto& in = *std::get<k - 1>(this->results_)[chunk];
-      if constexpr (Completion<out_t<k - 1>>) in.wait();  // the work stage k-1 started has finished
-      call(in);
+      call(*std::get<k - 1>(this->results_)[chunk]);  // its completion, if any, has finished: the graph waited
     }
-    if (trace::enabled()) {
-      std::string buf;
-      trace::record(detail::op_name<typename stage_t<k>::op>(k, buf), stage_t<k>::resource::name, t0,
-                    trace::now_us());
-    }
+    return &*out;
   }
 
   std::tuple<typename S::op...> ops_;
+  std::array<std::string, K> names_;
   std::size_t n_ = 0;
-  std::vector<char> done_;
-  std::exception_ptr failure_;
-  int running_ = 0;  // resource jobs not yet finished
-  std::mutex m_;
-  std::condition_variable cv_;
 };
 
 }  // namespace loom::exec
