@@ -1,9 +1,14 @@
 // Typed stages: a pipeline of chunks over two resources overlaps them, records a trace that shows it, reports a
-// stage's failure to the caller, and leaves no thread behind.
+// stage's failure to the caller, runs on workers that persist per rank, and waits for the completions stages return.
 #include "catch.hpp"
 #include "temp_dir.hpp"
 
+#include <loom/exec/graph.hpp>
 #include <loom/exec/pipeline.hpp>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
 
 #include <chrono>
 #include <dirent.h>
@@ -148,13 +153,92 @@ struct Slow {
   void operator()(std::size_t) const { std::this_thread::sleep_for(5ms); }
 };
 
-TEST_CASE("a stage's exception reaches the caller and no worker outlives the pipeline", "[exec]") {
+TEST_CASE("a stage's exception reaches the caller; a rank's workers persist across runs and end with it", "[exec]") {
   const int before = thread_count();
-  {
+  std::thread rank([&] {
     exec::Pipeline<exec::Stage<exec::Compute, Throws>, exec::Stage<exec::Comm, Slow>> p(Throws{}, Slow{});
     CHECK_THROWS_WITH(p.run(10), "chunk 2 is broken");
-    CHECK(thread_count() == before);
-    p.run(2);  // usable again
-  }
+    CHECK(thread_count() == before + 3);  // this rank and its Compute and Comm workers
+    p.run(2);  // usable again, on the same workers
+    exec::Pipeline<exec::Stage<exec::Comm, Slow>, exec::Stage<exec::Compute, Slow>> q(Slow{}, Slow{});
+    q.run(3);  // another pipeline of the rank: the same two workers
+    CHECK(thread_count() == before + 3);
+    CHECK(exec::detail::Workers::of_this_thread().started() == 2);
+  });
+  rank.join();
   CHECK(thread_count() == before);
+}
+
+namespace {
+//! A completion that finishes `delay` after it is made, on a thread of its own, and records that it was awaited.
+struct Later {
+  std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread t;
+  explicit Later(std::chrono::milliseconds delay)
+      : t([f = finished, delay] { std::this_thread::sleep_for(delay), f->store(true); }) {}
+  Later(Later&&) = default;
+  ~Later() {
+    if (t.joinable()) t.join();
+  }
+  void wait() {
+    if (t.joinable()) t.join();
+  }
+};
+struct Start {
+  exec::Pending<std::size_t, Later> operator()(std::size_t i) const { return {i, Later(20ms)}; }
+};
+struct Use {
+  std::vector<int>* seen;
+  Later operator()(exec::Pending<std::size_t, Later>& in) const {
+    seen->at(in.value) = in.done.finished->load() ? 1 : -1;  // 1: stage 0's work had finished
+    return Later(30ms);
+  }
+};
+}  // namespace
+
+TEST_CASE("completions join the dependency graph: the next stage and run() wait for them", "[exec]") {
+  std::vector<int> seen(4, 0);
+  exec::Pipeline<exec::Stage<exec::Compute, Start>, exec::Stage<exec::Comm, Use>> p(Start{}, Use{&seen});
+  p.run(4);
+  CHECK(seen == std::vector<int>{1, 1, 1, 1});
+  for (std::size_t i = 0; i < 4; ++i) CHECK(p.result<1>(i).finished->load());  // run() waited for the last stage's
+}
+
+TEST_CASE("a graph runs tasks on their resources in order, each after the data it reads", "[exec]") {
+  // Compute produces a, then b; P2p "sends" a once it exists, leaving the transfer running (a Later); Compute's
+  // third task reads what the transfer delivered. The transfer overlaps Compute's second task.
+  std::vector<std::string> log;
+  std::mutex m;
+  auto note = [&](std::string s) {
+    std::lock_guard lk(m);
+    log.push_back(std::move(s));
+  };
+  std::shared_ptr<std::atomic<bool>> delivered;
+  exec::Graph g;
+  const auto a = g.add<exec::Compute>("a", [&] { note("a"); });
+  const auto send = g.add<exec::P2p>("send a", [&] {
+    note("send a");
+    Later t(60ms);
+    delivered = t.finished;
+    return t;
+  }, {a});
+  g.add<exec::Compute>("b", [&] { std::this_thread::sleep_for(20ms), note("b"); });
+  g.add<exec::Compute>("use a", [&] { note(delivered->load() ? "use a after delivery" : "use a too early"); }, {send});
+  const auto t0 = Clock::now();
+  g.run();
+  CHECK(Clock::now() - t0 < 120ms);  // b ran while a was in flight: 60 ms, not 80
+  REQUIRE(log.size() == 4);
+  CHECK(log.front() == "a");
+  CHECK(log.back() == "use a after delivery");
+  CHECK_THROWS_WITH(g.add<exec::Compute>("late", [] {}, {g.size()}),
+                    Catch::Contains("a task may depend only on tasks added before it"));
+}
+
+TEST_CASE("a graph's failure reaches the caller and stops the tasks that depend on it", "[exec]") {
+  exec::Graph g;
+  bool ran = false;
+  const auto bad = g.add<exec::Comm>("bad", [] { throw std::runtime_error("the exchange failed"); });
+  g.add<exec::Compute>("after", [&] { ran = true; }, {bad});
+  CHECK_THROWS_WITH(g.run(), "the exchange failed");
+  CHECK_FALSE(ran);
 }

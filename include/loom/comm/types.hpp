@@ -179,6 +179,15 @@ class [[nodiscard]] Handle {
   std::shared_future<void> done_;
 };
 
+//! Several pending operations, completed together: wait() waits for each in order and rethrows the first failure
+//! (the others are still waited for, by their destructors).
+struct Handles {
+  std::vector<Handle> all;
+  void wait() {
+    for (auto& h : all) h.wait();
+  }
+};
+
 //! The time a collective may wait for its peers: LOOM_TIMEOUT_S seconds (default 300).
 inline std::chrono::milliseconds default_timeout() {
   if (const char* s = std::getenv("LOOM_TIMEOUT_S"); s && *s) {

@@ -9,9 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <map>
-#include <string_view>
+#include <type_traits>
 
 namespace loom::exec {
 
@@ -19,12 +17,13 @@ namespace loom::exec {
 struct Streams {
   cudaStream_t compute = nullptr, comm = nullptr, p2p = nullptr;
 
-  cudaStream_t of(const char* resource) const {
-    const std::string_view r = resource;
-    if (r == Compute::name) return compute;
-    if (r == Comm::name) return comm;
-    if (r == P2p::name) return p2p;
-    throw Error(std::string("loom: no CUDA stream for the resource '") + resource + "'");
+  template <class R>
+  cudaStream_t of() const {
+    static_assert(std::is_same_v<R, Compute> || std::is_same_v<R, Comm> || std::is_same_v<R, P2p>,
+                  "loom: a CUDA stream pipeline's resources are Compute, Comm and P2p");
+    if constexpr (std::is_same_v<R, Compute>) return compute;
+    else if constexpr (std::is_same_v<R, Comm>) return comm;
+    else return p2p;
   }
 };
 
@@ -77,10 +76,10 @@ class StreamPipeline : public detail::results_base_t<std::tuple<cudaStream_t>, S
   template <std::size_t k>
   void run_stage(std::size_t chunk) {
     using stage = std::tuple_element_t<k, std::tuple<S...>>;
-    const cudaStream_t s = streams_.of(stage::resource::name);
+    const cudaStream_t s = streams_.template of<typename stage::resource>();
     if constexpr (k > 0) {
       using prev = std::tuple_element_t<k - 1, std::tuple<S...>>;
-      if (streams_.of(prev::resource::name) != s)
+      if (streams_.template of<typename prev::resource>() != s)
         detail::cuda_pipeline_check(cudaStreamWaitEvent(s, events_[(k - 1) * n_ + chunk], 0), "cudaStreamWaitEvent");
     }
     auto& op = std::get<k>(ops_);

@@ -1,49 +1,30 @@
 // Overlap of communication and computation as typed stages. A resource (Compute, Comm, P2p) is a type; Stage<R, Op>
 // binds an operation to one; Pipeline<Stage...> runs chunks 0..n-1 through the stages so that stage k of chunk i
 // runs while stage k+1 of chunk i-1 runs on another resource. Dependencies are per (stage, chunk), never a barrier.
-// On the CPU each resource is a worker thread that lives for one run(). Stage 0's operation receives the chunk index;
-// stage k+1's receives what stage k returned (or the chunk index when stage k returns nothing). A stage that cannot
-// take its predecessor's output does not compile.
+// On the CPU each resource is a worker thread of the rank, started on first use and kept until the rank's thread
+// ends. Stage 0's operation receives the chunk index; stage k+1's receives what stage k returned (or the chunk
+// index when stage k returns nothing). What a stage returns may be a Completion (a communicator's Handle, a
+// device's mark, a Pending value): stage k+1 of that chunk starts only once it has completed, and run() returns
+// only once the last stage's have. A stage that cannot take its predecessor's output does not compile.
 #pragma once
 
 #include <loom/core/error.hpp>
-#include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
+#include <loom/exec/graph.hpp>
 
 
 #include <algorithm>
-#include <condition_variable>
+#include <array>
 #include <cstddef>
-#include <exception>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace loom::exec {
-
-//! The rank's computation (on CUDA: its compute stream).
-struct Compute {
-  static constexpr const char* name = "compute";
-};
-//! Collectives (on CUDA: a communication stream).
-struct Comm {
-  static constexpr const char* name = "comm";
-};
-//! Point-to-point transfers, beside Comm (pipeline send/recv, ring attention).
-struct P2p {
-  static constexpr const char* name = "p2p";
-};
-
-template <class R>
-concept Resource = requires {
-  { R::name } -> std::convertible_to<const char*>;
-};
 
 //! Operation Op_ on resource Resource_.
 template <class Resource_, class Op_>
@@ -74,9 +55,9 @@ template <std::size_t K, class... Extra, class... S>
 struct StageTypes<K, std::tuple<Extra...>, S...> {
   using stage = std::tuple_element_t<K, std::tuple<S...>>;
   using input = stored_t<typename StageTypes<K - 1, std::tuple<Extra...>, S...>::output>;
-  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input, Extra...>;
+  static constexpr bool accepts = std::is_invocable_v<typename stage::op&, input&, Extra...>;
   static_assert(accepts, "loom: a stage's operation cannot take what the stage before it produces");
-  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input, Extra...>, void>;
+  using output = std::conditional_t<accepts, std::invoke_result_t<typename stage::op&, input&, Extra...>, void>;
 };
 
 //! What each stage returned for each chunk in a pipeline's last run.
@@ -91,7 +72,7 @@ class StageResults {
 
  protected:
   void reset_results(std::size_t n) {
-    std::apply([n](auto&... v) { (v.assign(n, std::nullopt), ...); }, results_);
+    std::apply([n](auto&... v) { ((v.clear(), v.resize(n)), ...); }, results_);
   }
   std::tuple<std::vector<std::optional<Out>>...> results_;
 };
@@ -114,14 +95,11 @@ struct ResultsOf<Extra, std::index_sequence<I...>, S...> {
 template <class Extra, class... S>
 using results_base_t = typename ResultsOf<Extra, std::make_index_sequence<sizeof...(S)>, S...>::type;
 
+//! The name of stage k's operation in the trace: its `name`, or "stage k".
 template <class Op>
-const char* op_name(std::size_t k, std::string& buf) {
-  if constexpr (requires { Op::name; }) {
-    return Op::name;
-  } else {
-    buf = "stage " + std::to_string(k);
-    return buf.c_str();
-  }
+std::string op_name(std::size_t k, const std::string&) {
+  if constexpr (requires { Op::name; }) return Op::name;
+  else return "stage " + std::to_string(k);
 }
 
 }  // namespace detail
@@ -132,104 +110,86 @@ class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
   static constexpr std::size_t K = sizeof...(S);
   template <std::size_t k>
   using types = detail::StageTypes<k, std::tuple<>, S...>;
- public:
-  explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {}
+  template <std::size_t k>
+  using stage_t = std::tuple_element_t<k, std::tuple<S...>>;
+  template <std::size_t k>
+  using out_t = detail::stored_t<typename types<k>::output>;
 
-  //! Runs chunks 0..n-1 through every stage and returns when all are done; rethrows the first failure, after every
-  //! worker has stopped. No thread outlives the call.
+ public:
+  explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((names_[I] = detail::op_name<typename stage_t<I>::op>(I, names_[I])), ...);
+    }(std::make_index_sequence<K>{});
+  }
+
+  //! Runs chunks 0..n-1 through every stage, as one exec::Graph on the rank's workers, and returns when all are
+  //! done, the last stage's completions included; rethrows the first failure, once no task is running.
   void run(std::size_t chunks) {
     n_ = chunks;
-    done_.assign(K * chunks, 0);
-    failure_ = nullptr;
     this->reset_results(chunks);
     if (chunks == 0) return;
-    // One worker per distinct resource.
-    std::vector<const char*> resources;
-    (add_resource<typename S::resource>(resources), ...);
-    // Workers belong to the calling rank: they inherit its trace rank and its OpenMP thread count.
-    const int rank = trace::rank();
-    const int threads = threads_in_use();
-    std::vector<std::thread> workers;
-    workers.reserve(resources.size());
-    for (const char* r : resources)
-      workers.emplace_back([this, r, rank, threads] {
-        trace::set_rank(rank);
-        use_threads(threads);
-        work(r);
-      });
-    for (auto& w : workers) w.join();
-    if (failure_) std::rethrow_exception(failure_);
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk), added by diagonal: deadlock-free
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t i = 0; i < chunks; ++i) tasks.emplace_back(k, i);
+    detail::diagonal_order(tasks);
+    Graph g;
+    std::vector<Graph::Id> id(K * chunks);
+    for (auto [k, i] : tasks) {
+      std::vector<Graph::Id> after;
+      if (k > 0) after.push_back(id[(k - 1) * chunks + i]);
+      id[k * chunks + i] = add_task(g, k, i, std::move(after), std::make_index_sequence<K>{});
+    }
+    g.run();
   }
 
  private:
-  template <class R>
-  static void add_resource(std::vector<const char*>& v) {
-    if (std::find(v.begin(), v.end(), R::name) == v.end()) v.push_back(R::name);
-  }
-
-  //! The tasks of resource r, in the order that cannot deadlock: by diagonal i + k, then by stage.
-  void work(const char* r) {
-    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk)
-    std::size_t k = 0;
-    ((std::string_view(S::resource::name) == r ? add_tasks(tasks, k++) : void(++k)), ...);
-    detail::diagonal_order(tasks);
-    for (auto [stage, chunk] : tasks) {
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return failure_ || stage == 0 || done_[(stage - 1) * n_ + chunk]; });
-        if (failure_) return;
-      }
-      try {
-        run_task(stage, chunk, std::make_index_sequence<K>{});
-      } catch (...) {
-        std::lock_guard lk(m_);
-        if (!failure_) failure_ = std::current_exception();
-        cv_.notify_all();
-        return;
-      }
-      std::lock_guard lk(m_);
-      done_[stage * n_ + chunk] = 1;
-      cv_.notify_all();
-    }
-  }
-  void add_tasks(std::vector<std::pair<std::size_t, std::size_t>>& tasks, std::size_t stage) const {
-    for (std::size_t i = 0; i < n_; ++i) tasks.emplace_back(stage, i);
-  }
-
   template <std::size_t... I>
-  void run_task(std::size_t stage, std::size_t chunk, std::index_sequence<I...>) {
-    ((stage == I ? run_stage<I>(chunk) : void()), ...);
+  Graph::Id add_task(Graph& g, std::size_t stage, std::size_t chunk, std::vector<Graph::Id> after,
+                     std::index_sequence<I...>) {
+    Graph::Id id = 0;
+    ((stage == I ? void(id = add_stage<I>(g, chunk, std::move(after))) : void()), ...);
+    return id;
   }
+  //! What stage k left running for chunk i, for the graph to wait on.
   template <std::size_t k>
-  void run_stage(std::size_t chunk) {
-    using stage = std::tuple_element_t<k, std::tuple<S...>>;
+  struct Left {
+    out_t<k>* result;
+    void wait() { result->wait(); }
+  };
+  template <std::size_t k>
+  Graph::Id add_stage(Graph& g, std::size_t chunk, std::vector<Graph::Id> after) {
+    using R = typename stage_t<k>::resource;
+    const char* name = names_[k].c_str();
+    if constexpr (Completion<out_t<k>>)
+      return g.add<R>(name, [this, chunk] { return Left<k>{run_stage<k>(chunk)}; }, std::move(after));
+    else
+      return g.add<R>(name, [this, chunk] { run_stage<k>(chunk); }, std::move(after));
+  }
+  //! Stage k on chunk i; returns where its result is kept.
+  template <std::size_t k>
+  out_t<k>* run_stage(std::size_t chunk) {
     auto& op = std::get<k>(ops_);
-    const double t0 = trace::enabled() ? trace::now_us() : 0;
-    auto call = [&](auto&& input) {
+    auto& out = std::get<k>(this->results_)[chunk];
+    auto call = [&](auto& input) {
       if constexpr (std::is_void_v<typename types<k>::output>) {
         op(input);
-        std::get<k>(this->results_)[chunk] = chunk;
+        out = chunk;
       } else {
-        std::get<k>(this->results_)[chunk].emplace(op(input));
+        out.emplace(op(input));
       }
     };
     if constexpr (k == 0) {
-      call(chunk);
+      std::size_t i = chunk;
+      call(i);
     } else {
-      call(*std::get<k - 1>(this->results_)[chunk]);
+      call(*std::get<k - 1>(this->results_)[chunk]);  // its completion, if any, has finished: the graph waited
     }
-    if (trace::enabled()) {
-      std::string buf;
-      trace::record(detail::op_name<typename stage::op>(k, buf), stage::resource::name, t0, trace::now_us());
-    }
+    return &*out;
   }
 
   std::tuple<typename S::op...> ops_;
+  std::array<std::string, K> names_;
   std::size_t n_ = 0;
-  std::vector<char> done_;
-  std::exception_ptr failure_;
-  std::mutex m_;
-  std::condition_variable cv_;
 };
 
 }  // namespace loom::exec

@@ -198,6 +198,12 @@ struct Ops<Host> {
   }
   //! Waits for the work issued so far (nothing to wait for on the host).
   void synchronize() const {}
+  //! The point the work issued so far has reached, for another thread to wait on (an exec::Completion): on the
+  //! host that work is already done.
+  struct Mark {
+    void wait() const {}
+  };
+  Mark mark() const { return {}; }
 };
 
 //! What layers, models and optimizers call on a device's Ops, for storage type T (acc_t<T> for statistics, moments
@@ -242,6 +248,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   { o.sum_squares(c, n) } -> std::convertible_to<double>;
   { o.sum(c, n) } -> std::convertible_to<double>;
   o.synchronize();
+  o.mark().wait();
 };
 
 //! DeviceOpsFor every floating storage type a device computes with.

@@ -1,17 +1,21 @@
 // The pipeline executor: runs one stage's list of a schedule table (schedule.hpp) on that stage's model chunks,
 // moving activations and gradients over the pipeline communicator as the table says: each maximal run of send/recv
 // actions is one batched exchange, as the verifier assumed, so a table that passed verify() cannot hang here.
-// Exchanges overlap computation: each is posted and runs on the communicator's worker while the stage computes on,
-// and the stage waits only before a computation that reads what an exchange receives. Waiting later than the
-// verifier's blocking model never delays a peer, so what completes there completes here.
+// The list runs as one exec::Graph on the rank's workers: exchanges overlap computation (each is posted on P2p and
+// runs on the communicator while the stage computes on), and a computation waits only for the exchanges whose data
+// it reads. Waiting later than the verifier's blocking model never delays a peer, so what completes there
+// completes here.
 #pragma once
 
 #include <loom/comm/types.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/trace.hpp>
+#include <loom/exec/graph.hpp>
 #include <loom/pipeline/schedule.hpp>
 
 #include <algorithm>
+#include <optional>
+#include <span>
 #include <vector>
 
 namespace loom::pipeline {
@@ -59,116 +63,123 @@ class Executor {
   //! Runs this stage's list of `table`, micro-batch i being micro_batch(i) (each the same B x T), and accumulates
   //! the gradient of the mean loss over the micro-batches. Returns that mean loss on the stage that computes the
   //! loss, 0 elsewhere. grads_ready(c), when given, is called as soon as chunk c's weight gradients are complete
-  //! (after its last micro-batch's W or BW), so that their reduction can start while the stage computes on. A table
-  //! not given to prepare() is prepared first.
+  //! (after its last micro-batch's W or BW), on the Comm resource, so that their reduction starts while the stage
+  //! computes on; what it returns (a Completion, such as the Handle of an all-reduce it started) is waited for
+  //! before run() returns. A table not given to prepare() is prepared first.
+  //!
+  //! The list becomes one exec::Graph: its computations on Compute in the table's order; each maximal run of
+  //! send/recv actions one batched exchange on P2p, posted once the computation before it has run (it sends what
+  //! that produced) and left running on the communicator; a computation that reads what an exchange receives
+  //! depends on the exchanges posted since the last such computation. Exchanges are posted in the table's order,
+  //! as the verifier assumed, so a table that passed verify() cannot hang here.
   template <ScheduleTable Table, class Provider, class Ready = NoCallback>
   double run(const Table& table, Provider&& micro_batch, Ready&& grads_ready = {}) {
     if (prepared_ != static_cast<const void*>(&table) || prepared_m_ != table.micro_batches) prepare(table);
     const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
     const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
-    const int capacity = capacity_;
-    free_.assign(std::size_t(V), {});
-    for (auto& f : free_)
-      for (int i = capacity; i-- > 0;) f.push_back(i);
-    slot_.assign(std::size_t(V) * m, -1);
-    in_use_ = peak_ = 0;
-    std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
-    auto weights_in = [&](int chunk) {
-      if (++weights_done[std::size_t(chunk)] == m) grads_ready(chunk);
-    };
-    if (static_cast<int>(act_in_.size()) != V * m) {
-      act_in_.assign(std::size_t(V) * m, {});
-      grad_in_.assign(std::size_t(V) * m, {});
-      grad_out_.assign(std::size_t(V) * m, {});
-    }
     std::vector<MicroBatch> mbs;
     for (int i = 0; i < m; ++i) mbs.push_back(micro_batch(i));
     const std::size_t n = Model::io_elements(mbs[0].batch, mbs[0].seq);
+    for (auto* b : {&act_in_, &grad_in_, &grad_out_}) {
+      b->resize(std::size_t(V) * m);
+      for (auto& v : *b) v.resize(n);
+    }
     auto buf = [&](std::vector<std::vector<T>>& b, int micro, int chunk) -> std::vector<T>& {
-      auto& v = b[std::size_t(chunk) * m + micro];
-      v.resize(n);
-      return v;
+      return b[std::size_t(chunk) * m + micro];
     };
     auto vstage = [&](int chunk) { return virtual_stage(schedule_, P, stage, chunk); };
-    auto slot = [&](int micro, int chunk) -> int& { return slot_[std::size_t(chunk) * m + micro]; };
-    auto release = [&](int micro, int chunk) {
-      free_[std::size_t(chunk)].push_back(slot(micro, chunk));
-      slot(micro, chunk) = -1;
-      --in_use_;
-    };
     //! The chunk of this stage that holds virtual stage k, or -1.
     auto local = [&](int k) {
       const auto sc = stage_chunk(schedule_, P, k);
       return sc.stage == stage ? sc.chunk : -1;
     };
-    double loss = 0;
+    // Activation slots, assigned in the table's order as the run will use them: F takes one of its chunk's, the
+    // BW or W that ends the micro-batch gives it back.
+    std::vector<std::vector<int>> free(static_cast<std::size_t>(V));
+    for (auto& f : free)
+      for (int i = capacity_; i-- > 0;) f.push_back(i);
+    std::vector<int> slot(std::size_t(V) * m, -1);
+    auto slot_of = [&](int micro, int chunk) -> int& { return slot[std::size_t(chunk) * m + micro]; };
+    int in_use = 0;
+    peak_ = 0;
+
+    exec::Graph g;
+    double loss = 0;  // written by Compute's tasks only
+    std::vector<exec::Graph::Id> posted;  // exchanges no computation has waited for yet
+    std::optional<exec::Graph::Id> computed;  // the last computation
+    std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
     const auto actions = table.stage(stage);
-    std::vector<comm::P2P> ops;
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       if (!is_compute(a.kind)) {
-        ops.clear();
-        for (; i < actions.size() && !is_compute(actions[i].kind); ++i) {
-          const Action& x = actions[i];
-          Model& part = *chunks_[static_cast<std::size_t>(x.chunk)];
+        const std::size_t first = i;
+        while (i + 1 < actions.size() && !is_compute(actions[i + 1].kind)) ++i;
+        // What each action sends or receives into, fixed now; the activation it sends is read when it runs.
+        std::vector<Transfer> run;
+        for (std::size_t j = first; j <= i; ++j) {
+          const Action& x = actions[j];
+          Model* part = chunks_[static_cast<std::size_t>(x.chunk)];
           switch (x.kind) {
-            case Kind::send_act:
-              ops.push_back(comm::send_op(std::span<const T>(part.output(slot(x.micro, x.chunk)), n), x.peer));
-              break;
-            case Kind::recv_act: ops.push_back(comm::recv_op(buf(act_in_, x.micro, x.chunk), x.peer)); break;
-            case Kind::send_grad: ops.push_back(comm::send_op(buf(grad_out_, x.micro, x.chunk), x.peer)); break;
-            case Kind::recv_grad: ops.push_back(comm::recv_op(buf(grad_in_, x.micro, x.chunk), x.peer)); break;
+            case Kind::send_act: run.push_back({x.kind, x.peer, part, slot_of(x.micro, x.chunk), nullptr}); break;
+            case Kind::recv_act: run.push_back({x.kind, x.peer, part, -1, &buf(act_in_, x.micro, x.chunk)}); break;
+            case Kind::send_grad: run.push_back({x.kind, x.peer, part, -1, &buf(grad_out_, x.micro, x.chunk)}); break;
+            case Kind::recv_grad: run.push_back({x.kind, x.peer, part, -1, &buf(grad_in_, x.micro, x.chunk)}); break;
             default: break;
           }
         }
-        --i;
-        // Posted, not waited for: the stage computes on while the exchange runs on the communicator's worker, and
-        // waits only before a compute that reads what it receives. Exchanges complete in the order posted.
-        pending_.push_back(pp_.exchange_async(ops));
+        std::vector<exec::Graph::Id> after;
+        if (computed) after.push_back(*computed);
+        posted.push_back(g.add<exec::P2p>("exchange", [this, run = std::move(run), n] { return exchange(run, n); },
+                                          std::move(after)));
         continue;
       }
-      Model& part = *chunks_[static_cast<std::size_t>(a.chunk)];
-      const int k = vstage(a.chunk);
+      Model* part = chunks_[static_cast<std::size_t>(a.chunk)];
+      const int k = vstage(a.chunk), micro = a.micro;
+      std::vector<exec::Graph::Id> after;
+      const bool reads_exchange = a.kind == Kind::F ? k > 0 && local(k - 1) < 0
+                                  : a.kind == Kind::W ? false
+                                                      : k < last && local(k + 1) < 0;
+      if (reads_exchange) after.swap(posted);
       if (a.kind == Kind::F) {
-        if (k > 0 && local(k - 1) < 0) wait_exchanges();
-        trace::Scope span("F", "compute");
-        const T* input = nullptr;
-        if (k > 0) {
-          const int prev = local(k - 1);
-          input = prev >= 0 ? chunks_[static_cast<std::size_t>(prev)]->output(slot(a.micro, prev))
-                            : buf(act_in_, a.micro, a.chunk).data();
-        }
-        auto& f = free_[static_cast<std::size_t>(a.chunk)];
-        LOOM_CHECK(!f.empty(), "stage ", stage, " has no free activation slot for micro-batch ", a.micro);
-        slot(a.micro, a.chunk) = f.back();
+        auto& f = free[static_cast<std::size_t>(a.chunk)];
+        LOOM_CHECK(!f.empty(), "stage ", stage, " has no free activation slot for micro-batch ", micro);
+        const int s = slot_of(micro, a.chunk) = f.back();
         f.pop_back();
-        peak_ = std::max(peak_, ++in_use_);
-        const double l = part.forward(slot(a.micro, a.chunk), mbs[static_cast<std::size_t>(a.micro)], input);
-        if (k == last) loss += l / m;
-      } else if (a.kind == Kind::B || a.kind == Kind::BW) {
-        if (k < last && local(k + 1) < 0) wait_exchanges();
-        trace::Scope span(a.kind == Kind::B ? "B" : "BW", "compute");
+        peak_ = std::max(peak_, ++in_use);
+        const T* received = k > 0 && local(k - 1) < 0 ? buf(act_in_, micro, a.chunk).data() : nullptr;
+        Model* prev = k > 0 && local(k - 1) >= 0 ? chunks_[static_cast<std::size_t>(local(k - 1))] : nullptr;
+        const int prev_slot = prev ? slot_of(micro, local(k - 1)) : -1;
+        const MicroBatch mb = mbs[static_cast<std::size_t>(micro)];
+        const bool counts = k == last;
+        computed = g.add<exec::Compute>("F", [=, &loss] {
+          const double l = part->forward(s, mb, prev ? prev->output(prev_slot) : received);
+          if (counts) loss += l / m;
+        }, std::move(after));
+      } else {
+        const int s = slot_of(micro, a.chunk);
         const T* dout = nullptr;
-        if (k < last) {
-          const int next = local(k + 1);
-          dout = next >= 0 ? buf(grad_out_, a.micro, next).data() : buf(grad_in_, a.micro, a.chunk).data();
+        if (k < last)
+          dout = local(k + 1) >= 0 ? buf(grad_out_, micro, local(k + 1)).data() : buf(grad_in_, micro, a.chunk).data();
+        T* din = k > 0 ? buf(grad_out_, micro, a.chunk).data() : nullptr;
+        const Kind kind = a.kind;
+        const char* name = kind == Kind::B ? "B" : kind == Kind::BW ? "BW" : "W";
+        computed = g.add<exec::Compute>(name, [=] {
+          if (kind == Kind::W) return part->backward_weights(s);
+          if (kind == Kind::B) part->backward_inputs(s, 1.0 / m, dout);
+          else part->backward(s, 1.0 / m, dout);
+          if (din) std::copy_n(part->input_grad(), n, din);
+        }, std::move(after));
+        if (kind != Kind::B) {  // the micro-batch is done with its slot
+          free[static_cast<std::size_t>(a.chunk)].push_back(s);
+          slot_of(micro, a.chunk) = -1;
+          --in_use;
+          if (++weights_done[std::size_t(a.chunk)] == m)
+            g.add<exec::Comm>("gradients ready", [&grads_ready, c = a.chunk] { return grads_ready(c); },
+                              {*computed});
         }
-        if (a.kind == Kind::B) {
-          part.backward_inputs(slot(a.micro, a.chunk), 1.0 / m, dout);
-        } else {
-          part.backward(slot(a.micro, a.chunk), 1.0 / m, dout);
-          release(a.micro, a.chunk);
-        }
-        if (k > 0) std::copy_n(part.input_grad(), n, buf(grad_out_, a.micro, a.chunk).data());
-        if (a.kind == Kind::BW) weights_in(a.chunk);
-      } else {  // W
-        trace::Scope span("W", "compute");
-        part.backward_weights(slot(a.micro, a.chunk));
-        release(a.micro, a.chunk);
-        weights_in(a.chunk);
       }
     }
-    wait_exchanges();
+    g.run();
     return loss;
   }
 
@@ -176,20 +187,29 @@ class Executor {
   int peak_activations() const { return peak_; }
 
  private:
-  void wait_exchanges() {
-    if (pending_.empty()) return;
-    trace::Scope span("wait for exchanges", "comm");
-    for (auto& h : pending_) h.wait();
-    pending_.clear();
+  //! One send or receive of an exchange: an activation of a part's slot, or a buffer.
+  struct Transfer {
+    Kind kind;
+    int peer;
+    Model* part;
+    int slot;               //!< send_act: the slot whose output is sent
+    std::vector<T>* data;   //!< the others: what is sent, or received into
+  };
+  //! Posts one batched exchange and returns its handle, left running on the communicator.
+  comm::Handle exchange(const std::vector<Transfer>& run, std::size_t n) {
+    std::vector<comm::P2P> ops;
+    for (const auto& x : run) {
+      if (x.kind == Kind::send_act) ops.push_back(comm::send_op(std::span<const T>(x.part->output(x.slot), n), x.peer));
+      else if (x.kind == Kind::send_grad) ops.push_back(comm::send_op(std::span<const T>(*x.data), x.peer));
+      else ops.push_back(comm::recv_op(std::span<T>(*x.data), x.peer));
+    }
+    return pp_.exchange_async(ops);
   }
 
   const void* prepared_ = nullptr;        //!< the table prepare() verified, and its micro-batch count
   int prepared_m_ = 0;
   int capacity_ = 1;                      //!< activation slots per chunk, from the prepared table
-  std::vector<comm::Handle> pending_;     //!< exchanges posted and not yet waited for, in order
-  std::vector<std::vector<int>> free_;  //!< per chunk: free activation slots
-  std::vector<int> slot_;               //!< per (chunk, micro-batch): its slot, or -1
-  int in_use_ = 0, peak_ = 0;
+  int peak_ = 0;                          //!< the most activations held at once in the last run
   std::vector<Model*> chunks_;
   Comm& pp_;
   Schedule schedule_;

@@ -73,40 +73,48 @@ class DataParallel {
   }
 
  private:
-  //! Stage 0, on Compute: backward chunk c; returns the parameters it completed, once they are in memory (on a
-  //! device, the chunk's kernels have finished: the reduction reads them from another stream).
+  using Mark = decltype(std::declval<Model&>().ops().mark());
+  using Range = typename Model::ParamRange;
+
+  //! Stage 0, on Compute: issues backward chunk c and returns the parameters it completes, pending until its work
+  //! is done (on a device: an event after the chunk's kernels, which the reduction waits for; the compute stream
+  //! goes on with the next chunk).
   struct BackwardChunk {
     static constexpr const char* name = "backward";
     Model* m;
     int slot;
     double scale;
-    auto operator()(std::size_t c) const {
-      const auto done = m->backward_chunk(slot, static_cast<int>(c), scale);
-      m->ops().synchronize();
-      return done;
+    exec::Pending<Range, Mark> operator()(std::size_t c) const {
+      const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
+      return {done, m->ops().mark()};
     }
   };
-  //! Stage 1, on Comm: averages every bucket that is now complete, in bucket order.
+  //! Stage 1, on Comm, once a chunk's gradients are in memory: starts the average of every bucket that is now
+  //! complete, in bucket order; the step waits for them at the end of run().
   struct ReduceReady {
     static constexpr const char* name = "all_reduce buckets";
     DataParallel* self;
     std::vector<char>* complete;
     std::size_t* next;
-    void operator()(typename Model::ParamRange r) const {
+    comm::Handles operator()(exec::Pending<Range, Mark>& chunk) const {
+      const Range r = chunk.value;
       for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
       if (r.also != Model::no_param) (*complete)[r.also] = 1;
       auto& bs = self->buckets_;
+      comm::Handles started;
       while (*next < bs.size() &&
              std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
                          complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
-        self->reduce(bs[(*next)++]);
+        started.all.push_back(self->start(bs[(*next)++]));
+      return started;
     }
   };
 
-  void reduce(const Bucket& b) {
-    std::span<T> g(model_.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo));
-    comm_.all_reduce(g, comm::Reduce::avg);
+  std::span<T> grads_of(const Bucket& b) {
+    return {model_.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)};
   }
+  void reduce(const Bucket& b) { comm_.all_reduce(grads_of(b), comm::Reduce::avg); }
+  comm::Handle start(const Bucket& b) { return comm_.all_reduce_async(grads_of(b), comm::Reduce::avg); }
 
   Model& model_;
   Comm& comm_;

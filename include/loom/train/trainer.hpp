@@ -264,7 +264,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       data_.fill(step, row0(i), micro_, in.data(), tg.data());
     }
     auto& dp = *at_.dp;
-    std::vector<comm::Handle> averaging;
+    // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
+    // graph waits for it before returning.
     const double loss = exec_->run(
         table_,
         [&](int i) {
@@ -273,13 +274,9 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
                                             micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
         },
         [&](int chunk) {
-          if (dp.size() > 1)
-            averaging.push_back(dp.all_reduce_async(parts[std::size_t(chunk)]->grads().span(), comm::Reduce::avg));
+          return dp.size() > 1 ? dp.all_reduce_async(parts[std::size_t(chunk)]->grads().span(), comm::Reduce::avg)
+                               : comm::Handle();
         });
-    {
-      trace::Scope span("wait for data-parallel averages", "comm");
-      for (auto& h : averaging) h.wait();
-    }
     reduce_tied();
     return loss;
   }

@@ -11,6 +11,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace loom::kernels {
@@ -251,6 +252,25 @@ struct Ops<Cuda> {
     return cuda::detail::device_sum<false>(x, n, stream);
   }
   void synchronize() const { LOOM_CUDA(cudaStreamSynchronize(stream)); }
+  //! An event recorded after the work issued so far on the stream: wait() blocks the calling thread (not the
+  //! stream) until the device has done that work. Move-only; the event is destroyed with it.
+  class Mark {
+   public:
+    explicit Mark(cudaStream_t s) {
+      LOOM_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+      LOOM_CUDA(cudaEventRecord(event_, s));
+    }
+    Mark(Mark&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    Mark& operator=(Mark&&) = delete;
+    ~Mark() {
+      if (event_) cudaEventDestroy(event_);
+    }
+    void wait() const { LOOM_CUDA(cudaEventSynchronize(event_)); }
+
+   private:
+    cudaEvent_t event_ = nullptr;
+  };
+  Mark mark() const { return Mark(stream); }
 };
 
 static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
