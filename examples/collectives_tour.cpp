@@ -16,7 +16,10 @@ int main() {
   auto say = [&](int rank, const std::string& s) { log[rank].push_back(s); };
   auto show = [](const auto& v) {
     std::string s = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(static_cast<double>(v[i])).substr(0, 4);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) s += ' ';
+      s += std::to_string(static_cast<double>(v[i])).substr(0, 4);
+    }
     return s + "]";
   };
 

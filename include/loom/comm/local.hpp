@@ -401,54 +401,10 @@ class LocalComm : public Frontend<LocalComm> {
   template <class T>
   T* recv_of(int q) const { return static_cast<T*>(g_->mem[q].op->recv); }
 
+  //! One collective on elements of type T (a host_t). Not inline: with LOOM_EXTERN_KERNELS the element types'
+  //! instantiations come from loom::cpu_kernels, compiled once (src/comm_local.cpp).
   template <class T>
-  void execute(std::uint64_t seq, const Op& op, Algorithm algo, detail::Clock::time_point deadline) {
-    const int n = g_->n;
-    const std::size_t c = op.count;
-    std::vector<const T*> src(n);
-    switch (op.kind) {
-      case Collective::barrier:
-      case Collective::send_recv:
-        return;
-      case Collective::all_reduce:
-        if (algo == Algorithm::ring) return ring_all_reduce<T>(seq, op, deadline);
-        if (algo == Algorithm::halving_doubling) return rhd_all_reduce<T>(seq, op, deadline);
-        return direct_all_reduce<T>(seq, op, deadline);
-      case Collective::reduce_scatter:
-        for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + me_ * c;
-        mv_.reduce_sources(static_cast<T*>(op.recv), src.data(), n, c, op.reduce);
-        mv_.finish_avg(static_cast<T*>(op.recv), c, n, op.reduce);
-        return;
-      case Collective::all_gather:
-        for (int q = 0; q < n; ++q)
-          if (static_cast<T*>(op.recv) + q * c != send_of<T>(q))
-            mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q), c * sizeof(T));
-        return;
-      case Collective::broadcast:
-        if (me_ != op.root && c) mv_.copy(op.recv, recv_of<T>(op.root), c * sizeof(T));
-        return;
-      case Collective::reduce: {
-        // Each rank reduces its slice of the buffer into the root's recv.
-        const auto r = detail::chunk(c, n, me_);
-        for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
-        T* out = recv_of<T>(op.root) + r.lo;
-        mv_.reduce_sources(out, src.data(), n, r.size(), op.reduce);
-        mv_.finish_avg(out, r.size(), n, op.reduce);
-        return;
-      }
-      case Collective::all_to_all:
-        for (int q = 0; q < n; ++q)
-          mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q) + me_ * c, c * sizeof(T));
-        return;
-      case Collective::all_to_all_v:
-        for (int q = 0; q < n; ++q) {
-          const auto* peer = g_->mem[q].op;
-          mv_.copy(static_cast<T*>(op.recv) + op.recv_displs[q], send_of<T>(q) + peer->send_displs[me_],
-                   op.recv_counts[q] * sizeof(T));
-        }
-        return;
-    }
-  }
+  void execute(std::uint64_t seq, const Op& op, Algorithm algo, detail::Clock::time_point deadline);
 
   //! Marks `steps` steps of collective seq done.
   void advance(std::uint64_t seq, std::uint64_t steps) {
@@ -693,6 +649,66 @@ class LocalComm : public Frontend<LocalComm> {
   detail::Mover mv_;  // the current collective's: host or device memory
   detail::SerialWorker worker_;  // last member: destroyed first, while the rest is still valid
 };
+
+template <class T>
+void LocalComm::execute(std::uint64_t seq, const Op& op, Algorithm algo, detail::Clock::time_point deadline) {
+  const int n = g_->n;
+  const std::size_t c = op.count;
+  std::vector<const T*> src(n);
+  switch (op.kind) {
+    case Collective::barrier:
+    case Collective::send_recv:
+      return;
+    case Collective::all_reduce:
+      if (algo == Algorithm::ring) return ring_all_reduce<T>(seq, op, deadline);
+      if (algo == Algorithm::halving_doubling) return rhd_all_reduce<T>(seq, op, deadline);
+      return direct_all_reduce<T>(seq, op, deadline);
+    case Collective::reduce_scatter:
+      for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + me_ * c;
+      mv_.reduce_sources(static_cast<T*>(op.recv), src.data(), n, c, op.reduce);
+      mv_.finish_avg(static_cast<T*>(op.recv), c, n, op.reduce);
+      return;
+    case Collective::all_gather:
+      for (int q = 0; q < n; ++q)
+        if (static_cast<T*>(op.recv) + q * c != send_of<T>(q))
+          mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q), c * sizeof(T));
+      return;
+    case Collective::broadcast:
+      if (me_ != op.root && c) mv_.copy(op.recv, recv_of<T>(op.root), c * sizeof(T));
+      return;
+    case Collective::reduce: {
+      // Each rank reduces its slice of the buffer into the root's recv.
+      const auto r = detail::chunk(c, n, me_);
+      for (int q = 0; q < n; ++q) src[q] = send_of<T>(q) + r.lo;
+      T* out = recv_of<T>(op.root) + r.lo;
+      mv_.reduce_sources(out, src.data(), n, r.size(), op.reduce);
+      mv_.finish_avg(out, r.size(), n, op.reduce);
+      return;
+    }
+    case Collective::all_to_all:
+      for (int q = 0; q < n; ++q)
+        mv_.copy(static_cast<T*>(op.recv) + q * c, send_of<T>(q) + me_ * c, c * sizeof(T));
+      return;
+    case Collective::all_to_all_v:
+      for (int q = 0; q < n; ++q) {
+        const auto* peer = g_->mem[q].op;
+        mv_.copy(static_cast<T*>(op.recv) + op.recv_displs[q], send_of<T>(q) + peer->send_displs[me_],
+                 op.recv_counts[q] * sizeof(T));
+      }
+      return;
+  }
+}
+
+//! The element types every Local collective runs on.
+#define LOOM_LOCAL_COMM_TYPES(X) \
+  X(float) X(double) X(detail::host_t<bf16>) X(detail::host_t<fp16>) X(std::int32_t) X(std::int64_t)
+#define LOOM_LOCAL_COMM_EXECUTE(T) \
+  template void LocalComm::execute<T>(std::uint64_t, const Op&, Algorithm, detail::Clock::time_point);
+#ifdef LOOM_EXTERN_KERNELS
+#define LOOM_LOCAL_COMM_EXTERN(T) extern LOOM_LOCAL_COMM_EXECUTE(T)
+LOOM_LOCAL_COMM_TYPES(LOOM_LOCAL_COMM_EXTERN)
+#undef LOOM_LOCAL_COMM_EXTERN
+#endif
 
 //! The Local backend: what Context<Cfg, Local> needs to hand out communicators to one rank thread.
 struct Local {
