@@ -15,9 +15,6 @@
 #ifdef LOOM_HAS_MPI
 #include <loom/comm/mpi.hpp>
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include <unistd.h>
 
@@ -27,7 +24,6 @@
 #include <fstream>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace train_gpt {
@@ -219,9 +215,6 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
   using Model = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
   static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::pp> == 1,
                 "loom: train_gpt runs pipeline parallelism on the host");
-#ifdef _OPENMP
-  omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / Ctx::world_size));
-#endif
   const train::Batches batches(tokens, a.batch, a.seq,
                                a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
                                a.seed, a.data);
