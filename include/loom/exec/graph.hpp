@@ -10,17 +10,16 @@
 #include <loom/core/error.hpp>
 #include <loom/core/threads.hpp>
 #include <loom/core/trace.hpp>
+#include <loom/core/worker.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -59,51 +58,6 @@ struct Pending {
 };
 
 namespace detail {
-
-//! A thread that runs the jobs posted to it, in order, until it is destroyed. Jobs must not throw.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard lk(m_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest exists
-};
 
 //! A number for each resource type, from 0, the same in every translation unit.
 inline int next_resource_id() {

@@ -7,43 +7,24 @@
 #endif
 
 #include <loom/comm/types.hpp>
+#include <loom/core/worker.hpp>
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
+#include <future>
+#include <memory>
 
 namespace loom::comm::detail {
 
 class SerialWorker {
  public:
-  SerialWorker() = default;
-  SerialWorker(const SerialWorker&) = delete;
-  SerialWorker& operator=(const SerialWorker&) = delete;
-  ~SerialWorker() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
   //! True once an asynchronous operation was issued: later blocking ones must queue behind it to keep the order.
-  bool started() const { return thread_.joinable(); }
+  bool started() const { return worker_.started(); }
 
   //! Runs job on the worker thread after every job issued before it; the handle rethrows what job throws.
   Handle submit(std::function<void()> job) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     auto task = std::make_shared<std::packaged_task<void()>>(std::move(job));
     Handle h(task->get_future().share());
-    {
-      std::lock_guard lk(m_);
-      queue_.push_back([task] { (*task)(); });
-    }
-    cv_.notify_one();
+    worker_.post([task] { (*task)(); });
     return h;
   }
 
@@ -59,25 +40,7 @@ class SerialWorker {
   }
 
  private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  Worker worker_;
 };
 
 }  // namespace loom::comm::detail
