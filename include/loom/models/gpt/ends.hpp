@@ -25,7 +25,9 @@ class GptEmbedding {
   void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
     const int d = region_.C;
     emb_.forward(ids, wte, full, x);
-    for_positions([&](int i, int n, int t0) { region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0); });
+    for_positions([&](int i, int n, int t0) {
+      region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
+    });
     drop.forward(region_.ops, x, x, std::size_t(region_.rows()) * d, 0, 0);
   }
   //! Accumulates the tables' gradients from dx, the gradient of x (overwritten); dfull as full in forward.
