@@ -7,14 +7,10 @@
 #include <loom/models/gpt.hpp>
 #include <loom/train/data_parallel.hpp>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace ddp_bench {
@@ -45,9 +41,6 @@ Row measure(const DdpOptions& o) {
   const int seq = row.seq, rows = o.batch / N;
   LOOM_CHECK(rows >= 1 && o.batch % N == 0, "--batch ", o.batch, " must be a multiple of dp ", N);
   run_local<Parallel<DP<N>>>([&](auto& ctx) {
-#ifdef _OPENMP
-    omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
-#endif
     Model m(1);
     auto& dp = ctx.template comm<Axis::dp>();
     const auto bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));

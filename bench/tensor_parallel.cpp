@@ -15,9 +15,6 @@
 
 #include <nlohmann/json.hpp>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -27,7 +24,6 @@
 #include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,9 +73,6 @@ Row measure(const TpOptions& o) {
   for (std::size_t i = 0; i < ids.size(); ++i) tg[i] = ids[(i + 1) % ids.size()];
   std::mutex mu;
   run_local<Cfg>([&](auto& ctx) {
-#ifdef _OPENMP
-    omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
-#endif
     auto& tp = ctx.template comm<Axis::tp>();
     models::Gpt<S, float, Cfg> m(1, tp);
     std::vector<double> times;

@@ -12,13 +12,11 @@
 #include <loom/core/trace.hpp>
 #include <loom/exec/graph.hpp>
 
-
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -97,7 +95,7 @@ using results_base_t = typename ResultsOf<Extra, std::make_index_sequence<sizeof
 
 //! The name of stage k's operation in the trace: its `name`, or "stage k".
 template <class Op>
-std::string op_name(std::size_t k, const std::string&) {
+std::string op_name(std::size_t k) {
   if constexpr (requires { Op::name; }) return Op::name;
   else return "stage " + std::to_string(k);
 }
@@ -118,14 +116,13 @@ class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
  public:
   explicit Pipeline(typename S::op... ops) : ops_(std::move(ops)...) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((names_[I] = detail::op_name<typename stage_t<I>::op>(I, names_[I])), ...);
+      ((names_[I] = detail::op_name<typename stage_t<I>::op>(I)), ...);
     }(std::make_index_sequence<K>{});
   }
 
   //! Runs chunks 0..n-1 through every stage, as one exec::Graph on the rank's workers, and returns when all are
   //! done, the last stage's completions included; rethrows the first failure, once no task is running.
   void run(std::size_t chunks) {
-    n_ = chunks;
     this->reset_results(chunks);
     if (chunks == 0) return;
     std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (stage, chunk), added by diagonal: deadlock-free
@@ -189,7 +186,6 @@ class Pipeline : public detail::results_base_t<std::tuple<>, S...> {
 
   std::tuple<typename S::op...> ops_;
   std::array<std::string, K> names_;
-  std::size_t n_ = 0;
 };
 
 }  // namespace loom::exec
