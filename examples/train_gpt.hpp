@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,19 +64,59 @@ struct Held {
   double replicated = 0, sharded = 0, grads = 0, state = 0;
 };
 
-//! What the loop prints of a layout: its name, tensor-parallel degree and, with pipeline parallelism, its stages,
-//! schedule and chunks per stage; taken from the layout type (layout_facts<Cfg>).
+//! What train_gpt reads of a layout type: its name, sizes, sequence parallelism and, with pipeline parallelism, its
+//! schedule and chunks per stage (layout_facts<Cfg>).
 struct LayoutFacts {
   std::string name;
-  int tp = 1, pp = 1, chunks = 1;
+  int tp = 1, dp = 1, pp = 1, chunks = 1;
+  bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
 };
 template <class Cfg>
 LayoutFacts layout_facts() {
   constexpr int pp = Cfg::template size<Axis::pp>;
-  return {std::string(Cfg::name()), Cfg::template size<Axis::tp>, pp,
-          pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1, Cfg::schedule};
+  return {std::string(Cfg::name()), Cfg::template size<Axis::tp>, Cfg::template size<Axis::dp>, pp,
+          pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1, Cfg::sequence_parallel,
+          Cfg::schedule};
 }
+
+using LocalComm = comm::Local::Comm;
+#ifdef LOOM_HAS_MPI
+using MpiComm = comm::Mpi::Comm;
+#else
+struct MpiComm {};  //!< a build without MPI has no MPI rank to start
+#endif
+
+//! What a rank does, given its place in the layout (train::RankInLayout).
+template <class Comm, bool Pipelined>
+using RankFn = std::function<void(const train::RankInLayout<Comm, Pipelined>&)>;
+
+//! A layout as train_gpt runs it: its facts, and how to start its ranks on each backend, each rank given its
+//! RankInLayout. The only part of train_gpt compiled once per layout (Launch<Cfg>); the model, the trainer and the
+//! loop are compiled once per model layout (models::ModelLayout) and Pipelined.
+template <bool Pipelined>
+struct LayoutRun {
+  LayoutFacts facts;
+  void (*local)(const RankFn<LocalComm, Pipelined>&);
+  int (*mpi)(int&, char**&, const RankFn<MpiComm, Pipelined>&);
+};
+
+template <class Cfg>
+struct Launch {
+  static constexpr bool pipelined = Cfg::template size<Axis::pp> > 1;
+  static void local(const RankFn<LocalComm, pipelined>& f) {
+    run_local<Cfg>([&](auto& ctx) { f(train::rank_in_layout(ctx)); });
+  }
+  static int mpi([[maybe_unused]] int& argc, [[maybe_unused]] char**& argv,
+                 [[maybe_unused]] const RankFn<MpiComm, pipelined>& f) {
+#ifdef LOOM_HAS_MPI
+    return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { f(train::rank_in_layout(ctx)); });
+#else
+    throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
+#endif
+  }
+  static LayoutRun<pipelined> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
+};
 
 //! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
 //! optimizer step i and returns its train::StepResult. A skipped step (every rank left the model as it was: its loss
@@ -206,23 +247,22 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
 //! The trainer's options from the command line: what the layout type does not say.
 train::TrainerOptions trainer_options(const Args& a);
 
-//! What every rank does: builds the trainer of layout Ctx::config (its part of the model: tensor parallelism; with
-//! pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU (ranks that share
-//! one GPU through the Local backend). Only the trainer's type depends on the layout.
-template <models::GptShape S, class T, class Dev, class Ctx>
-void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
-  using Cfg = typename Ctx::config;
-  using Model = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
-  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::pp> == 1,
-                "loom: train_gpt runs pipeline parallelism on the host");
+//! What every rank does: builds its trainer from its place in the layout (its part of the model: tensor
+//! parallelism; with pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU
+//! (ranks that share one GPU through the Local backend). Compiled once per model, backend and Pipelined.
+template <models::GptShape S, class T, class ML, class Dev, class Comm, bool Pipelined>
+void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined>& at, const LayoutFacts& layout,
+                const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
+  using Model = models::Gpt<S, T, ML, Dev>;
+  static_assert(std::is_same_v<Dev, Host> || !Pipelined, "loom: train_gpt runs pipeline parallelism on the host");
   const train::Batches batches(tokens, a.batch, a.seq,
                                a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
                                a.seed, a.data);
   const train::TrainerOptions options = trainer_options(a);
   auto go = [&](auto make) {
     using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
-    train::Trainer<Cfg, Model, Opt> trainer(ctx, batches, options, make);
-    run_trainer(a, trainer, ctx.world(), layout_facts<Cfg>(), tokens.size(), run);
+    train::TrainerOf<Model, Opt> trainer(at, batches, options, make);
+    run_trainer(a, trainer, *at.world, layout, tokens.size(), run);
   };
   // On a GPU train_gpt compiles AdamW alone, which halves the CUDA part of its build.
   if (a.optimizer == "adamw")
@@ -237,68 +277,70 @@ void train_rank(const Args& a, Ctx& ctx, const std::vector<std::int32_t>& tokens
     throw Error("loom: --device cuda trains with --optimizer adamw");
 }
 
-//! Runs layout Cfg on the chosen backend and device.
-template <models::GptShape S, class T, class Cfg, class Dev>
-int train(const Args& a, int& argc, char**& argv) {
-  constexpr int dp = Cfg::template size<Axis::dp>;
+//! Runs a layout with model layout ML (its tensor-parallel degree and sequence parallelism) on the chosen backend
+//! and device.
+template <models::GptShape S, class T, class ML, class Dev, bool Pipelined>
+int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined>& layout) {
+  const LayoutFacts& f = layout.facts;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
-  constexpr int pp = Cfg::template size<Axis::pp>;
-  if constexpr (pp > 1) {
-    const int parts = pp * pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages);
+  if (Pipelined) {
+    const int parts = f.pp * f.chunks;
     if (a.layer_split.empty())
       LOOM_CHECK(S.layers % parts == 0, "--model ", a.model, " has ", S.layers, " layers, which do not split over ",
-                 parts, " pipeline parts (pp", pp, " x ", parts / pp,
+                 parts, " pipeline parts (pp", f.pp, " x ", f.chunks,
                  " chunks): --layer-split can split them unevenly");
     else
       train::layer_bounds(S.layers, parts, a.layer_split);
   } else {
     LOOM_CHECK(a.layer_split.empty(), "--layer-split splits the layers over pipeline stages, but the layout ",
-               Cfg::name(), " has none (add ppN to --parallel)");
+               f.name, " has none (add ppN to --parallel)");
   }
-  LOOM_CHECK(a.batch % (dp * a.micro_batches) == 0, "--batch ", a.batch, " must be a multiple of dp x micro-batches = ",
-             dp, " x ", a.micro_batches);
-  LOOM_CHECK(!Cfg::sequence_parallel || a.seq % Cfg::template size<Axis::tp> == 0, "--parallel ", Cfg::name(),
-             ": sequence parallelism splits each sequence over tp = ", Cfg::template size<Axis::tp>,
-             " ranks, but --seq ", a.seq, " is not a multiple of it");
+  LOOM_CHECK(a.batch % (f.dp * a.micro_batches) == 0, "--batch ", a.batch,
+             " must be a multiple of dp x micro-batches = ", f.dp, " x ", a.micro_batches);
+  LOOM_CHECK(!f.sequence_parallel || a.seq % f.tp == 0, "--parallel ", f.name,
+             ": sequence parallelism splits each sequence over tp = ", f.tp, " ranks, but --seq ", a.seq,
+             " is not a multiple of it");
   auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
   for (auto t : tokens)
     LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
   // Checked here, before any rank starts: a refusal is one message and exit status 1 on every backend.
-  const nlohmann::json run = run_record(a, std::string(Cfg::name()), tokens);
+  const nlohmann::json run = run_record(a, f.name, tokens);
   if (!a.resume.empty()) check_resume(a, run);
   if (a.backend == "mpi") {
-#ifdef LOOM_HAS_MPI
     if constexpr (std::is_same_v<Dev, Host>)
-      return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens, run); });
+      return layout.mpi(argc, argv, [&](const auto& at) { train_rank<S, T, ML, Dev>(a, at, f, tokens, run); });
     throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
-#else
-    throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
-#endif
   }
-  (void)argc, (void)argv;
-  run_local<Cfg>([&](auto& ctx) { train_rank<S, T, Dev>(a, ctx, tokens, run); });
+  layout.local([&](const auto& at) { train_rank<S, T, ML, Dev>(a, at, f, tokens, run); });
   return 0;
 }
 
-//! Layout Cfg on device Dev with the model and dtype that --model and --dtype name; a shape that cannot be split as
-//! Cfg says is refused with the rule it breaks.
-template <class Cfg, class Dev = Host>
-int train_model(const Args& a, int& argc, char**& argv) {
+//! A layout with model layout ML on device Dev, with the model and dtype that --model and --dtype name; a shape that
+//! cannot be split as ML says is refused with the rule it breaks. Compiled once per model layout and Pipelined.
+template <class ML, class Dev, bool Pipelined>
+int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined>& layout) {
   auto go = [&]<models::GptShape S>() -> int {
-    constexpr auto rule = models::tensor_parallel_violation(S, Cfg::template size<Axis::tp>, Cfg::sequence_parallel);
+    constexpr auto rule = models::tensor_parallel_violation(S, ML::template size<Axis::tp>, ML::sequence_parallel);
     if constexpr (rule.empty()) {
-      if (a.dtype == "f64") return train<S, double, Cfg, Dev>(a, argc, argv);
+      if (a.dtype == "f64") return train<S, double, ML, Dev>(a, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)
-        if (a.dtype == "bf16") return train<S, bf16, Cfg, Dev>(a, argc, argv);
-      return train<S, float, Cfg, Dev>(a, argc, argv);
+        if (a.dtype == "bf16") return train<S, bf16, ML, Dev>(a, argc, argv, layout);
+      return train<S, float, ML, Dev>(a, argc, argv, layout);
     } else {
-      throw Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", Cfg::name(), ": ", rule));
+      throw Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", layout.facts.name,
+                                    ": ", rule));
     }
   };
   if (a.model == "tiny") return go.template operator()<models::tiny>();
   if (a.model == "small") return go.template operator()<models::small>();
   if (a.model == "gpt2") return go.template operator()<models::gpt2>();
   throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2)");
+}
+
+//! Layout Cfg on device Dev: what its type decides (Launch<Cfg>), then the model layout's program.
+template <class Cfg, class Dev = Host>
+int train_model(const Args& a, int& argc, char**& argv) {
+  return train_model_layout<models::ModelLayout<Cfg>, Dev>(a, argc, argv, Launch<Cfg>::run());
 }
 
 //! Whether train_gpt compiles layout Cfg: every layout, or with -DLOOM_TRAIN_GPT_ONLY="name" (CMake:

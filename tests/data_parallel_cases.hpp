@@ -48,7 +48,8 @@ inline train::TrainerOptions trainer_options(int micro_batches = 1) {
   return o;
 }
 
-//! This rank's run of `steps` steps of a data-parallel layout Ctx::config.
+//! This rank's run of `steps` steps of a data-parallel layout Ctx::config (ZeRO<1> included): losses, parameters and
+//! the optimizer's state, gathered.
 template <class Ctx>
 Run data_parallel_rank(Ctx& ctx, int micro_batches, std::size_t bucket_bytes, bool overlap) {
   using Cfg = typename Ctx::config;
@@ -64,6 +65,10 @@ Run data_parallel_rank(Ctx& ctx, int micro_batches, std::size_t bucket_bytes, bo
   }
   const auto& m = trainer.model();
   r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  for (const auto& [name, t] : trainer.optimizers().front().state()) {
+    const auto whole = trainer.state_of_part(0, t.data());
+    r.state.insert(r.state.end(), whole.begin(), whole.end());
+  }
   return r;
 }
 

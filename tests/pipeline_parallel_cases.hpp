@@ -62,22 +62,32 @@ Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}) {
     r.losses.push_back(res.loss);
   }
   const auto global = Model::param_specs(0, true);
-  r.params.assign(static_cast<std::size_t>(S.params()), 0.0);
-  r.held.assign(r.params.size(), 0);
-  for (const auto& part : trainer.parts()) {
+  const auto n = static_cast<std::size_t>(S.params());
+  r.params.assign(n, 0.0);
+  r.held.assign(n, 0);
+  r.state.assign(2 * n, 0.0);  // AdamW's two moments, each laid out as the parameters
+  for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
+    const auto& part = trainer.parts()[c];
     r.blocks.push_back(part->first_layer());
     r.blocks.push_back(part->last_layer());
     const auto whole = part->gather(part->params().data());
+    std::vector<std::vector<double>> moments;  // gathered over DP (ZeRO), then TP
+    for (const auto& [name, t] : trainer.optimizers()[c].state())
+      moments.push_back(part->gather(trainer.state_of_part(c, t.data()).data()));
     for (const auto& s : part->specs()) {
       const auto& g = global[s.index];
-      for (std::int64_t i = g.offset; i < g.offset + numel_of(g.shape); ++i)
-        r.params[static_cast<std::size_t>(i)] = whole[static_cast<std::size_t>(i)], r.held[static_cast<std::size_t>(i)] = 1;
+      for (auto i = static_cast<std::size_t>(g.offset); i < static_cast<std::size_t>(g.offset + numel_of(g.shape));
+           ++i) {
+        r.params[i] = whole[i], r.held[i] = 1;
+        for (std::size_t k = 0; k < moments.size(); ++k) r.state[k * n + i] = moments[k][i];
+      }
     }
   }
   return r;
 }
 
-//! The ranks' parameters put together: each element from the ranks that hold it, which must agree bit for bit.
+//! The ranks' parameters (and optimizer state) put together: each element from the ranks that hold it, which must
+//! agree bit for bit.
 inline Run combine(const std::vector<Run>& runs, std::string& disagreement) {
   Run whole = runs.at(0);
   std::vector<char> seen(whole.params.size(), 0);
@@ -87,6 +97,8 @@ inline Run combine(const std::vector<Run>& runs, std::string& disagreement) {
       if (seen[i] && whole.params[i] != runs[r].params[i] && disagreement.empty())
         disagreement = "ranks disagree on parameter element " + std::to_string(i);
       whole.params[i] = runs[r].params[i], seen[i] = 1;
+      for (std::size_t k = 0; k < 2; ++k)
+        whole.state[k * seen.size() + i] = runs[r].state[k * seen.size() + i];
     }
   for (std::size_t i = 0; i < seen.size(); ++i)
     if (!seen[i] && disagreement.empty()) disagreement = "no rank holds parameter element " + std::to_string(i);

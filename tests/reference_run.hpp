@@ -17,6 +17,7 @@ struct Run {
   std::vector<double> params;  //!< the whole model, in the single-rank layout
   std::vector<char> held;      //!< where a rank holds only some of it: which elements (empty: all)
   std::vector<int> blocks;     //!< on a pipeline stage: the first and last block of each part it holds, in turn
+  std::vector<double> state;   //!< AdamW's moments (exp_avg, then exp_avg_sq), laid out as params; empty: not kept
 };
 
 //! `steps` AdamW steps (lr 1e-2, weight decay 0.1, clipping at 1) of the GPT of shape S from seed 3, on one rank,
@@ -36,6 +37,7 @@ Run single_rank(const train::Batches& d, models::GptOptions opt, int steps, int 
     adamw.step(m.params(), m.grads(), 1e-2);
   }
   r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  for (const auto& [name, t] : adamw.state()) r.state.insert(r.state.end(), t.data(), t.data() + t.numel());
   return r;
 }
 
@@ -51,6 +53,23 @@ inline std::pair<double, double> difference(const Run& ref, const Run& run) {
     scale = std::max(scale, std::abs(ref.params[i]));
   }
   return {loss, worst / scale};
+}
+
+//! The largest difference of the optimizer's state from the reference's, relative to the largest of each moment
+//! (infinite when the run kept none).
+inline double state_difference(const Run& ref, const Run& run) {
+  if (run.state.size() != ref.state.size()) return INFINITY;
+  const std::size_t half = ref.state.size() / 2;
+  double worst = 0;
+  for (std::size_t part : {std::size_t{0}, half}) {
+    double d = 0, scale = 0;
+    for (std::size_t i = part; i < part + half; ++i) {
+      d = std::max(d, std::abs(run.state[i] - ref.state[i]));
+      scale = std::max(scale, std::abs(ref.state[i]));
+    }
+    worst = std::max(worst, d / scale);
+  }
+  return worst;
 }
 
 }  // namespace loom::test

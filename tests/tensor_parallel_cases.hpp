@@ -43,8 +43,8 @@ Run single_rank() {
   return test::single_rank<S>(data<S>(), options(), steps, batch, seq);
 }
 
-//! One rank of layout Cfg (tp, optionally sp and dp): its part of the model, trained for `steps` steps, each of
-//! micro_batches micro-batches per rank.
+//! One rank of layout Cfg (tp, optionally sp and dp, with or without ZeRO<1>): its part of the model and of the
+//! optimizer's state, trained for `steps` steps, each of micro_batches micro-batches per rank.
 template <models::GptShape S, class Cfg, class Ctx>
 Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
   using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
@@ -65,6 +65,11 @@ Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
     r.losses.push_back(res.loss);
   }
   r.params = m.gather(m.params().data());
+  for (const auto& [name, t] : trainer.optimizers().front().state()) {  // gathered over DP (ZeRO), then TP
+    const auto flat = trainer.state_of_part(0, t.data());
+    const auto whole = m.gather(flat.data());
+    r.state.insert(r.state.end(), whole.begin(), whole.end());
+  }
   return r;
 }
 

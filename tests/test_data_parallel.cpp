@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 
 using namespace loom;
 
@@ -22,10 +23,10 @@ namespace {
 
 using namespace loom::test;
 
-template <int N>
+template <int N, class... Opts>
 std::vector<Run> data_parallel(int micro_batches, std::size_t bucket_bytes, bool overlap) {
   std::vector<Run> runs(N);
-  run_local<Parallel<DP<N>>>([&](auto& ctx) {
+  run_local<Parallel<DP<N, Opts...>>>([&](auto& ctx) {
     runs[ctx.rank()] = data_parallel_rank(ctx, micro_batches, bucket_bytes, overlap);
   });
   return runs;
@@ -39,6 +40,9 @@ void check_same(const Run& ref, const std::vector<Run>& runs) {
     INFO("loss difference " << loss << ", parameter difference " << params);
     CHECK(loss <= 1e-9);
     CHECK(params <= 1e-9);
+    const double state = state_difference(ref, runs[r]);
+    INFO("optimizer state difference " << state);
+    CHECK(state <= 1e-9);
     // Every rank holds the same parameters, bit for bit.
     CHECK(runs[r].params == runs[0].params);
   }
@@ -75,6 +79,63 @@ TEST_CASE("data parallel training equals the single-rank run", "[ddp]") {
   SECTION("DP 8") { check_same(ref, data_parallel<8>(m, 2048, true)); }
   SECTION("DP 4, one bucket") { check_same(ref, data_parallel<4>(m, std::size_t{25} << 20, true)); }
   SECTION("DP 4, no overlap") { check_same(ref, data_parallel<4>(m, 2048, false)); }
+}
+
+TEST_CASE("ZeRO-1 training equals the single-rank run, optimizer state included", "[ddp][zero]") {
+  static const Run ref = single_rank();
+  const int m = GENERATE(1, 4);
+  INFO("micro-batches " << m);
+  using Z1 = ZeRO<1>;
+  SECTION("DP 1") { check_same(ref, data_parallel<1, Z1>(m, 2048, true)); }
+  SECTION("DP 2") { check_same(ref, data_parallel<2, Z1>(m, 2048, true)); }
+  SECTION("DP 4") { check_same(ref, data_parallel<4, Z1>(m, 2048, true)); }
+  SECTION("DP 8") { check_same(ref, data_parallel<8, Z1>(m, 2048, true)); }
+  SECTION("DP 8, one bucket") { check_same(ref, data_parallel<8, Z1>(m, std::size_t{25} << 20, true)); }
+  SECTION("DP 4, buckets of one parameter, no overlap") { check_same(ref, data_parallel<4, Z1>(m, 1, false)); }
+}
+
+TEST_CASE("ZeRO-1 shards the optimizer state: each rank holds its chunk of every bucket", "[ddp][zero]") {
+  // Buckets of 2048 bytes hold 256 doubles or more; every one is split into N chunks, the last one short.
+  const auto specs = Model::param_specs();
+  const auto buckets = train::make_buckets(specs, sizeof(double), 2048);
+  for (int n : {1, 2, 3, 4, 8}) {
+    INFO("N = " << n);
+    std::vector<int> owners(static_cast<std::size_t>(shape.params()), 0);
+    std::int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      const train::ShardPlan plan(buckets, specs, n, r, false, 0);
+      REQUIRE(plan.pieces.size() == buckets.size());
+      std::int64_t held = 0, updated = 0;
+      for (const auto& p : plan.pieces) {
+        CHECK(p.chunk == (p.hi - p.lo + n - 1) / n);
+        for (std::int64_t i = p.own_lo; i < p.own_hi; ++i) ++owners[static_cast<std::size_t>(i)];
+        held += p.own();
+      }
+      for (const auto& s : plan.slices) updated += s.n;
+      CHECK(held == plan.numel);
+      CHECK(updated == plan.numel);  // the optimizer updates every element of the shard once
+      total += plan.numel;
+    }
+    CHECK(total == shape.params());
+    CHECK(std::all_of(owners.begin(), owners.end(), [](int k) { return k == 1; }));  // each element has one owner
+  }
+}
+
+TEST_CASE("ZeRO-1 optimizer state is an N-th of plain data parallelism's", "[ddp][zero]") {
+  const auto d = data();
+  std::vector<std::int64_t> state(4, 0);
+  run_local<Parallel<DP<4, ZeRO<1>>>>([&](auto& ctx) {
+    train::Trainer<Parallel<DP<4, ZeRO<1>>>, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
+    for (const auto& [name, t] : trainer.optimizers().front().state()) state[ctx.rank()] += t.numel();
+  });
+  // Two moments per element, each element held by one rank, and no rank more than its chunk (ceil(L / 4)) of each
+  // bucket of L elements: an N-th of the state, up to the rounding of each bucket.
+  std::int64_t most = 0;
+  for (const auto& b : train::make_buckets(Model::param_specs(), sizeof(double), std::size_t{25} << 20))
+    most += 2 * ((b.hi - b.lo + 3) / 4);
+  CHECK(std::accumulate(state.begin(), state.end(), std::int64_t{0}) == 2 * shape.params());
+  for (auto s : state) CHECK(s <= most);
+  CHECK(most < 2 * shape.params() / 4 + 2 * 4);
 }
 
 TEST_CASE("a rank whose data file is too short stops every rank with the message naming it", "[ddp][failure]") {

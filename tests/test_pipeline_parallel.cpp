@@ -40,6 +40,9 @@ void check(const Run& ref, int micro_batches, const std::vector<int>& split = {}
   INFO("loss difference " << loss << ", parameter difference " << params);
   CHECK(loss <= 1e-9);
   CHECK(params <= 1e-9);
+  const double state = state_difference(ref, whole);
+  INFO("optimizer state difference " << state);
+  CHECK(state <= 1e-9);
 }
 
 }  // namespace
@@ -70,6 +73,13 @@ TEST_CASE("pipeline parallelism combines with tensor, sequence and data parallel
   check<Parallel<PP<4>, DP<2>>>(ref, 4);
   check<Parallel<TP<2>, PP<4, ZeroBubbleH1>>>(ref, 4);
   check<Parallel<TP<2, SequenceParallel>, PP<2, ZeroBubbleV>>>(ref, 4);
+}
+
+TEST_CASE("pipeline parallelism combines with ZeRO-1", "[pipeline][zero]") {
+  const auto ref = single_rank();
+  check<Parallel<PP<2>, DP<2, ZeRO<1>>>>(ref, 2);
+  check<Parallel<PP<2, ZeroBubbleV>, DP<4, ZeRO<1>>>>(ref, 2);
+  check<Parallel<TP<2, SequenceParallel>, PP<2, Interleaved<2>>, DP<2, ZeRO<1>>>>(ref, 2);
 }
 
 TEST_CASE("an explicit layer split trains the single-rank model", "[pipeline]") {

@@ -35,6 +35,9 @@ void check_layout(const Run& ref, int micro_batches = 1) {
     INFO("loss difference " << loss << ", parameter difference " << params);
     CHECK(loss <= 1e-9);
     CHECK(params <= 1e-9);
+    const double state = state_difference(ref, runs[r]);
+    INFO("optimizer state difference " << state);
+    CHECK(state <= 1e-9);
     CHECK(runs[r].params == runs[0].params);  // every rank gathers the same model
   }
 }
@@ -58,6 +61,9 @@ TEST_CASE("every tensor-parallel layout trains the single-rank model", "[tp]") {
   // Gradients accumulated over micro-batches: what ranks share is summed once.
   check_layout<Parallel<TP<4>>>(ref, 2);
   check_layout<Parallel<TP<2, SequenceParallel>, DP<2>>>(ref, 2);
+  // ZeRO-1 over the data-parallel group: each TP rank's part of the optimizer state, sharded.
+  check_layout<Parallel<TP<2>, DP<2, ZeRO<1>>>>(ref);
+  check_layout<Parallel<TP<2, SequenceParallel>, DP<4, ZeRO<1>>>>(ref, 2);
 }
 
 // Ranks are threads and Catch2's assertions are not thread-safe: each rank records what it found, and the test's

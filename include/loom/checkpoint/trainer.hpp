@@ -8,12 +8,12 @@
 
 namespace loom::checkpoint {
 
-//! A collective over the tensor- and pipeline-parallel groups; the ranks with `write` write. `run` is stored as
-//! trainer.json's "run" (see write_training).
+//! A collective over the tensor- and pipeline-parallel groups (and, under ZeRO, the data-parallel group); the
+//! ranks with `write` write. `run` is stored as trainer.json's "run" (see write_training).
 template <class Model, class Optimizer>
 void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
                    bool write = true, const nlohmann::json& run = nullptr) {
-  if (!trainer.pipelined())
+  if (!trainer.pipelined() && trainer.zero_stage() == 0)
     return save_training(dir, trainer.model(), trainer.optimizers().front(), next_step, write, run);
   using A = typename Optimizer::acc;
   using T = typename Model::value_type;
@@ -25,19 +25,35 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
   const auto names = opts.front().state();
   for (std::size_t k = 0; k < names.size(); ++k)
     state.emplace_back(names[k].first, trainer.template assemble<A>([&](std::size_t c) {
-      return parts[c]->gather(opts[c].state()[k].second.data());
+      const auto flat = trainer.state_of_part(c, opts[c].state()[k].second.data());
+      return parts[c]->gather(flat.data());
     }));
   if (!write) return;
   write_gpt<Model::shape>(dir, whole, parts.front()->options().ln_eps);
   write_training<Optimizer>(dir, state, opts.front().counter(), next_step, run);
 }
 
-//! Loads a training checkpoint (saved on any layout) into every part and its optimizer; returns the next step.
+//! Loads a training checkpoint (saved on any layout) into every part and its optimizer (under ZeRO, this rank's
+//! shard of its state); returns the next step.
 template <class Model, class Optimizer>
 int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& trainer) {
   int next = 0;
-  for (std::size_t c = 0; c < trainer.parts().size(); ++c)
-    next = load_training(dir, *trainer.parts()[c], trainer.optimizers()[c]);
+  for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
+    Model& part = *trainer.parts()[c];
+    Optimizer& opt = trainer.optimizers()[c];
+    if (trainer.zero_stage() == 0) {
+      next = load_training(dir, part, opt);
+      continue;
+    }
+    read_trainer_state(dir);
+    load_gpt(dir, part);
+    next = load_training_state<Optimizer, Model::shape.params()>(dir, opt, [&](const auto* whole, auto* state) {
+      using A = std::remove_cvref_t<decltype(*whole)>;
+      std::vector<A> flat(static_cast<std::size_t>(part.params().numel()));
+      part.scatter(whole, flat.data());
+      trainer.set_state_of_part(c, flat.data(), state);
+    });
+  }
   return next;
 }
 

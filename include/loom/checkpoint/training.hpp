@@ -133,11 +133,12 @@ inline TrainerState read_trainer_state(const std::string& dir) {
   return read_trainer_state(read_trainer_json(dir), dir + "/trainer.json");
 }
 
-//! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
-template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
-int load_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, Optimizer& opt) {
+//! Reads DIR's trainer state and optimizer state for Optimizer (the same one, for a model of `params` elements) and
+//! sets opt's step counter; place(whole, state) puts each stored tensor (the whole model's, in host memory) into
+//! the optimizer's tensor of the same name. Returns the step to continue at.
+template <class Optimizer, std::int64_t params, class Place>
+int load_training_state(const std::string& dir, Optimizer& opt, Place&& place) {
   const TrainerState ts = read_trainer_state(dir);
-  load_gpt(dir, model);
   const std::string& saved = ts.optimizer;
   if (saved != Optimizer::name)
     throw Error("loom: " + dir + " was saved with the optimizer " + saved + ", not " + Optimizer::name);
@@ -146,17 +147,26 @@ int load_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, Op
     auto it = stored.find(name);
     if (it == stored.end()) throw Error("loom: " + dir + "/optimizer.safetensors has no tensor " + name);
     using A = typename std::remove_cvref_t<decltype(t)>::value_type;
-    const Shape whole{S.params()};
+    const Shape whole{params};
     if (it->second.dtype != dtype_of<A> || it->second.shape != whole)
       throw Error("loom: " + dir + "/optimizer.safetensors: " + name + " has dtype " +
                   std::string(name_of(it->second.dtype)) + " and shape " + to_string(it->second.shape) +
                   ", the optimizer needs " + std::string(name_of(dtype_of<A>)) + " and " + to_string(whole));
-    std::vector<A> buf(static_cast<std::size_t>(S.params()));
+    std::vector<A> buf(static_cast<std::size_t>(params));
     std::memcpy(buf.data(), it->second.bytes.data(), buf.size() * sizeof(A));
-    model.scatter(buf.data(), t.data());
+    place(static_cast<const A*>(buf.data()), t.data());
   }
   opt.set_counter(ts.counter);
   return ts.next_step;
+}
+
+//! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
+template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
+int load_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, Optimizer& opt) {
+  read_trainer_state(dir);  // a directory that is no training checkpoint is refused before the weights are read
+  load_gpt(dir, model);
+  return load_training_state<Optimizer, S.params()>(
+      dir, opt, [&](const auto* whole, auto* state) { model.scatter(whole, state); });
 }
 
 }  // namespace loom::checkpoint

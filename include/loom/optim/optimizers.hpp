@@ -14,29 +14,46 @@
 
 namespace loom::optim {
 
+//! A run of elements an optimizer updates alike: parameters [param, param + n) of the model's flat buffer, whose
+//! gradients and state are at [at, at + n) of the optimizer's buffers: the same place without sharding; a rank's
+//! shard of them under ZeRO (train::ShardPlan).
+struct Slice {
+  std::int64_t param, at, n;
+  bool decay;  //!< weight decay applies (matrices and embeddings)
+};
+
+//! The slices of an unsharded optimizer: one per parameter, gradients and state where the parameter is.
+inline std::vector<Slice> slices_of(const std::vector<layers::ParamSpec>& specs) {
+  std::vector<Slice> out;
+  for (const auto& s : specs) out.push_back({s.offset, s.offset, numel_of(s.shape), s.decay});
+  return out;
+}
+
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  //!< torch.optim.AdamW's defaults
   double weight_decay = 0.01;
 };
 
-//! AdamW over the parameters described by specs (decay where ParamSpec::decay), its moments on Dev.
+//! AdamW over the parameters described by specs (decay where ParamSpec::decay), or by slices, with n elements of
+//! state, its moments on Dev.
 template <class T, class Dev = Host>
 class AdamW {
  public:
   using acc = loom::acc_t<T>;
   using device = Dev;
-  AdamW(std::vector<layers::ParamSpec> specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : specs_(std::move(specs)), cfg_(cfg), ops_(ops), m_(Tensor<acc, Dev>::zeros({n})),
+  AdamW(std::vector<Slice> slices, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(Tensor<acc, Dev>::zeros({n})),
         v_(Tensor<acc, Dev>::zeros({n})) {}
+  AdamW(const std::vector<layers::ParamSpec>& specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : AdamW(slices_of(specs), n, cfg, ops) {}
 
+  //! One step of the parameters from their gradients (grads laid out as the state: see Slice).
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     ++t_;
-    for (const auto& s : specs_) {
-      const auto n = static_cast<std::size_t>(numel_of(s.shape));
-      ops_.adamw_step(params.data() + s.offset, grads.data() + s.offset, m_.data() + s.offset,
-                      v_.data() + s.offset, n, lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+    for (const auto& s : slices_)
+      ops_.adamw_step(params.data() + s.param, grads.data() + s.at, m_.data() + s.at, v_.data() + s.at,
+                      static_cast<std::size_t>(s.n), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
                       s.decay ? cfg_.weight_decay : 0.0, t_);
-    }
   }
   int steps() const { return t_; }
   const Tensor<acc, Dev>& first_moment() const { return m_; }
@@ -50,7 +67,7 @@ class AdamW {
   static constexpr const char* name = "adamw";
 
  private:
-  std::vector<layers::ParamSpec> specs_;
+  std::vector<Slice> slices_;
   AdamWConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> m_, v_;
@@ -62,25 +79,28 @@ struct SgdConfig {
   double weight_decay = 0.0;
 };
 
-//! SGD with momentum (torch.optim.SGD, dampening 0, no Nesterov), its buffer on Dev.
+//! SGD with momentum (torch.optim.SGD, dampening 0, no Nesterov) over specs or slices, with n elements of state,
+//! its buffer on Dev.
 template <class T, class Dev = Host>
 class Sgd {
  public:
   using acc = loom::acc_t<T>;
   using device = Dev;
-  Sgd(std::vector<layers::ParamSpec> specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : specs_(std::move(specs)), cfg_(cfg), ops_(ops), buf_(Tensor<acc, Dev>::zeros({n})) {}
+  Sgd(std::vector<Slice> slices, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), buf_(Tensor<acc, Dev>::zeros({n})) {}
+  Sgd(const std::vector<layers::ParamSpec>& specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
+      : Sgd(slices_of(specs), n, cfg, ops) {}
 
+  //! One step of the parameters from their gradients (grads laid out as the state: see Slice).
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
-    for (const auto& s : specs_)
-      ops_.sgd_step(params.data() + s.offset, grads.data() + s.offset, buf_.data() + s.offset,
-                    static_cast<std::size_t>(numel_of(s.shape)), lr, cfg_.momentum,
-                    s.decay ? cfg_.weight_decay : 0.0, first_);
+    for (const auto& s : slices_)
+      ops_.sgd_step(params.data() + s.param, grads.data() + s.at, buf_.data() + s.at, static_cast<std::size_t>(s.n),
+                    lr, cfg_.momentum, s.decay ? cfg_.weight_decay : 0.0, first_);
     first_ = false;
   }
 
  private:
-  std::vector<layers::ParamSpec> specs_;
+  std::vector<Slice> slices_;
   SgdConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> buf_;

@@ -16,6 +16,7 @@
 #include <loom/pipeline/executor.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
+#include <loom/train/zero.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -112,12 +113,14 @@ struct TrainerOptions {
   std::vector<int> split;    //!< blocks per virtual pipeline stage, in pipeline order; empty: an even split
 };
 
-namespace detail {
-
-//! This rank's place in the layout and its communicators: what a step reads of the layout type, taken from it by
-//! Trainer<Cfg, ...> so that the step itself is compiled once per model, optimizer and backend, not per layout.
-template <class Comm>
+//! The part of a layout a training step depends on: this rank's communicators and place, whether the layout has a
+//! pipeline axis, and its ZeRO stage. Taken from the layout type by rank_in_layout(ctx), so that a trainer built
+//! from it is compiled once per model, optimizer, backend, Pipelined and Zero, not once per layout (as
+//! ModelLayout<Cfg> is for the model).
+template <class Comm, bool Pipelined, int Zero = 0>
 struct RankInLayout {
+  static constexpr bool pipelined = Pipelined;
+  static constexpr int zero = Zero;
   Comm* tp;
   Comm* dp;
   Comm* pp;
@@ -127,6 +130,35 @@ struct RankInLayout {
   Schedule schedule;
   int chunks;  //!< model chunks per pipeline stage
 };
+
+//! Rank ctx's RankInLayout in layout Cfg. The first call for a context is collective over its groups.
+template <class Cfg, class Backend>
+auto rank_in_layout(Context<Cfg, Backend>& ctx) {
+  constexpr int stages = Cfg::template size<Axis::pp>;
+  constexpr bool pipelined = stages > 1;
+  constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
+  RankInLayout<typename Backend::Comm, pipelined, Cfg::zero_stage> at{&ctx.template comm<Axis::tp>(),
+                                                                     &ctx.template comm<Axis::dp>(),
+                                                                     &ctx.template comm<Axis::pp>(), &ctx.world(),
+                                                                     nullptr, ctx.template coord<Axis::dp>(),
+                                                                     ctx.template coord<Axis::pp>(), stages,
+                                                                     Cfg::schedule, chunks};
+  if constexpr (pipelined) {
+    // The stages holding the first part (embedding) and the last (output layer) share the tied table.
+    const int first = pipeline::stage_chunk(Cfg::schedule, stages, 0).stage;
+    const int last = pipeline::stage_chunk(Cfg::schedule, stages, stages * chunks - 1).stage;
+    if (first != last) {
+      Coords a = Cfg::coords(ctx.rank()), b = a;
+      a.pp = first, b.pp = last;
+      std::vector<int> ranks{Cfg::rank_of(a), Cfg::rank_of(b)};
+      std::sort(ranks.begin(), ranks.end());
+      if (at.stage == first || at.stage == last) at.tied = &ctx.get(comm::GroupInfo{"embedding", ranks});
+    }
+  }
+  return at;
+}
+
+namespace detail {
 
 //! A trainer as Trainer<Cfg, ...> holds it, whatever its backend.
 template <class Model, class Optimizer>
@@ -139,12 +171,16 @@ class TrainerBase {
   //! Sums a buffer of parameters (or of optimizer state) over the pipeline group; nothing without a pipeline.
   virtual void sum_over_pipeline(std::span<T> x) = 0;
   virtual void sum_state_over_pipeline(std::span<acc> x) = 0;
+  //! Under ZeRO: optimizer state held as part c's shard, laid out as the part's flat parameters (a collective over
+  //! data parallelism); and the shard of a buffer so laid out.
+  virtual std::vector<acc> gather_state(std::size_t c, const acc* shard) = 0;
+  virtual void take_state(std::size_t c, const acc* whole, acc* shard) const = 0;
   std::vector<std::unique_ptr<Model>> parts;
   std::vector<Optimizer> optimizers;
 };
 
 //! The step, for a model, optimizer and communicator type; with or without a pipeline (a compile-time choice).
-template <class Model, class Optimizer, class Comm, bool Pipelined>
+template <class Model, class Optimizer, class Comm, bool Pipelined, int Zero>
 class TrainerCore final : public TrainerBase<Model, Optimizer> {
   using Base = TrainerBase<Model, Optimizer>;
   using T = typename Base::T;
@@ -152,7 +188,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
  public:
   template <class MakeOptimizer>
-  TrainerCore(const RankInLayout<Comm>& at, const Batches& data, const TrainerOptions& o, int layers,
+  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& o, int layers,
               MakeOptimizer&& make_optimizer)
       : at_(at), data_(data), cfg_(o.step) {
     const StepConfig& cfg = o.step;
@@ -171,7 +207,14 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
       const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
       this->parts.push_back(std::make_unique<Model>(o.seed, *at.tp, part, o.model));
-      this->optimizers.push_back(make_optimizer(this->parts.back()->specs(), this->parts.back()->params().numel()));
+      Model& m = *this->parts.back();
+      if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
+        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(m, *at.dp, cfg.bucket_bytes, cfg.overlap,
+                                                                           Pipelined && !m.embedding()));
+        this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
+      } else {
+        this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
+      }
     }
     if constexpr (Pipelined) {
       std::vector<Model*> raw;
@@ -181,8 +224,9 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       in_.resize(std::size_t(cfg.micro_batches));
       tg_.resize(in_.size());
     } else {
-      ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
-                                                          cfg.overlap);
+      if constexpr (Zero == 0)
+        ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
+                                                            cfg.overlap);
       in_.resize(1);
       tg_.resize(1);
     }
@@ -199,8 +243,16 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     // The global norm: every element once (tensor-parallel ranks sum their parts; the tied table counts on the
     // stage with the embedding).
     double sq = 0;
-    for (auto& p : parts) sq += p->grad_square(/*skip_tied=*/!p->embedding());
-    std::vector<double> s{sq};
+    std::vector<double> s{0};
+    if constexpr (Zero > 0) {  // each rank's shards; summed over the data- and tensor-parallel groups
+      for (auto& z : zero_) sq += z->grad_square();
+      s[0] = sq;
+      at_.dp->all_reduce(s, comm::Reduce::sum);
+      at_.tp->all_reduce(s, comm::Reduce::sum);
+    } else {
+      for (auto& p : parts) sq += p->grad_square(/*skip_tied=*/!p->embedding());
+      s[0] = sq;
+    }
     if constexpr (Pipelined) at_.pp->all_reduce(s, comm::Reduce::sum);
     const double norm = std::sqrt(s[0]);
     // Every rank skips the update, or none does (StepResult).
@@ -209,8 +261,14 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
     if (!finite[0]) return {l[0], norm, true, lr};
     for (std::size_t c = 0; c < parts.size(); ++c) {
-      optim::clip_to(parts[c]->grads(), norm, cfg_.grad_clip, parts[c]->ops());
-      this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
+      if constexpr (Zero > 0) {  // this rank's shard, then every rank's updated parameters
+        zero_[c]->clip(norm, cfg_.grad_clip);
+        this->optimizers[c].step(parts[c]->params(), zero_[c]->grads(), lr);
+        zero_[c]->gather_params();
+      } else {
+        optim::clip_to(parts[c]->grads(), norm, cfg_.grad_clip, parts[c]->ops());
+        this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
+      }
     }
     return {l[0], norm, false, lr};
   }
@@ -220,6 +278,15 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   }
   void sum_state_over_pipeline(std::span<acc> x) override {
     if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
+  }
+
+  std::vector<acc> gather_state(std::size_t c, const acc* shard) override {
+    if constexpr (Zero > 0) return zero_[c]->gather_shard(shard);
+    else return std::vector<acc>(shard, shard + this->parts[c]->params().numel());
+  }
+  void take_state(std::size_t c, const acc* whole, acc* shard) const override {
+    if constexpr (Zero > 0) zero_[c]->take_shard(whole, shard);
+    else std::copy_n(whole, this->parts[c]->params().numel(), shard);
   }
 
   const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
@@ -244,6 +311,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
                                                      static_cast<std::uint64_t>(step), row0(i)}) /
               mbs;
       if (i + 1 < mbs) m.backward(0, 1.0 / mbs);
+      else if constexpr (Zero > 0) zero_.front()->backward(0, 1.0 / mbs);
       else ddp_->backward(0, 1.0 / mbs);
     }
     return loss;
@@ -274,10 +342,14 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
                                             micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
         },
         [&](int chunk) {
-          return dp.size() > 1 ? dp.all_reduce_async(parts[std::size_t(chunk)]->grads().span(), comm::Reduce::avg)
-                               : comm::Handle();
+          return dp.size() > 1 && Zero == 0
+                     ? dp.all_reduce_async(parts[std::size_t(chunk)]->grads().span(), comm::Reduce::avg)
+                     : comm::Handle();
         });
     reduce_tied();
+    // Under ZeRO the tied table's two holders sum their gradients first: their shards do not line up.
+    if constexpr (Zero > 0)
+      for (auto& z : zero_) z->reduce_all();
     return loss;
   }
 
@@ -297,26 +369,48 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     at_.tied->all_reduce(held[0], comm::Reduce::sum);
   }
 
-  RankInLayout<Comm> at_;
+  RankInLayout<Comm, Pipelined, Zero> at_;
   const Batches& data_;
   StepConfig cfg_;
   int rows_ = 0, micro_ = 0;
   pipeline::RuntimeTable table_;
   std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
   std::unique_ptr<DataParallel<Model, Comm>> ddp_;
+  std::vector<std::unique_ptr<ShardedDataParallel<Model, Comm>>> zero_;  //!< per part, under ZeRO
   std::vector<std::vector<std::int32_t>> in_, tg_;
 };
 
 }  // namespace detail
 
-//! A trainer whatever its layout: what Trainer<Cfg, Model, Optimizer> offers after it is built, for code that
-//! runs and checkpoints a training without depending on the layout's type (and so is compiled once for a model and
-//! optimizer, not once per layout).
+//! A trainer whatever its layout: built from a rank's RankInLayout (or, through Trainer<Cfg, ...>, from its context),
+//! for code that runs and checkpoints a training without depending on the layout's type, and so is compiled once for
+//! a model, optimizer and backend, not once per layout.
 template <class Model, class Optimizer>
 class TrainerOf {
+  static_assert(TrainableModel<Model>, "loom: the model does not have what the trainer needs (train::TrainableModel)");
+  static_assert(TrainerOptimizer<Optimizer, Model>,
+                "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
+
  public:
   using T = typename Model::value_type;
   using acc = loom::acc_t<T>;
+
+  //! Builds this rank's model parts (from options.seed: the same whole model on every layout) and, with
+  //! make_optimizer(specs, numel), one optimizer per part. Checks what the type cannot: that the global batch
+  //! splits over data parallelism and micro-batches, that the micro-batch count fits the schedule, that the layers
+  //! split over the virtual stages.
+  template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
+  TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& options,
+            MakeOptimizer&& make_optimizer)
+      : pipelined_(Pipelined), zero_(Zero) {
+    static_assert(Zero == 0 || kernels::is_host_v<typename Model::device>,
+                  "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
+    constexpr int tp = Model::config::template size<Axis::tp>;
+    LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
+               "tensor-parallel group has ", at.tp->size());
+    core_ = std::make_unique<detail::TrainerCore<Model, Optimizer, Comm, Pipelined, Zero>>(
+        at, data, options, Model::shape.layers, std::forward<MakeOptimizer>(make_optimizer));
+  }
 
   //! Optimizer step `step` (it keys the batch and dropout): forward and backward of every micro-batch, gradients
   //! averaged and clipped, the update; or, when the loss or gradient norm is not finite on some rank, no update on
@@ -334,6 +428,14 @@ class TrainerOf {
   std::vector<Optimizer>& optimizers() { return core_->optimizers; }
   //! Whether the layout has pipeline parallelism (the model is in parts over stages).
   bool pipelined() const { return pipelined_; }
+  //! The layout's ZeRO stage: above 0, each optimizer holds this rank's shard of its part (ShardPlan).
+  int zero_stage() const { return zero_; }
+  //! Optimizer state of part c (a buffer of optimizers()[c].state()), laid out as the part's flat parameters: under
+  //! ZeRO every data-parallel rank's shard, gathered (a collective over data parallelism), else a copy.
+  std::vector<acc> state_of_part(std::size_t c, const acc* state) { return core_->gather_state(c, state); }
+  //! Sets optimizer state of part c from a buffer laid out as the part's flat parameters (this rank's shard of it
+  //! under ZeRO).
+  void set_state_of_part(std::size_t c, const acc* whole, acc* state) const { core_->take_state(c, whole, state); }
 
   //! A buffer laid out as the whole model's parameters, put together from every stage's parts: gather(c) gives part
   //! c's (zero where it holds nothing); the tied table is taken from the part with the embedding. A collective over
@@ -357,22 +459,20 @@ class TrainerOf {
     return whole;
   }
 
- protected:
-  TrainerOf() = default;
+ private:
   std::unique_ptr<detail::TrainerBase<Model, Optimizer>> core_;
-  bool pipelined_ = false;
+  bool pipelined_;
+  int zero_;
 };
 
 //! Trains Model (models::Gpt<S, T, ModelLayout<Cfg>, Dev>) on one rank of layout Cfg with Optimizer. The layout type
 //! is the whole configuration: its tensor-parallel degree and sequence parallelism are the model's, its pipeline
 //! degree, schedule and chunks per stage (PP<p, Schedule, Interleaved<v>>) the step's; what it does not say (the
 //! global batch, micro-batches, learning rate, an explicit layer split) is in TrainerOptions, checked once, here.
+//! Only its construction depends on the layout: it is a TrainerOf<Model, Optimizer> built from rank_in_layout(ctx).
 template <class Cfg, class Model, class Optimizer>
 class Trainer : public TrainerOf<Model, Optimizer> {
   static_assert(ParallelLayout<Cfg>, "loom: a trainer's layout must be a loom::Parallel<...>");
-  static_assert(TrainableModel<Model>, "loom: the model does not have what the trainer needs (train::TrainableModel)");
-  static_assert(TrainerOptimizer<Optimizer, Model>,
-                "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
   static_assert(std::is_same_v<typename Model::config, models::ModelLayout<Cfg>>,
                 "loom: the model's layout must be ModelLayout<Cfg>: its tensor-parallel degree and sequence "
                 "parallelism are the trainer's layout's");
@@ -383,35 +483,10 @@ class Trainer : public TrainerOf<Model, Optimizer> {
   static constexpr Schedule schedule = Cfg::schedule;
   static constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
 
-  //! Builds this rank's model parts (from options.seed: the same whole model on every layout) and, with
-  //! make_optimizer(specs, numel), one optimizer per part. Checks what the type cannot: that the global batch
-  //! splits over data parallelism and micro-batches, that the micro-batch count fits the schedule, that the layers
-  //! split over the virtual stages.
   template <class Backend, class MakeOptimizer>
   Trainer(Context<Cfg, Backend>& ctx, const Batches& data, const TrainerOptions& options,
-          MakeOptimizer&& make_optimizer) {
-    using Comm = typename Backend::Comm;
-    detail::RankInLayout<Comm> at{&ctx.template comm<Axis::tp>(), &ctx.template comm<Axis::dp>(),
-                                  &ctx.template comm<Axis::pp>(), &ctx.world(), nullptr,
-                                  ctx.template coord<Axis::dp>(), ctx.template coord<Axis::pp>(), stages,
-                                  schedule, chunks};
-    if constexpr (pipelined) {
-      // The stages holding the first part (embedding) and the last (output layer) share the tied table.
-      const int first = pipeline::stage_chunk(schedule, stages, 0).stage;
-      const int last = pipeline::stage_chunk(schedule, stages, stages * chunks - 1).stage;
-      if (first != last) {
-        Coords a = Cfg::coords(ctx.rank()), b = a;
-        a.pp = first, b.pp = last;
-        std::vector<int> ranks{Cfg::rank_of(a), Cfg::rank_of(b)};
-        std::sort(ranks.begin(), ranks.end());
-        if (ctx.template coord<Axis::pp>() == first || ctx.template coord<Axis::pp>() == last)
-          at.tied = &ctx.get(comm::GroupInfo{"embedding", ranks});
-      }
-    }
-    this->core_ = std::make_unique<detail::TrainerCore<Model, Optimizer, Comm, pipelined>>(
-        at, data, options, Model::shape.layers, std::forward<MakeOptimizer>(make_optimizer));
-    this->pipelined_ = pipelined;
-  }
+          MakeOptimizer&& make_optimizer)
+      : TrainerOf<Model, Optimizer>(rank_in_layout(ctx), data, options, std::forward<MakeOptimizer>(make_optimizer)) {}
 };
 
 }  // namespace loom::train

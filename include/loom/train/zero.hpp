@@ -1,0 +1,272 @@
+// Sharded data parallelism, ZeRO stage 1 (the distributed optimizer): every data-parallel rank holds the whole
+// model and its gradients, but the optimizer state of only one N-th of them. A model part's flat gradient buffer is
+// split into the same buckets plain data parallelism uses; each bucket is split into N chunks of ceil(L / N)
+// elements (the last may be short, or empty), and rank r owns chunk r of every bucket. Each bucket is
+// reduce-scattered (averaged) as soon as backward completes it, so that rank r receives the average of its chunks;
+// the global norm, clipping and the optimizer step act on that shard alone; then every bucket's parameters are
+// all-gathered from their owners. Per step each rank sends (N - 1) / N of the gradients and (N - 1) / N of the
+// parameters: as much as the all-reduce of plain data parallelism.
+#pragma once
+
+#include <loom/comm/communicator.hpp>
+#include <loom/exec/pipeline.hpp>
+#include <loom/layers/param.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/train/data_parallel.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+//! Which elements of a model part's flat buffer one data-parallel rank owns under ZeRO: chunk `rank` of each bucket.
+struct ShardPlan {
+  //! One bucket as it is reduce-scattered: elements [lo, hi) of the flat buffer in `ranks` chunks of `chunk`
+  //! elements (the last ones padded); this rank's part of it, [own_lo, own_hi), is at `at` in the shard.
+  struct Piece {
+    std::int64_t lo, hi, chunk, own_lo, own_hi, at;
+    std::int64_t own() const { return own_hi - own_lo; }
+    bool padded(int ranks) const { return chunk * ranks != hi - lo; }
+  };
+  //! Elements [at, at + n) of the shard, weighted in the global norm's sum of squares.
+  struct NormRun {
+    std::int64_t at, n;
+    double weight;
+  };
+
+  std::vector<Piece> pieces;           //!< in the order of the buckets (the order backward completes them)
+  std::vector<optim::Slice> slices;    //!< what the optimizer updates: the shard, by parameter
+  std::vector<NormRun> norm;           //!< the shard's terms of the global norm
+  std::int64_t numel = 0;              //!< elements of the shard
+  std::int64_t max_padded = 0;         //!< the largest ranks x chunk of a padded bucket (0: none is)
+
+  //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the tied table (index wte) counts in
+  //! the norm unless skip_tied.
+  ShardPlan(const std::vector<Bucket>& buckets, const std::vector<layers::ParamSpec>& specs, int ranks, int rank,
+            bool skip_tied, std::size_t wte) {
+    for (const auto& b : buckets) {
+      const std::int64_t len = b.hi - b.lo, chunk = (len + ranks - 1) / ranks;
+      const std::int64_t own_lo = std::min(b.hi, b.lo + rank * chunk), own_hi = std::min(b.hi, own_lo + chunk);
+      pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
+      if (chunk * ranks != len) max_padded = std::max(max_padded, chunk * ranks);
+      numel += own_hi - own_lo;
+    }
+    for (const auto& p : pieces)
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const auto& s = specs[i];
+        const std::int64_t lo = std::max(p.own_lo, s.offset), hi = std::min(p.own_hi, s.offset + numel_of(s.shape));
+        if (lo >= hi) continue;
+        const std::int64_t at = p.at + (lo - p.own_lo);
+        slices.push_back({lo, at, hi - lo, s.decay});
+        if (skip_tied && s.index == wte) continue;
+        // Each piece of the parameter's tensor-parallel layout that meets the shard, weighted 1 / its replicas.
+        s.layout.for_each_piece([&](std::int64_t l, std::int64_t, std::int64_t n, int replicas) {
+          const std::int64_t a = std::max(lo, s.offset + l), z = std::min(hi, s.offset + l + n);
+          if (a < z) norm.push_back({at + (a - lo), z - a, 1.0 / replicas});
+        });
+      }
+  }
+};
+
+//! ZeRO-1 for one model part: its gradient shard, the reduce-scatter of its buckets (overlapped with the last
+//! backward, or after a pipeline's schedule), the shard's part of the global norm, clipping, and the all-gather of
+//! the updated parameters. The optimizer (built over plan().slices) steps the model's parameters where this rank
+//! owns them, from the shard's gradients.
+template <class Model, class Comm>
+class ShardedDataParallel {
+ public:
+  using T = typename Model::value_type;
+  using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
+  using Buf = Tensor<T, Dev>;
+
+  ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied)
+      : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
+        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied, tied_index(model)), overlap_(overlap),
+        shard_(Buf::zeros({plan_.numel})) {
+    // A padded bucket is reduce-scattered from a zero-padded copy of itself, into one chunk after it.
+    for (const auto& p : plan_.pieces)
+      staged_.push_back(p.padded(comm.size()) ? Buf::zeros({p.chunk * (comm.size() + 1)}) : Buf());
+    own_ = Buf::zeros({std::max<std::int64_t>(1, max_chunk())});
+  }
+
+  const ShardPlan& plan() const { return plan_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  //! This rank's shard of the averaged gradients, laid out as plan().pieces say.
+  const Buf& grads() const { return shard_; }
+  //! Bytes held for the reduce-scatter and all-gather of padded buckets (a communication buffer).
+  std::size_t staging_bytes() const {
+    std::size_t b = own_.bytes();
+    for (const auto& s : staged_) b += s.bytes();
+    return b;
+  }
+
+  //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
+  //! complete; the shard holds the averages when it returns.
+  void backward(int slot, double scale) {
+    if (!overlap_ || comm_.size() == 1) {
+      model_.backward(slot, scale);
+      model_.ops().synchronize();
+      reduce_all();
+      return;
+    }
+    std::vector<char> complete(model_.specs().size(), 0);
+    std::size_t next = 0;
+    exec::Pipeline<exec::Stage<exec::Compute, BackwardChunk>, exec::Stage<exec::Comm, ScatterReady>> p(
+        BackwardChunk{&model_, slot, scale}, ScatterReady{this, &complete, &next});
+    p.run(static_cast<std::size_t>(model_.backward_chunks()));
+    LOOM_CHECK(next == buckets_.size(), "ZeRO: ", buckets_.size() - next, " of ", buckets_.size(),
+               " gradient buckets were never complete");
+    finish();
+  }
+
+  //! Reduce-scatters every bucket of the model's gradients (after a pipeline's schedule: the whole part is done).
+  void reduce_all() {
+    comm::Handles all;
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) all.all.push_back(start(b));
+    all.wait();
+    finish();
+  }
+
+  //! The shard's terms of the global norm's sum of squares (each element of the whole model counted once over the
+  //! data-, tensor- and pipeline-parallel groups once summed over them).
+  double grad_square() const {
+    double s = 0;
+    for (const auto& r : plan_.norm)
+      s += r.weight * model_.ops().sum_squares(shard_.data() + r.at, static_cast<std::size_t>(r.n));
+    return s;
+  }
+
+  //! Scales the shard as optim::clip_to scales whole gradients.
+  void clip(double norm, double max_norm) { optim::clip_to(shard_, norm, max_norm, model_.ops()); }
+
+  //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners.
+  void gather_params() {
+    const int n = comm_.size();
+    if (n == 1) return;
+    const auto& ops = model_.ops();
+    T* params = model_.params().data();
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+      const auto& p = plan_.pieces[b];
+      const std::size_t chunk = static_cast<std::size_t>(p.chunk);
+      // The rank's chunk, copied out (the all-gather receives into the bucket it is part of), zero-padded.
+      ops.copy(params + p.own_lo, own_.data(), static_cast<std::size_t>(p.own()));
+      if (p.own() < p.chunk) ops.fill(own_.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      const std::span<const T> send(own_.data(), chunk);
+      if (p.padded(n)) {
+        const std::span<T> recv(staged_[b].data(), chunk * static_cast<std::size_t>(n));  // its copy's place
+        comm_.all_gather(send, recv);
+        ops.copy(staged_[b].data(), params + p.lo, static_cast<std::size_t>(p.hi - p.lo));
+      } else {
+        comm_.all_gather(send, std::span<T>(params + p.lo, static_cast<std::size_t>(p.hi - p.lo)));
+      }
+    }
+    ops.synchronize();
+  }
+
+  //! A buffer laid out as this part's flat parameters from one laid out as the shard (an optimizer's state):
+  //! every rank's chunks, gathered. A collective over the data-parallel group.
+  template <class U>
+  std::vector<U> gather_shard(const U* shard) {
+    const int n = comm_.size();
+    std::vector<U> whole(static_cast<std::size_t>(model_.params().numel()), U(0));
+    std::vector<U> own, all;
+    for (const auto& p : plan_.pieces) {
+      own.assign(static_cast<std::size_t>(p.chunk), U(0));
+      std::copy_n(shard + p.at, p.own(), own.begin());
+      all.resize(own.size() * static_cast<std::size_t>(n));
+      comm_.all_gather(own, all);
+      std::copy_n(all.begin(), p.hi - p.lo, whole.begin() + p.lo);
+    }
+    return whole;
+  }
+  //! This rank's shard of a buffer laid out as the part's flat parameters (no communication).
+  template <class U>
+  void take_shard(const U* whole, U* shard) const {
+    for (const auto& p : plan_.pieces) std::copy_n(whole + p.own_lo, p.own(), shard + p.at);
+  }
+
+ private:
+  using Mark = decltype(std::declval<Model&>().ops().mark());
+  using Range = typename Model::ParamRange;
+
+  static std::size_t tied_index(const Model& m) {
+    for (const auto& s : m.specs())
+      if (s.index == 0) return 0;
+    return Model::no_param;
+  }
+  std::int64_t max_chunk() const {
+    std::int64_t c = 0;
+    for (const auto& p : plan_.pieces) c = std::max(c, p.chunk);
+    return c;
+  }
+
+  struct BackwardChunk {
+    static constexpr const char* name = "backward";
+    Model* m;
+    int slot;
+    double scale;
+    exec::Pending<Range, Mark> operator()(std::size_t c) const {
+      const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
+      return {done, m->ops().mark()};
+    }
+  };
+  struct ScatterReady {
+    static constexpr const char* name = "reduce_scatter buckets";
+    ShardedDataParallel* self;
+    std::vector<char>* complete;
+    std::size_t* next;
+    comm::Handles operator()(exec::Pending<Range, Mark>& chunk) const {
+      const Range r = chunk.value;
+      for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
+      if (r.also != Model::no_param) (*complete)[r.also] = 1;
+      auto& bs = self->buckets_;
+      comm::Handles started;
+      while (*next < bs.size() &&
+             std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
+                         complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
+        started.all.push_back(self->start((*next)++));
+      return started;
+    }
+  };
+
+  //! Starts bucket b's reduce-scatter: into the shard, or, for a padded bucket, within its staging copy.
+  comm::Handle start(std::size_t b) {
+    const auto& p = plan_.pieces[b];
+    const int n = comm_.size();
+    const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
+    const T* g = model_.grads().data() + p.lo;
+    if (!p.padded(n))
+      return comm_.reduce_scatter_async(std::span<const T>(g, len), std::span<T>(shard_.data() + p.at, chunk),
+                                        comm::Reduce::avg);
+    T* s = staged_[b].data();
+    model_.ops().copy(g, s, len);
+    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, T(0));
+    model_.ops().synchronize();
+    // The rank's average lands in the chunk after the copy; finish() takes its real elements.
+    const std::size_t all = chunk * static_cast<std::size_t>(n);
+    return comm_.reduce_scatter_async(std::span<const T>(s, all), std::span<T>(s + all, chunk), comm::Reduce::avg);
+  }
+  //! Moves the padded buckets' averages from their staging copies into the shard.
+  void finish() {
+    const int n = comm_.size();
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+      const auto& p = plan_.pieces[b];
+      if (!p.padded(n)) continue;
+      model_.ops().copy(staged_[b].data() + n * p.chunk, shard_.data() + p.at, static_cast<std::size_t>(p.own()));
+    }
+    model_.ops().synchronize();
+  }
+
+  Model& model_;
+  Comm& comm_;
+  std::vector<Bucket> buckets_;
+  ShardPlan plan_;
+  bool overlap_;
+  Buf shard_;
+  std::vector<Buf> staged_;  //!< per bucket: empty, or a padded bucket's copy and the rank's chunk after it
+  Buf own_;                  //!< this rank's chunk of a bucket's parameters, as the all-gather sends it
+};
+
+}  // namespace loom::train
