@@ -15,7 +15,7 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN)] [--bucket-mb MB]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK)] [--bucket-mb MB]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
@@ -162,6 +162,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}};
   std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
   bool sp = false;
+  int zero = 0;
   std::stringstream ss(spec);
   auto compiled = [] {
     std::string all;
@@ -170,7 +171,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   };
   auto not_yet = [&](const std::string& tok, const char* what) {
     return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, ppN, vN and dpN");
+                 "tpN, sp, ppN, vN, dpN and zero1");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
@@ -194,7 +195,9 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     else if (part == "ulysses") throw not_yet(tok, "Ulysses context parallelism");
     else if (part == "shard") throw not_yet(tok, "hybrid sharding");
     else if (part == "zero") {
-      if (number<int>("--parallel " + tok, tok.substr(4)) != 0) throw not_yet(tok, "ZeRO sharding");
+      zero = number<int>("--parallel " + tok, tok.substr(4));
+      LOOM_CHECK(0 <= zero && zero <= 3, "--parallel ", tok, ": the ZeRO stages are 0 to 3");
+      if (zero > 1) throw not_yet(tok, "sharded gradients and parameters");
     } else if (part == "v") {
       a.chunks = number<int>("--parallel " + tok, tok.substr(1));
       LOOM_CHECK(a.chunks >= 1, "--parallel ", tok, ": chunks per stage must be at least 1");
@@ -215,7 +218,9 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   if (size["tp"] > 1) add("tp" + std::to_string(size["tp"]));
   if (sp) add("sp");
   if (size["pp"] > 1) add("pp" + std::to_string(size["pp"]) + pipeline_options(a));
-  if (size["dp"] > 1) add("dp" + std::to_string(size["dp"]));
+  LOOM_CHECK(zero == 0 || size["dp"] > 1, "--parallel ", spec, ": ", given["zero"], " shards over the data-parallel "
+             "ranks and needs dpN with N >= 2");
+  if (size["dp"] > 1) add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : ""));
   if (name.empty()) name = "single";
   if (size["pp"] == 1) {
     LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "

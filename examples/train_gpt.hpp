@@ -88,34 +88,35 @@ struct MpiComm {};  //!< a build without MPI has no MPI rank to start
 #endif
 
 //! What a rank does, given its place in the layout (train::RankInLayout).
-template <class Comm, bool Pipelined>
-using RankFn = std::function<void(const train::RankInLayout<Comm, Pipelined>&)>;
+template <class Comm, bool Pipelined, int Zero>
+using RankFn = std::function<void(const train::RankInLayout<Comm, Pipelined, Zero>&)>;
 
 //! A layout as train_gpt runs it: its facts, and how to start its ranks on each backend, each rank given its
 //! RankInLayout. The only part of train_gpt compiled once per layout (Launch<Cfg>); the model, the trainer and the
-//! loop are compiled once per model layout (models::ModelLayout) and Pipelined.
-template <bool Pipelined>
+//! loop are compiled once per model layout (models::ModelLayout), Pipelined and ZeRO stage.
+template <bool Pipelined, int Zero>
 struct LayoutRun {
   LayoutFacts facts;
-  void (*local)(const RankFn<LocalComm, Pipelined>&);
-  int (*mpi)(int&, char**&, const RankFn<MpiComm, Pipelined>&);
+  void (*local)(const RankFn<LocalComm, Pipelined, Zero>&);
+  int (*mpi)(int&, char**&, const RankFn<MpiComm, Pipelined, Zero>&);
 };
 
 template <class Cfg>
 struct Launch {
   static constexpr bool pipelined = Cfg::template size<Axis::pp> > 1;
-  static void local(const RankFn<LocalComm, pipelined>& f) {
+  static constexpr int zero = Cfg::zero_stage;
+  static void local(const RankFn<LocalComm, pipelined, zero>& f) {
     run_local<Cfg>([&](auto& ctx) { f(train::rank_in_layout(ctx)); });
   }
   static int mpi([[maybe_unused]] int& argc, [[maybe_unused]] char**& argv,
-                 [[maybe_unused]] const RankFn<MpiComm, pipelined>& f) {
+                 [[maybe_unused]] const RankFn<MpiComm, pipelined, zero>& f) {
 #ifdef LOOM_HAS_MPI
     return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { f(train::rank_in_layout(ctx)); });
 #else
     throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
   }
-  static LayoutRun<pipelined> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
+  static LayoutRun<pipelined, zero> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
 };
 
 //! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
@@ -250,8 +251,8 @@ train::TrainerOptions trainer_options(const Args& a);
 //! What every rank does: builds its trainer from its place in the layout (its part of the model: tensor
 //! parallelism; with pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU
 //! (ranks that share one GPU through the Local backend). Compiled once per model, backend and Pipelined.
-template <models::GptShape S, class T, class ML, class Dev, class Comm, bool Pipelined>
-void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined>& at, const LayoutFacts& layout,
+template <models::GptShape S, class T, class ML, class Dev, class Comm, bool Pipelined, int Zero>
+void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined, Zero>& at, const LayoutFacts& layout,
                 const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
   using Model = models::Gpt<S, T, ML, Dev>;
   static_assert(std::is_same_v<Dev, Host> || !Pipelined, "loom: train_gpt runs pipeline parallelism on the host");
@@ -279,8 +280,8 @@ void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined>& at, c
 
 //! Runs a layout with model layout ML (its tensor-parallel degree and sequence parallelism) on the chosen backend
 //! and device.
-template <models::GptShape S, class T, class ML, class Dev, bool Pipelined>
-int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined>& layout) {
+template <models::GptShape S, class T, class ML, class Dev, bool Pipelined, int Zero>
+int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   const LayoutFacts& f = layout.facts;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
   if (Pipelined) {
@@ -317,8 +318,8 @@ int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined>& la
 
 //! A layout with model layout ML on device Dev, with the model and dtype that --model and --dtype name; a shape that
 //! cannot be split as ML says is refused with the rule it breaks. Compiled once per model layout and Pipelined.
-template <class ML, class Dev, bool Pipelined>
-int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined>& layout) {
+template <class ML, class Dev, bool Pipelined, int Zero>
+int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   auto go = [&]<models::GptShape S>() -> int {
     constexpr auto rule = models::tensor_parallel_violation(S, ML::template size<Axis::tp>, ML::sequence_parallel);
     if constexpr (rule.empty()) {

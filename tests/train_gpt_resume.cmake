@@ -1,6 +1,6 @@
 # train_gpt --resume continues a run exactly: 10 steps straight and 5 + 5 through a checkpoint give the same losses
 # (double precision, dropout and shuffled batches on, so that the step is what keys both); a resume into dp2 runs;
-# checkpoints move between tensor-parallel layouts.
+# checkpoints move between tensor-parallel, pipeline and ZeRO layouts.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> -P this
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
@@ -68,5 +68,12 @@ run(--steps 10 --resume ${DIR}/ckpt_3d --log-json ${DIR}/from_3d.jsonl)
 expect_continues(${DIR}/from_3d.jsonl)
 run(--steps 10 --resume ${DIR}/ckpt --parallel pp2 --schedule zb-h1 --micro-batches 2 --log-json ${DIR}/into_pp2.jsonl)
 expect_continues(${DIR}/into_pp2.jsonl)
-message(STATUS "saved on tp4, tp2,pp2,dp2 and one rank; resumed on one rank, tp2,sp,dp2 and pp2: the same run")
+# ZeRO-1 saves every rank's shard of the optimizer state, gathered, and takes its shard of a whole one.
+run(--steps 5 --parallel dp4,zero1 --save ${DIR}/ckpt_zero1)
+run(--steps 10 --resume ${DIR}/ckpt_zero1 --log-json ${DIR}/from_zero1.jsonl)
+expect_continues(${DIR}/from_zero1.jsonl)
+run(--steps 10 --resume ${DIR}/ckpt --parallel pp2,dp2,zero1 --micro-batches 2 --log-json ${DIR}/into_zero1.jsonl)
+expect_continues(${DIR}/into_zero1.jsonl)
+message(STATUS "saved on tp4, tp2,pp2,dp2, dp4,zero1 and one rank; resumed on one rank, tp2,sp,dp2, pp2 and "
+               "pp2,dp2,zero1: the same run")
 file(REMOVE_RECURSE ${DIR})  # kept only when a check failed
