@@ -41,6 +41,65 @@ inline std::vector<Bucket> make_buckets(const std::vector<layers::ParamSpec>& sp
   return out;
 }
 
+namespace detail {
+//! backward_by_buckets' stage 0, on Compute: issues backward chunk c and returns the parameters it completes,
+//! pending until its work is done (on a device: an event after the chunk's kernels, which the collective waits for;
+//! the compute stream goes on with the next chunk).
+template <class Model>
+struct BackwardChunk {
+  using Mark = decltype(std::declval<Model&>().ops().mark());
+  using Range = typename Model::ParamRange;
+  static constexpr const char* name = "backward";
+  Model* m;
+  int slot;
+  double scale;
+  exec::Pending<Range, Mark> operator()(std::size_t c) const {
+    const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
+    return {done, m->ops().mark()};
+  }
+};
+//! backward_by_buckets' stage 1, on Comm: starts the collective of every bucket that is now complete.
+template <class Model, class Start>
+struct StartReady {
+  static constexpr const char* name = Start::name;
+  const std::vector<Bucket>* buckets;
+  Start* start;
+  std::vector<char>* complete;
+  std::size_t* next;
+  using Chunk = BackwardChunk<Model>;
+  comm::Handles operator()(exec::Pending<typename Chunk::Range, typename Chunk::Mark>& chunk) const {
+    const auto r = chunk.value;
+    for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
+    if (r.also != Model::no_param) (*complete)[r.also] = 1;
+    const auto& bs = *buckets;
+    comm::Handles started;
+    while (*next < bs.size() &&
+           std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
+                       complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
+      started.all.push_back((*start)((*next)++));
+    return started;
+  }
+};
+}  // namespace detail
+
+//! Backward of the last micro-batch of a step (activation slot `slot`) in chunks on the Compute resource and, on
+//! Comm, once a chunk's gradients are in memory, start(b) for every bucket b that is now complete, in bucket order,
+//! so that every rank issues the same collectives; the step waits for them before it returns. Start has a static
+//! `name` (the Comm stage's, in traces) and returns the comm::Handle of the collective it started. Both forms of
+//! data parallelism (DataParallel, ShardedDataParallel) run their backward so.
+template <class Model, class Start>
+void backward_by_buckets(Model& model, const std::vector<Bucket>& buckets, int slot, double scale, Start start) {
+  std::vector<char> complete(model.specs().size(), 0);
+  std::size_t next = 0;
+  using Chunk = detail::BackwardChunk<Model>;
+  using Ready = detail::StartReady<Model, Start>;
+  exec::Pipeline<exec::Stage<exec::Compute, Chunk>, exec::Stage<exec::Comm, Ready>> p(
+      Chunk{&model, slot, scale}, Ready{&buckets, &start, &complete, &next});
+  p.run(static_cast<std::size_t>(model.backward_chunks()));
+  LOOM_CHECK(next == buckets.size(), Start::name, ": ", buckets.size() - next, " of ", buckets.size(),
+             " gradient buckets were never complete");
+}
+
 //! Averages a model's gradients over a data-parallel communicator, bucket by bucket, overlapped with backward.
 template <class Model, class Comm>
 class DataParallel {
@@ -63,51 +122,14 @@ class DataParallel {
         for (const auto& b : buckets_) reduce(b);
       return;
     }
-    std::vector<char> complete(model_.specs().size(), 0);
-    std::size_t next = 0;  // buckets are launched in order, so every rank issues the same collectives
-    exec::Pipeline<exec::Stage<exec::Compute, BackwardChunk>, exec::Stage<exec::Comm, ReduceReady>> p(
-        BackwardChunk{&model_, slot, scale}, ReduceReady{this, &complete, &next});
-    p.run(static_cast<std::size_t>(model_.backward_chunks()));
-    LOOM_CHECK(next == buckets_.size(), "data parallel: ", buckets_.size() - next, " of ", buckets_.size(),
-               " gradient buckets were never complete");
+    backward_by_buckets(model_, buckets_, slot, scale, AllReduceBucket{this});
   }
 
  private:
-  using Mark = decltype(std::declval<Model&>().ops().mark());
-  using Range = typename Model::ParamRange;
-
-  //! Stage 0, on Compute: issues backward chunk c and returns the parameters it completes, pending until its work
-  //! is done (on a device: an event after the chunk's kernels, which the reduction waits for; the compute stream
-  //! goes on with the next chunk).
-  struct BackwardChunk {
-    static constexpr const char* name = "backward";
-    Model* m;
-    int slot;
-    double scale;
-    exec::Pending<Range, Mark> operator()(std::size_t c) const {
-      const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
-      return {done, m->ops().mark()};
-    }
-  };
-  //! Stage 1, on Comm, once a chunk's gradients are in memory: starts the average of every bucket that is now
-  //! complete, in bucket order; the step waits for them at the end of run().
-  struct ReduceReady {
+  struct AllReduceBucket {
     static constexpr const char* name = "all_reduce buckets";
     DataParallel* self;
-    std::vector<char>* complete;
-    std::size_t* next;
-    comm::Handles operator()(exec::Pending<Range, Mark>& chunk) const {
-      const Range r = chunk.value;
-      for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
-      if (r.also != Model::no_param) (*complete)[r.also] = 1;
-      auto& bs = self->buckets_;
-      comm::Handles started;
-      while (*next < bs.size() &&
-             std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
-                         complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
-        started.all.push_back(self->start(bs[(*next)++]));
-      return started;
-    }
+    comm::Handle operator()(std::size_t b) const { return self->start(self->buckets_[b]); }
   };
 
   std::span<T> grads_of(const Bucket& b) {

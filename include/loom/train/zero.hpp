@@ -111,13 +111,7 @@ class ShardedDataParallel {
       reduce_all();
       return;
     }
-    std::vector<char> complete(model_.specs().size(), 0);
-    std::size_t next = 0;
-    exec::Pipeline<exec::Stage<exec::Compute, BackwardChunk>, exec::Stage<exec::Comm, ScatterReady>> p(
-        BackwardChunk{&model_, slot, scale}, ScatterReady{this, &complete, &next});
-    p.run(static_cast<std::size_t>(model_.backward_chunks()));
-    LOOM_CHECK(next == buckets_.size(), "ZeRO: ", buckets_.size() - next, " of ", buckets_.size(),
-               " gradient buckets were never complete");
+    backward_by_buckets(model_, buckets_, slot, scale, ReduceScatterBucket{this});
     finish();
   }
 
@@ -188,8 +182,11 @@ class ShardedDataParallel {
   }
 
  private:
-  using Mark = decltype(std::declval<Model&>().ops().mark());
-  using Range = typename Model::ParamRange;
+  struct ReduceScatterBucket {
+    static constexpr const char* name = "reduce_scatter buckets";
+    ShardedDataParallel* self;
+    comm::Handle operator()(std::size_t b) const { return self->start(b); }
+  };
 
   static std::size_t tied_index(const Model& m) {
     for (const auto& s : m.specs())
@@ -201,35 +198,6 @@ class ShardedDataParallel {
     for (const auto& p : plan_.pieces) c = std::max(c, p.chunk);
     return c;
   }
-
-  struct BackwardChunk {
-    static constexpr const char* name = "backward";
-    Model* m;
-    int slot;
-    double scale;
-    exec::Pending<Range, Mark> operator()(std::size_t c) const {
-      const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
-      return {done, m->ops().mark()};
-    }
-  };
-  struct ScatterReady {
-    static constexpr const char* name = "reduce_scatter buckets";
-    ShardedDataParallel* self;
-    std::vector<char>* complete;
-    std::size_t* next;
-    comm::Handles operator()(exec::Pending<Range, Mark>& chunk) const {
-      const Range r = chunk.value;
-      for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
-      if (r.also != Model::no_param) (*complete)[r.also] = 1;
-      auto& bs = self->buckets_;
-      comm::Handles started;
-      while (*next < bs.size() &&
-             std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
-                         complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
-        started.all.push_back(self->start((*next)++));
-      return started;
-    }
-  };
 
   //! Starts bucket b's reduce-scatter: into the shard, or, for a padded bucket, within its staging copy.
   comm::Handle start(std::size_t b) {
