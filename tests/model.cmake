@@ -218,8 +218,8 @@ if(TARGET train_gpt)
   # ZeRO-1: the optimizer state sharded over data parallelism, alone, with tensor parallelism and with a pipeline.
   add_test(NAME train_gpt_zero_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_zero_layouts
-            "-DLAYOUTS=dp4,zero1;dp8,zero1 --bucket-mb 0.01;tp2,dp2,zero1;pp2,dp2,zero1 --schedule zb-v"
-            "-DEXTRA=--micro-batches;1" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+            "-DLAYOUTS=dp4,zero1;dp8,zero1 --bucket-mb 0.01;tp2,dp2,zero1;pp2,dp2,zero1 --schedule zb-h1 --micro-batches 2"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_zero_layouts PROPERTIES LABELS "model;zero")
   # An uneven split of small's four blocks: one on the first stage (beside the embedding), three on the last; and
   # small's four blocks under the schedules with two chunks per stage, and GPipe.

@@ -138,6 +138,51 @@ TEST_CASE("ZeRO-1 optimizer state is an N-th of plain data parallelism's", "[ddp
   CHECK(most < 2 * shape.params() / 4 + 2 * 4);
 }
 
+TEST_CASE("ZeRO-1 sends what plain data parallelism sends, counted by the communicator", "[ddp][zero]") {
+  // Per step, on the data-parallel communicator: plain DP all-reduces every bucket (2L(n-1)/n elements of a bucket
+  // of L) and the loss; ZeRO-1 reduce-scatters and all-gathers every bucket in n chunks of ceil(L / n) (2 chunk
+  // (n-1): as much, plus the padding of the buckets n does not divide) and all-reduces the loss and the shard's
+  // squared norm. Both all-reduce whether the step is finite on every rank: over the world, which is the
+  // data-parallel group here (one communicator).
+  const auto d = data();
+  const auto buckets = train::make_buckets(Model::param_specs(), sizeof(double), 2048);
+  const auto nb = static_cast<std::int64_t>(buckets.size());
+  auto traffic = [&]<class Cfg>(Cfg) {
+    std::vector<comm::Traffic> t(Cfg::world_size);
+    run_local<Cfg>([&](auto& ctx) {
+      auto o = trainer_options();
+      o.step.bucket_bytes = 2048;
+      train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, adamw);
+      trainer.step(0);
+      auto& dp = ctx.template comm<Axis::dp>();
+      dp.reset_traffic();
+      trainer.step(1);
+      t[ctx.rank()] = dp.traffic();
+    });
+    return t;
+  };
+  constexpr int n = 4;
+  double plain = 2 * 2.0 * (n - 1) / n, zero = 3 * 2.0 * (n - 1) / n, padding = 0;
+  for (const auto& b : buckets) {
+    const std::int64_t len = b.hi - b.lo, chunk = (len + n - 1) / n;
+    plain += 2.0 * static_cast<double>(len) * (n - 1) / n;
+    zero += 2.0 * static_cast<double>(chunk) * (n - 1);
+    padding += 2.0 * static_cast<double>(chunk * n - len) * (n - 1) / n;
+  }
+  CHECK(zero == plain + padding + 2.0 * (n - 1) / n);  // the formulas agree: the same volume, plus the padding
+  for (const auto& t : traffic(Parallel<DP<n>>{})) {
+    CHECK(t.count(comm::Collective::all_reduce) == nb + 2);
+    CHECK(t.count(comm::Collective::reduce_scatter) == 0);
+    CHECK(t.elements == plain);
+  }
+  for (const auto& t : traffic(Parallel<DP<n, ZeRO<1>>>{})) {
+    CHECK(t.count(comm::Collective::all_reduce) == 3);
+    CHECK(t.count(comm::Collective::reduce_scatter) == nb);
+    CHECK(t.count(comm::Collective::all_gather) == nb);
+    CHECK(t.elements == zero);
+  }
+}
+
 TEST_CASE("a rank whose data file is too short stops every rank with the message naming it", "[ddp][failure]") {
   // Every rank reads its own data file; rank 2's holds 5 bytes, too few for one sequence of seq = 8 tokens. Its
   // Batches refuses them while the others go on into their first step, whose collectives rank 2 never joins.

@@ -117,10 +117,17 @@ class Frontend {
   Handle barrier_async() { return go(Op{}, true); }
   void barrier() { go(Op{}, false).wait(); }
 
+  //! What this communicator has issued since it was made or last reset (Traffic).
+  const Traffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = {}; }
+
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
   int n() { return self().size(); }
-  Handle go(Op&& op, bool async) { return self().start(std::move(op), async); }
+  Handle go(Op&& op, bool async) {
+    traffic_.note(op, n(), self().rank());
+    return self().start(std::move(op), async);
+  }
 
   template <class... Args>
   void check(bool ok, Args&&... args) {
@@ -236,6 +243,8 @@ class Frontend {
     op.p2p.assign(ops.begin(), ops.end());
     return op;
   }
+
+  Traffic traffic_;
 };
 
 }  // namespace loom::comm

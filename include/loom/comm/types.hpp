@@ -5,6 +5,7 @@
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -110,6 +111,41 @@ struct Op {
   int root = 0;
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
   std::vector<P2P> p2p;
+};
+
+//! What a communicator has issued, counted where each operation starts: the operations of each kind, and the
+//! elements this rank sends under the bandwidth-optimal algorithms (ring and its kin), over a group of n:
+//! 2c(n-1)/n for an all-reduce of c; c(n-1) for a reduce-scatter that leaves c on each rank, an all-gather that
+//! takes c from each, and an all-to-all of blocks of c; c(n-1)/n for a broadcast or reduce of c; what it sends to
+//! the others in an all-to-all-v; the elements of its sends. Nothing over a group of one.
+struct Traffic {
+  std::array<std::int64_t, 9> calls{};  //!< by Collective
+  double elements = 0;
+
+  std::int64_t count(Collective k) const { return calls[static_cast<std::size_t>(k)]; }
+  //! Counts op, issued by rank `rank` of a group of n.
+  void note(const Op& op, int n, int rank) {
+    ++calls[static_cast<std::size_t>(op.kind)];
+    if (n == 1) return;
+    const double c = static_cast<double>(op.count), m = n - 1;
+    switch (op.kind) {
+      case Collective::all_reduce: elements += 2 * c * m / n; break;
+      case Collective::reduce_scatter:
+      case Collective::all_gather:
+      case Collective::all_to_all: elements += c * m; break;
+      case Collective::broadcast:
+      case Collective::reduce: elements += c * m / n; break;
+      case Collective::all_to_all_v:
+        for (std::size_t q = 0; q < op.send_counts.size(); ++q)
+          if (q != static_cast<std::size_t>(rank)) elements += static_cast<double>(op.send_counts[q]);
+        break;
+      case Collective::send_recv:
+        for (const auto& p : op.p2p)
+          if (p.kind == P2P::Kind::send) elements += static_cast<double>(p.count);
+        break;
+      case Collective::barrier: break;
+    }
+  }
 };
 
 //! Members of a group in global ranks, and the name messages use ("dp", "tp.pp", "world").
