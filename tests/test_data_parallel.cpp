@@ -16,6 +16,8 @@
 #include <fstream>
 #include <mutex>
 #include <numeric>
+#include <array>
+#include <algorithm>
 
 using namespace loom;
 
@@ -181,6 +183,93 @@ TEST_CASE("ZeRO-1 sends what plain data parallelism sends, counted by the commun
     CHECK(t.count(comm::Collective::all_gather) == nb);
     CHECK(t.elements == zero);
   }
+}
+
+namespace {
+
+//! Bytes each rank of layout Cfg holds after a step, by use: parameters, gradients, optimizer state; and the peaks
+//! of communication buffers and of everything.
+template <class Cfg>
+std::vector<std::array<std::size_t, 5>> held_by_use(std::size_t bucket_bytes = std::size_t{25} << 20) {
+  const auto d = data();
+  std::vector<std::array<std::size_t, 5>> held(Cfg::world_size);
+  run_local<Cfg>([&](auto& ctx) {
+    auto o = trainer_options();
+    o.step.bucket_bytes = bucket_bytes;
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, adamw);
+    trainer.step(0);
+    const auto& m = rank_memory();
+    held[ctx.rank()] = {m.in_use(MemoryUse::parameters), m.in_use(MemoryUse::gradients),
+                        m.in_use(MemoryUse::optimizer_state), m.peak(MemoryUse::communication), m.peak()};
+  });
+  return held;
+}
+
+//! This rank's elements of the optimizer state under ZeRO over n ranks: its chunk of ceil(L / n) of each bucket.
+std::int64_t shard_elements(const std::vector<train::Bucket>& buckets, int n, int r) {
+  std::int64_t e = 0;
+  for (const auto& b : buckets) {
+    const std::int64_t c = (b.hi - b.lo + n - 1) / n;
+    e += std::clamp<std::int64_t>(b.hi - b.lo - r * c, 0, c);
+  }
+  return e;
+}
+
+template <int N>
+void check_memory_formula() {
+  // f64, AdamW: parameters 8 Psi, gradients 8 Psi; optimizer state 16 Psi (plain), 16 Psi_r (ZeRO-1).
+  INFO("N = " << N);
+  const std::size_t psi = static_cast<std::size_t>(shape.params());
+  const auto buckets = train::make_buckets(Model::param_specs(), sizeof(double), 2048);
+  const auto plain = held_by_use<Parallel<DP<N>>>(2048), zero = held_by_use<Parallel<DP<N, ZeRO<1>>>>(2048);
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r);
+    CHECK(plain[r][0] == 8 * psi);
+    CHECK(plain[r][1] == 8 * psi);
+    CHECK(plain[r][2] == 16 * psi);
+    CHECK(plain[r][3] == 0);
+    CHECK(zero[r][0] == 8 * psi);
+    CHECK(zero[r][1] == 8 * psi);
+    CHECK(zero[r][2] == 16 * static_cast<std::size_t>(shard_elements(buckets, N, r)));
+    CHECK(zero[r][3] > 0);  // the reduce-scatter's shard, during the reduction
+  }
+}
+
+}  // namespace
+
+TEST_CASE("per-rank memory by use is the formula: plain data parallelism and ZeRO-1", "[ddp][zero][memory]") {
+  check_memory_formula<1>();
+  check_memory_formula<2>();
+  check_memory_formula<4>();
+  check_memory_formula<8>();
+}
+
+TEST_CASE("a memory cap refuses plain data parallelism, naming the rank, the use and the bytes, and ZeRO-1 trains",
+          "[ddp][zero][memory]") {
+  // A cap above the peak of every rank under ZeRO-1 over 8 ranks and below plain data parallelism's: the replicated
+  // optimizer state does not fit, its shards do.
+  const auto plain = held_by_use<Parallel<DP<8>>>(), zero = held_by_use<Parallel<DP<8, ZeRO<1>>>>();
+  std::size_t zero_peak = 0, plain_peak = plain[0][4];
+  for (const auto& h : zero) zero_peak = std::max(zero_peak, h[4]);
+  for (const auto& h : plain) plain_peak = std::min(plain_peak, h[4]);
+  REQUIRE(zero_peak < plain_peak);
+  const std::size_t cap = zero_peak + (plain_peak - zero_peak) / 4;
+  set_memory_cap(cap);
+  std::string msg;
+  try {
+    held_by_use<Parallel<DP<8>>>();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  // Which allocation crosses the cap depends on the order they come in (here: an activation of the first forward).
+  CHECK_THAT(msg, Catch::Matchers::Matches("loom: rank [0-9] failed: loom: rank [0-9] cannot allocate [0-9]+ bytes of "
+                                           "(activations|optimizer state|gradients|parameters): it would hold [0-9]+ "
+                                           "bytes, over its cap of [0-9]+ \\(LOOM_MAX_BYTES\\); it holds .*"));
+  CHECK_THAT(msg, Catch::Matchers::Contains("over its cap of " + std::to_string(cap) + " (LOOM_MAX_BYTES)"));
+  std::vector<std::array<std::size_t, 5>> trained;
+  CHECK_NOTHROW(trained = held_by_use<Parallel<DP<8, ZeRO<1>>>>());
+  set_memory_cap(0);
+  CHECK(trained.size() == 8);
 }
 
 TEST_CASE("a rank whose data file is too short stops every rank with the message naming it", "[ddp][failure]") {

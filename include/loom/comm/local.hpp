@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#include <loom/core/memory.hpp>
 #define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
@@ -746,6 +747,7 @@ void run_local(F&& fn, comm::LocalOptions opt = {}) {
     threads.emplace_back([&, r] {
       trace::set_rank(r);
       use_threads(rank_threads);
+      bind_rank_memory(std::make_shared<MemoryLedger>(r, memory_cap()));
       Context<Cfg, comm::Local> ctx(comm::Local::Rank{&world, r});
       try {
         fn(ctx);

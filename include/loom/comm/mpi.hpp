@@ -6,6 +6,7 @@
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#include <loom/core/memory.hpp>
 #include <loom/comm/context.hpp>
 #define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/host_reduce.hpp>
@@ -427,6 +428,7 @@ int mpi_main(int& argc, char**& argv, Body&& body) {
   try {
     comm::detail::MpiWatch::get().start(comm::default_timeout());
     trace::set_rank(rank);
+    bind_rank_memory(std::make_shared<MemoryLedger>(rank, memory_cap()));
     body(rank);
     comm::detail::world_barrier("the barrier after the program's work");
     comm::detail::MpiWatch::get().stop();

@@ -2,6 +2,8 @@
 // communicator's asynchronous operations and behind each resource of a rank's task graph.
 #pragma once
 
+#include <loom/core/memory.hpp>
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -10,7 +12,8 @@
 
 namespace loom {
 
-//! Starts its thread with the first job; its destructor runs the jobs still queued, then joins. Jobs must not throw.
+//! Starts its thread with the first job, working for the rank of the thread that posts it (its memory ledger); its
+//! destructor runs the jobs still queued, then joins. Jobs must not throw.
 class Worker {
  public:
   Worker() = default;
@@ -30,7 +33,11 @@ class Worker {
   bool started() const { return thread_.joinable(); }
 
   void post(std::function<void()> job) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!thread_.joinable())  // it works for the rank of the thread that starts it
+      thread_ = std::thread([this, ledger = rank_memory_ledger()] {
+        bind_rank_memory(ledger);
+        loop();
+      });
     {
       std::lock_guard lk(m_);
       queue_.push_back(std::move(job));

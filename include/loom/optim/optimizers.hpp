@@ -14,9 +14,9 @@
 
 namespace loom::optim {
 
-//! A run of elements an optimizer updates alike: parameters [param, param + n) of the model's flat buffer, whose
-//! gradients and state are at [at, at + n) of the optimizer's buffers: the same place without sharding; a rank's
-//! shard of them under ZeRO (train::ShardPlan).
+//! A run of elements an optimizer updates alike: parameters [param, param + n) of the model's flat buffer, with their
+//! gradients at the same place of the gradient buffer, and their state at [at, at + n) of the optimizer's: the same
+//! place without sharding; a rank's shard under ZeRO (train::ShardPlan).
 struct Slice {
   std::int64_t param, at, n;
   bool decay;  //!< weight decay applies (matrices and embeddings)
@@ -28,6 +28,15 @@ inline std::vector<Slice> slices_of(const std::vector<layers::ParamSpec>& specs)
   for (const auto& s : specs) out.push_back({s.offset, s.offset, numel_of(s.shape), s.decay});
   return out;
 }
+
+namespace detail {
+//! n zeros of an optimizer's state, counted as such in the rank's memory ledger.
+template <class A, class Dev>
+Tensor<A, Dev> state(std::int64_t n) {
+  MemoryUseScope use(MemoryUse::optimizer_state);
+  return Tensor<A, Dev>::zeros({n});
+}
+}  // namespace detail
 
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  //!< torch.optim.AdamW's defaults
@@ -42,16 +51,15 @@ class AdamW {
   using acc = loom::acc_t<T>;
   using device = Dev;
   AdamW(std::vector<Slice> slices, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(Tensor<acc, Dev>::zeros({n})),
-        v_(Tensor<acc, Dev>::zeros({n})) {}
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(detail::state<acc, Dev>(n)), v_(detail::state<acc, Dev>(n)) {}
   AdamW(const std::vector<layers::ParamSpec>& specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : AdamW(slices_of(specs), n, cfg, ops) {}
 
-  //! One step of the parameters from their gradients (grads laid out as the state: see Slice).
+  //! One step of the parameters from their gradients (grads laid out as the parameters: see Slice).
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     ++t_;
     for (const auto& s : slices_)
-      ops_.adamw_step(params.data() + s.param, grads.data() + s.at, m_.data() + s.at, v_.data() + s.at,
+      ops_.adamw_step(params.data() + s.param, grads.data() + s.param, m_.data() + s.at, v_.data() + s.at,
                       static_cast<std::size_t>(s.n), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
                       s.decay ? cfg_.weight_decay : 0.0, t_);
   }
@@ -87,14 +95,14 @@ class Sgd {
   using acc = loom::acc_t<T>;
   using device = Dev;
   Sgd(std::vector<Slice> slices, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), buf_(Tensor<acc, Dev>::zeros({n})) {}
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), buf_(detail::state<acc, Dev>(n)) {}
   Sgd(const std::vector<layers::ParamSpec>& specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : Sgd(slices_of(specs), n, cfg, ops) {}
 
-  //! One step of the parameters from their gradients (grads laid out as the state: see Slice).
+  //! One step of the parameters from their gradients (grads laid out as the parameters: see Slice).
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     for (const auto& s : slices_)
-      ops_.sgd_step(params.data() + s.param, grads.data() + s.at, buf_.data() + s.at, static_cast<std::size_t>(s.n),
+      ops_.sgd_step(params.data() + s.param, grads.data() + s.param, buf_.data() + s.at, static_cast<std::size_t>(s.n),
                     lr, cfg_.momentum, s.decay ? cfg_.weight_decay : 0.0, first_);
     first_ = false;
   }
@@ -120,12 +128,18 @@ double grad_norm(const Tensor<T, Dev>& grads, const kernels::Ops<Dev>& ops = {})
   return std::sqrt(ops.sum_squares(grads.data(), static_cast<std::size_t>(grads.numel())));
 }
 
+//! What gradients whose global norm is `norm` are scaled by so that it becomes at most max_norm (0: no clipping):
+//! 1 when it is already.
+inline double clip_scale(double norm, double max_norm) {
+  return max_norm <= 0 || !(norm > max_norm) ? 1.0 : max_norm / (norm + 1e-6);
+}
+
 //! Scales the gradients, whose global norm is `norm`, so that it becomes at most max_norm (0: no clipping).
 template <class T, class Dev>
 void clip_to(const Tensor<T, Dev>& grads, double norm, double max_norm, const kernels::Ops<Dev>& ops = {}) {
-  if (max_norm <= 0 || !(norm > max_norm)) return;
-  const auto scale = static_cast<loom::acc_t<T>>(max_norm / (norm + 1e-6));
-  ops.scale(grads.data(), static_cast<std::size_t>(grads.numel()), scale);
+  const double s = clip_scale(norm, max_norm);
+  if (s == 1.0) return;
+  ops.scale(grads.data(), static_cast<std::size_t>(grads.numel()), static_cast<loom::acc_t<T>>(s));
 }
 
 //! Scales the gradients so that their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_); returns

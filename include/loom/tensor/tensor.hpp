@@ -5,6 +5,7 @@
 #include <loom/core/device.hpp>
 #include <loom/core/half.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/memory.hpp>
 
 #include <algorithm>
 #include <array>
@@ -17,6 +18,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace loom {
@@ -101,12 +103,30 @@ class Tensor {
   using device = Device;
 
   Tensor() = default;
-  //! Uninitialised storage of the given shape, contiguous.
+  //! Uninitialised storage of the given shape, contiguous. On the host it is charged to the rank's ledger
+  //! (rank_memory()) under the thread's current use (MemoryUseScope), and refused beyond the rank's cap.
   explicit Tensor(Shape shape) : shape_(std::move(shape)), strides_(contiguous_strides(shape_)) {
     for (auto d : shape_) LOOM_CHECK(d >= 0, "a tensor dimension must not be negative: shape ", to_string(shape_));
     const std::size_t bytes = static_cast<std::size_t>(numel_of(shape_)) * sizeof(T);
-    T* p = static_cast<T*>(detail::DeviceMemory<Device>::allocate(bytes));
-    storage_ = std::shared_ptr<T>(p, [bytes](T* q) { detail::DeviceMemory<Device>::release(q, bytes); });
+    if constexpr (std::is_same_v<Device, Host>) {
+      std::shared_ptr<MemoryLedger> ledger = rank_memory_ledger();
+      const MemoryUse use = current_memory_use();
+      ledger->debit(use, bytes);
+      T* p = nullptr;
+      try {
+        p = static_cast<T*>(detail::DeviceMemory<Device>::allocate(bytes));
+      } catch (...) {
+        ledger->credit(use, bytes);
+        throw;
+      }
+      storage_ = std::shared_ptr<T>(p, [bytes, ledger = std::move(ledger), use](T* q) {
+        detail::DeviceMemory<Device>::release(q, bytes);
+        ledger->credit(use, bytes);
+      });
+    } else {
+      T* p = static_cast<T*>(detail::DeviceMemory<Device>::allocate(bytes));
+      storage_ = std::shared_ptr<T>(p, [bytes](T* q) { detail::DeviceMemory<Device>::release(q, bytes); });
+    }
   }
   Tensor(std::initializer_list<std::int64_t> shape) : Tensor(Shape(shape)) {}
 

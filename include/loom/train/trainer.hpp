@@ -263,7 +263,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     for (std::size_t c = 0; c < parts.size(); ++c) {
       if constexpr (Zero > 0) {  // this rank's shard, then every rank's updated parameters
         zero_[c]->clip(norm, cfg_.grad_clip);
-        this->optimizers[c].step(parts[c]->params(), zero_[c]->grads(), lr);
+        this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
         zero_[c]->gather_params();
       } else {
         optim::clip_to(parts[c]->grads(), norm, cfg_.grad_clip, parts[c]->ops());

@@ -2,9 +2,9 @@
 // model and its gradients, but the optimizer state of only one N-th of them. A model part's flat gradient buffer is
 // split into the same buckets plain data parallelism uses; each bucket is split into N chunks of ceil(L / N)
 // elements (the last may be short, or empty), and rank r owns chunk r of every bucket. Each bucket is
-// reduce-scattered (averaged) as soon as backward completes it, so that rank r receives the average of its chunks;
-// the global norm, clipping and the optimizer step act on that shard alone; then every bucket's parameters are
-// all-gathered from their owners. Per step each rank sends (N - 1) / N of the gradients and (N - 1) / N of the
+// reduce-scattered (averaged) as soon as backward completes it, so that rank r receives the average of its chunks,
+// which it puts back in place in the gradient buffer; the global norm, clipping and the optimizer step act on those
+// chunks alone; then every bucket's parameters are all-gathered from their owners. Per step each rank sends (N - 1) / N of the gradients and (N - 1) / N of the
 // parameters: as much as the all-reduce of plain data parallelism.
 #pragma once
 
@@ -30,7 +30,7 @@ struct ShardPlan {
     std::int64_t own() const { return own_hi - own_lo; }
     bool padded(int ranks) const { return chunk * ranks != hi - lo; }
   };
-  //! Elements [at, at + n) of the shard, weighted in the global norm's sum of squares.
+  //! Elements [at, at + n) of the part's flat gradient buffer, weighted in the global norm's sum of squares.
   struct NormRun {
     std::int64_t at, n;
     double weight;
@@ -40,7 +40,6 @@ struct ShardPlan {
   std::vector<optim::Slice> slices;    //!< what the optimizer updates: the shard, by parameter
   std::vector<NormRun> norm;           //!< the shard's terms of the global norm
   std::int64_t numel = 0;              //!< elements of the shard
-  std::int64_t max_padded = 0;         //!< the largest ranks x chunk of a padded bucket (0: none is)
 
   //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the tied table (index wte) counts in
   //! the norm unless skip_tied.
@@ -50,7 +49,6 @@ struct ShardPlan {
       const std::int64_t len = b.hi - b.lo, chunk = (len + ranks - 1) / ranks;
       const std::int64_t own_lo = std::min(b.hi, b.lo + rank * chunk), own_hi = std::min(b.hi, own_lo + chunk);
       pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
-      if (chunk * ranks != len) max_padded = std::max(max_padded, chunk * ranks);
       numel += own_hi - own_lo;
     }
     for (const auto& p : pieces)
@@ -64,16 +62,17 @@ struct ShardPlan {
         // Each piece of the parameter's tensor-parallel layout that meets the shard, weighted 1 / its replicas.
         s.layout.for_each_piece([&](std::int64_t l, std::int64_t, std::int64_t n, int replicas) {
           const std::int64_t a = std::max(lo, s.offset + l), z = std::min(hi, s.offset + l + n);
-          if (a < z) norm.push_back({at + (a - lo), z - a, 1.0 / replicas});
+          if (a < z) norm.push_back({a, z - a, 1.0 / replicas});
         });
       }
   }
 };
 
-//! ZeRO-1 for one model part: its gradient shard, the reduce-scatter of its buckets (overlapped with the last
-//! backward, or after a pipeline's schedule), the shard's part of the global norm, clipping, and the all-gather of
-//! the updated parameters. The optimizer (built over plan().slices) steps the model's parameters where this rank
-//! owns them, from the shard's gradients.
+//! ZeRO-1 for one model part: the reduce-scatter of its buckets (overlapped with the last backward, or after a
+//! pipeline's schedule), the rank's chunks' part of the global norm, their clipping, and the all-gather of the
+//! updated parameters. The optimizer (built over plan().slices) steps the model's parameters where this rank owns
+//! them, from the averaged gradients there. What the reduce-scatter receives into (the shard, and a padded bucket's
+//! copy) is a communication buffer held from the first bucket's start to the end of the reduction.
 template <class Model, class Comm>
 class ShardedDataParallel {
  public:
@@ -83,27 +82,13 @@ class ShardedDataParallel {
 
   ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied)
       : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied, tied_index(model)), overlap_(overlap),
-        shard_(Buf::zeros({plan_.numel})) {
-    // A padded bucket is reduce-scattered from a zero-padded copy of itself, into one chunk after it.
-    for (const auto& p : plan_.pieces)
-      staged_.push_back(p.padded(comm.size()) ? Buf::zeros({p.chunk * (comm.size() + 1)}) : Buf());
-    own_ = Buf::zeros({std::max<std::int64_t>(1, max_chunk())});
-  }
+        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied, tied_index(model)), overlap_(overlap) {}
 
   const ShardPlan& plan() const { return plan_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  //! This rank's shard of the averaged gradients, laid out as plan().pieces say.
-  const Buf& grads() const { return shard_; }
-  //! Bytes held for the reduce-scatter and all-gather of padded buckets (a communication buffer).
-  std::size_t staging_bytes() const {
-    std::size_t b = own_.bytes();
-    for (const auto& s : staged_) b += s.bytes();
-    return b;
-  }
 
   //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
-  //! complete; the shard holds the averages when it returns.
+  //! complete; this rank's chunks of the gradient buffer hold the averages when it returns.
   void backward(int slot, double scale) {
     if (!overlap_ || comm_.size() == 1) {
       model_.backward(slot, scale);
@@ -111,29 +96,38 @@ class ShardedDataParallel {
       reduce_all();
       return;
     }
+    begin();
     backward_by_buckets(model_, buckets_, slot, scale, ReduceScatterBucket{this});
     finish();
   }
 
   //! Reduce-scatters every bucket of the model's gradients (after a pipeline's schedule: the whole part is done).
   void reduce_all() {
+    begin();
     comm::Handles all;
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b) all.all.push_back(start(b));
     all.wait();
     finish();
   }
 
-  //! The shard's terms of the global norm's sum of squares (each element of the whole model counted once over the
-  //! data-, tensor- and pipeline-parallel groups once summed over them).
+  //! This rank's chunks' terms of the global norm's sum of squares (each element of the whole model counted once
+  //! over the data-, tensor- and pipeline-parallel groups once summed over them).
   double grad_square() const {
     double s = 0;
+    const T* g = model_.grads().data();
     for (const auto& r : plan_.norm)
-      s += r.weight * model_.ops().sum_squares(shard_.data() + r.at, static_cast<std::size_t>(r.n));
+      s += r.weight * model_.ops().sum_squares(g + r.at, static_cast<std::size_t>(r.n));
     return s;
   }
 
-  //! Scales the shard as optim::clip_to scales whole gradients.
-  void clip(double norm, double max_norm) { optim::clip_to(shard_, norm, max_norm, model_.ops()); }
+  //! Scales this rank's chunks of the gradients as optim::clip_to scales whole gradients.
+  void clip(double norm, double max_norm) {
+    const double s = optim::clip_scale(norm, max_norm);
+    if (s == 1.0) return;
+    T* g = model_.grads().data();
+    for (const auto& p : plan_.pieces)
+      model_.ops().scale(g + p.own_lo, static_cast<std::size_t>(p.own()), static_cast<loom::acc_t<T>>(s));
+  }
 
   //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners.
   void gather_params() {
@@ -141,19 +135,19 @@ class ShardedDataParallel {
     if (n == 1) return;
     const auto& ops = model_.ops();
     T* params = model_.params().data();
-    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
-      const auto& p = plan_.pieces[b];
-      const std::size_t chunk = static_cast<std::size_t>(p.chunk);
-      // The rank's chunk, copied out (the all-gather receives into the bucket it is part of), zero-padded.
-      ops.copy(params + p.own_lo, own_.data(), static_cast<std::size_t>(p.own()));
-      if (p.own() < p.chunk) ops.fill(own_.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
-      const std::span<const T> send(own_.data(), chunk);
+    MemoryUseScope use(MemoryUse::communication);
+    Buf own({std::max<std::int64_t>(1, max_chunk())});  // the rank's chunk, sent from a copy: it is received in place
+    for (const auto& p : plan_.pieces) {
+      const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
+      ops.copy(params + p.own_lo, own.data(), static_cast<std::size_t>(p.own()));
+      if (p.own() < p.chunk) ops.fill(own.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      const std::span<const T> send(own.data(), chunk);
       if (p.padded(n)) {
-        const std::span<T> recv(staged_[b].data(), chunk * static_cast<std::size_t>(n));  // its copy's place
-        comm_.all_gather(send, recv);
-        ops.copy(staged_[b].data(), params + p.lo, static_cast<std::size_t>(p.hi - p.lo));
+        Buf all({p.chunk * n});
+        comm_.all_gather(send, std::span<T>(all.data(), chunk * static_cast<std::size_t>(n)));
+        ops.copy(all.data(), params + p.lo, len);
       } else {
-        comm_.all_gather(send, std::span<T>(params + p.lo, static_cast<std::size_t>(p.hi - p.lo)));
+        comm_.all_gather(send, std::span<T>(params + p.lo, len));
       }
     }
     ops.synchronize();
@@ -199,6 +193,14 @@ class ShardedDataParallel {
     return c;
   }
 
+  //! Makes what the reduce-scatters receive into: the shard and, for each padded bucket, its zero-padded copy.
+  void begin() {
+    MemoryUseScope use(MemoryUse::communication);
+    shard_ = Buf({std::max<std::int64_t>(1, plan_.numel)});
+    staged_.assign(plan_.pieces.size(), Buf());
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
+      if (const auto& p = plan_.pieces[b]; p.padded(comm_.size())) staged_[b] = Buf({p.chunk * (comm_.size() + 1)});
+  }
   //! Starts bucket b's reduce-scatter: into the shard, or, for a padded bucket, within its staging copy.
   comm::Handle start(std::size_t b) {
     const auto& p = plan_.pieces[b];
@@ -212,19 +214,22 @@ class ShardedDataParallel {
     model_.ops().copy(g, s, len);
     model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, T(0));
     model_.ops().synchronize();
-    // The rank's average lands in the chunk after the copy; finish() takes its real elements.
+    // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
     return comm_.reduce_scatter_async(std::span<const T>(s, all), std::span<T>(s + all, chunk), comm::Reduce::avg);
   }
-  //! Moves the padded buckets' averages from their staging copies into the shard.
+  //! Puts this rank's averages in place in the gradient buffer and frees what they were received into.
   void finish() {
     const int n = comm_.size();
+    T* g = model_.grads().data();
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
       const auto& p = plan_.pieces[b];
-      if (!p.padded(n)) continue;
-      model_.ops().copy(staged_[b].data() + n * p.chunk, shard_.data() + p.at, static_cast<std::size_t>(p.own()));
+      const T* avg = p.padded(n) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
+      model_.ops().copy(avg, g + p.own_lo, static_cast<std::size_t>(p.own()));
     }
     model_.ops().synchronize();
+    shard_ = Buf();
+    staged_.clear();
   }
 
   Model& model_;
@@ -232,9 +237,8 @@ class ShardedDataParallel {
   std::vector<Bucket> buckets_;
   ShardPlan plan_;
   bool overlap_;
-  Buf shard_;
-  std::vector<Buf> staged_;  //!< per bucket: empty, or a padded bucket's copy and the rank's chunk after it
-  Buf own_;                  //!< this rank's chunk of a bucket's parameters, as the all-gather sends it
+  Buf shard_;                //!< during a reduction: this rank's averages, as plan().pieces lay them out
+  std::vector<Buf> staged_;  //!< during a reduction, per bucket: empty, or a padded bucket's copy and the rank's chunk
 };
 
 }  // namespace loom::train

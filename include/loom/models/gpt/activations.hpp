@@ -71,6 +71,7 @@ struct GptActivations {
 
   //! Storage for shape s in every slot (n of them), made by block's layers.
   void allocate(int n, const GptActivationShape& s, const Block& block) {
+    MemoryUseScope use(MemoryUse::activations);
     const std::int64_t rows = s.rows, N = s.tokens, d = s.d_model;
     slots.assign(static_cast<std::size_t>(n), GptSlot<T, Dev, Tp>{});
     for (auto& st : slots) {
@@ -110,6 +111,7 @@ struct GptActivations {
     if (splits.size() != slots.size()) splits.assign(slots.size(), GptSplit<T, Dev, Tp>{});
     auto& sp = splits[static_cast<std::size_t>(slot)];
     if (sp.blocks.empty()) {
+      MemoryUseScope use(MemoryUse::activations);
       for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads());
       if (s.head) sp.dlnf = Buf({s.rows, s.d_model});
       if (s.embedding) sp.dx = Buf({s.rows, s.d_model});

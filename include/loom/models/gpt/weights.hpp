@@ -131,8 +131,14 @@ class GptWeights {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= S.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", S.layers);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
-    params_ = Buf::zeros({n});
-    grads_ = Buf::zeros({n});
+    {
+      MemoryUseScope use(MemoryUse::parameters);
+      params_ = Buf::zeros({n});
+    }
+    {
+      MemoryUseScope use(MemoryUse::gradients);
+      grads_ = Buf::zeros({n});
+    }
     if constexpr (on_host) {
       layers::initialise(specs_, params_.data(), seed);
     } else {  // made on the host, element by element as there, then copied
