@@ -15,7 +15,7 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK)] [--bucket-mb MB]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
@@ -90,6 +90,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--init-from") a.init_from = v;
     else if (f == "--resume") a.resume = v;
     else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
+    else if (f == "--max-bytes") a.max_bytes = number<std::uint64_t>(f, v);
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -116,6 +117,7 @@ Args parse(int argc, char** argv) {
                   "): each would run the whole job, so launch with --backend mpi");
   }
   LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", show(a.bucket_mb));
+  if (a.max_bytes > 0) set_memory_cap(static_cast<std::size_t>(a.max_bytes));  // else LOOM_MAX_BYTES, if set
   LOOM_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device, "'");
   if (a.device == "cpu")
     LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,

@@ -39,6 +39,7 @@ struct Args {
   std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
   double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0, dropout = 0.0;
   float bucket_mb = 25.0f;
+  std::uint64_t max_bytes = 0;  //!< --max-bytes: each rank's cap on host memory (0: LOOM_MAX_BYTES, else none)
   std::uint64_t seed = 1234;
   bool progress = true;
   bool schedule_given = false;     //!< --schedule was on the command line
@@ -204,8 +205,18 @@ void train_loop(const Args& a, Comm& world, const LayoutFacts& layout, std::size
       std::fflush(stdout);
     }
   }
+  // Each rank's peak by use (its ledger: rank_memory()), the largest over ranks.
+  std::vector<double> by_use(memory_uses);
+  for (std::size_t u = 0; u < memory_uses; ++u) by_use[u] = double(rank_memory().peak(static_cast<MemoryUse>(u)));
+  world.all_reduce(by_use, comm::Reduce::max);
   if (!lead) return;
   if (bar) std::fputc('\n', stderr);
+  std::string uses;
+  for (std::size_t u = 0; u < memory_uses; ++u)
+    if (by_use[u] > 0)
+      uses += loom::detail::cat(uses.empty() ? "" : ", ", name_of(static_cast<MemoryUse>(u)), " ",
+                                show(std::round(by_use[u] / mib * 1000) / 1000));
+  std::printf("train_gpt: peak per rank by use, MiB: %s\n", uses.c_str());
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const int ran = std::max(0, a.steps - start);
   if (ran > 0)

@@ -1,6 +1,6 @@
 // Pipeline parallelism under mpirun: every process is one rank; layouts of the process count with pipeline
-// parallelism (and tensor, sequence and data parallelism) under several schedules train the single-rank model,
-// which each process computes itself.
+// parallelism (and tensor, sequence and data parallelism, ZeRO-1 included) under several schedules train the
+// single-rank model, which each process computes itself: losses, parameters and the optimizer's state.
 #include "pipeline_parallel_cases.hpp"
 
 #include <loom/comm/mpi.hpp>
@@ -20,24 +20,27 @@ void check(const Run& ref, int rank, int micro_batches, const std::vector<int>& 
   constexpr Schedule schedule = Cfg::schedule;
   Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
   const Run mine = pipeline_rank<Cfg>(ctx, micro_batches, split);
-  // Put the model together: every rank's parameters and what it holds, gathered.
-  const std::size_t n = mine.params.size();
-  std::vector<double> params(n * Cfg::world_size), held(n * Cfg::world_size), h(mine.held.begin(), mine.held.end());
+  // Put the model together: every rank's parameters, optimizer state and what it holds, gathered.
+  const std::size_t n = mine.params.size(), ranks = Cfg::world_size;
+  std::vector<double> params(n * ranks), state(2 * n * ranks), held(n * ranks), h(mine.held.begin(), mine.held.end());
   ctx.world().all_gather(mine.params, params);
+  ctx.world().all_gather(mine.state, state);
   ctx.world().all_gather(h, held);
   std::vector<Run> runs(Cfg::world_size);
-  for (int r = 0; r < Cfg::world_size; ++r) {
+  for (std::size_t r = 0; r < ranks; ++r) {
     runs[r].losses = mine.losses;
     runs[r].params.assign(params.begin() + r * n, params.begin() + (r + 1) * n);
+    runs[r].state.assign(state.begin() + 2 * r * n, state.begin() + 2 * (r + 1) * n);
     for (std::size_t i = 0; i < n; ++i) runs[r].held.push_back(held[r * n + i] != 0);
   }
   std::string disagreement;
   const Run whole = combine(runs, disagreement);
   const auto [loss, diff] = difference(ref, whole);
-  if (!disagreement.empty() || !(loss <= 1e-9 && diff <= 1e-9))
+  const double state_diff = state_difference(ref, whole);
+  if (!disagreement.empty() || !(loss <= 1e-9 && diff <= 1e-9 && state_diff <= 1e-9))
     throw Error(loom::detail::cat("rank ", rank, " of ", Cfg::name(), ", ", describe_schedule(schedule), ", m = ",
-                                  micro_batches, ": loss differs by ", loss, ", parameters by ", diff, " ",
-                                  disagreement));
+                                  micro_batches, ": loss differs by ", loss, ", parameters by ", diff,
+                                  ", optimizer state by ", state_diff, " ", disagreement));
   if (rank == 0)
     std::printf("test_pipeline_parallel_mpi: %s %s m=%d%s equals the single-rank run\n", Cfg::name().data(),
                 describe_schedule(schedule).data(), micro_batches, split.empty() ? "" : " (uneven layer split)");
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
         check<Parallel<PP<4, GPipe>>>(ref, r, 4);
         check<Parallel<PP<4, ZeroBubbleH1>>>(ref, r, 8);
         check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, 2);
+        check<Parallel<PP<2, ZeroBubbleH1>, DP<2, ZeRO<1>>>>(ref, r, 2);
       });
     case 8:
       return run<8>(argc, argv, [](const Run& ref, int r) {

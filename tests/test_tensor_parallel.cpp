@@ -6,6 +6,7 @@
 
 #include <loom/comm/local.hpp>
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -167,6 +168,42 @@ TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the
   const std::size_t kv = 2 * static_cast<std::size_t>(S.kv_heads) * S.head_dim() * (S.d_model + 1) * S.layers *
                          sizeof(double);
   CHECK(total == sharded + (S.kv_heads < t ? kv * (t / S.kv_heads - 1) : 0));
+}
+
+TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimizer state", "[tp][zero][memory]") {
+  // Per rank, f64 and AdamW: its part of the parameters and of the gradients (Psi_t elements each), and the state of
+  // its chunk of each bucket of its part: 8 Psi_t + 8 Psi_t + 16 Psi_r bytes.
+  using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
+  using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+  const auto d = data<S>();
+  std::vector<std::array<std::size_t, 3>> held(Cfg::world_size);
+  std::vector<std::int64_t> psi_t(Cfg::world_size), psi_r(Cfg::world_size);
+  run_local<Cfg>([&](auto& ctx) {
+    train::TrainerOptions o;
+    o.seed = 3, o.model = options();
+    o.step.batch = batch, o.step.seq = seq;
+    train::Trainer<Cfg, Model, optim::AdamW<double>> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
+      return optim::AdamW<double>(specs, n);
+    });
+    trainer.step(0);
+    const auto& m = rank_memory();
+    held[ctx.rank()] = {m.in_use(MemoryUse::parameters), m.in_use(MemoryUse::gradients),
+                        m.in_use(MemoryUse::optimizer_state)};
+    const auto& part = trainer.model();
+    psi_t[ctx.rank()] = part.params().numel();
+    const int n = 2, r = ctx.template coord<Axis::dp>();
+    for (const auto& b : train::make_buckets(part.specs(), sizeof(double), o.step.bucket_bytes)) {
+      const std::int64_t c = (b.hi - b.lo + n - 1) / n;
+      psi_r[ctx.rank()] += std::clamp<std::int64_t>(b.hi - b.lo - r * c, 0, c);
+    }
+  });
+  for (int r = 0; r < Cfg::world_size; ++r) {
+    INFO("rank " << r);
+    CHECK(held[r][0] == 8 * static_cast<std::size_t>(psi_t[r]));
+    CHECK(held[r][1] == 8 * static_cast<std::size_t>(psi_t[r]));
+    CHECK(held[r][2] == 16 * static_cast<std::size_t>(psi_r[r]));
+    CHECK(2 * psi_r[r] - psi_t[r] <= 1);  // half of the part, up to the rounding of its one bucket
+  }
 }
 
 TEST_CASE("sequence parallelism rejects a sequence it cannot split", "[tp]") {

@@ -4,8 +4,8 @@
 // elements (the last may be short, or empty), and rank r owns chunk r of every bucket. Each bucket is
 // reduce-scattered (averaged) as soon as backward completes it, so that rank r receives the average of its chunks,
 // which it puts back in place in the gradient buffer; the global norm, clipping and the optimizer step act on those
-// chunks alone; then every bucket's parameters are all-gathered from their owners. Per step each rank sends (N - 1) / N of the gradients and (N - 1) / N of the
-// parameters: as much as the all-reduce of plain data parallelism.
+// chunks alone; then every bucket's parameters are all-gathered from their owners. Per step each rank sends
+// (N - 1) / N of the gradients and (N - 1) / N of the parameters: as much as plain data parallelism's all-reduce.
 #pragma once
 
 #include <loom/comm/communicator.hpp>
