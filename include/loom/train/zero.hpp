@@ -103,6 +103,7 @@ class ShardedDataParallel {
 
   //! Reduce-scatters every bucket of the model's gradients (after a pipeline's schedule: the whole part is done).
   void reduce_all() {
+    if (comm_.size() == 1) return;  // one rank's gradients are their own average
     begin();
     comm::Handles all;
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b) all.all.push_back(start(b));
