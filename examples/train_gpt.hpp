@@ -81,16 +81,10 @@ LayoutFacts layout_facts() {
           Cfg::schedule};
 }
 
-using LocalComm = comm::Local::Comm;
-#ifdef LOOM_HAS_MPI
-using MpiComm = comm::Mpi::Comm;
-#else
-struct MpiComm {};  //!< a build without MPI has no MPI rank to start
-#endif
-
-//! What a rank does, given its place in the layout (train::RankInLayout).
-template <class Comm, bool Pipelined, int Zero>
-using RankFn = std::function<void(const train::RankInLayout<Comm, Pipelined, Zero>&)>;
+//! What a rank does, given its place in the layout (train::RankInLayout) over type-erased communicators: the
+//! trainer and the loop are compiled once for both backends.
+template <bool Pipelined, int Zero>
+using RankFn = std::function<void(const train::RankInLayout<comm::AnyComm, Pipelined, Zero>&)>;
 
 //! A layout as train_gpt runs it: its facts, and how to start its ranks on each backend, each rank given its
 //! RankInLayout. The only part of train_gpt compiled once per layout (Launch<Cfg>); the model, the trainer and the
@@ -98,21 +92,21 @@ using RankFn = std::function<void(const train::RankInLayout<Comm, Pipelined, Zer
 template <bool Pipelined, int Zero>
 struct LayoutRun {
   LayoutFacts facts;
-  void (*local)(const RankFn<LocalComm, Pipelined, Zero>&);
-  int (*mpi)(int&, char**&, const RankFn<MpiComm, Pipelined, Zero>&);
+  void (*local)(const RankFn<Pipelined, Zero>&);
+  int (*mpi)(int&, char**&, const RankFn<Pipelined, Zero>&);
 };
 
 template <class Cfg>
 struct Launch {
   static constexpr bool pipelined = Cfg::template size<Axis::pp> > 1;
   static constexpr int zero = Cfg::zero_stage;
-  static void local(const RankFn<LocalComm, pipelined, zero>& f) {
-    run_local<Cfg>([&](auto& ctx) { f(train::rank_in_layout(ctx)); });
+  static void local(const RankFn<pipelined, zero>& f) {
+    run_local<Cfg>([&](auto& ctx) { f(train::AnyRankInLayout(train::rank_in_layout(ctx)).get()); });
   }
   static int mpi([[maybe_unused]] int& argc, [[maybe_unused]] char**& argv,
-                 [[maybe_unused]] const RankFn<MpiComm, pipelined, zero>& f) {
+                 [[maybe_unused]] const RankFn<pipelined, zero>& f) {
 #ifdef LOOM_HAS_MPI
-    return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { f(train::rank_in_layout(ctx)); });
+    return run_mpi<Cfg>(argc, argv, [&](auto& ctx) { f(train::AnyRankInLayout(train::rank_in_layout(ctx)).get()); });
 #else
     throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif

@@ -9,6 +9,7 @@
 // and every part's optimizer step.
 #pragma once
 
+#include <loom/comm/any.hpp>
 #include <loom/comm/context.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
@@ -157,6 +158,28 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   }
   return at;
 }
+
+//! A rank's RankInLayout over type-erased communicators (comm::AnyComm), which refer to the given rank's: a trainer
+//! built from get() is one type whatever the backend, so a program that runs several backends compiles its
+//! trainer once. It must not outlive the communicators it refers to.
+template <bool Pipelined, int Zero>
+class AnyRankInLayout {
+ public:
+  template <class Comm>
+  explicit AnyRankInLayout(const RankInLayout<Comm, Pipelined, Zero>& at)
+      : tp_(*at.tp), dp_(*at.dp), pp_(*at.pp), world_(*at.world),
+        tied_(at.tied ? std::make_unique<comm::AnyComm>(*at.tied) : nullptr),
+        at_{&tp_, &dp_, &pp_, &world_, tied_.get(), at.dp_rank, at.stage, at.stages, at.schedule, at.chunks} {}
+  AnyRankInLayout(const AnyRankInLayout&) = delete;
+  AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
+
+  const RankInLayout<comm::AnyComm, Pipelined, Zero>& get() const { return at_; }
+
+ private:
+  comm::AnyComm tp_, dp_, pp_, world_;
+  std::unique_ptr<comm::AnyComm> tied_;
+  RankInLayout<comm::AnyComm, Pipelined, Zero> at_;
+};
 
 namespace detail {
 
