@@ -10,13 +10,11 @@
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/trainer.hpp>
 
-#include <nlohmann/json.hpp>
+#include "cli.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -125,30 +123,22 @@ void measure_all(const ZeroOptions& o, std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return bench::guarded([&] {
     ZeroOptions o;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&] {
-        LOOM_CHECK(i + 1 < argc, a, " needs a value");
-        return std::string(argv[++i]);
-      };
-      if (a == "-h" || a == "--help") {
-        std::fputs("usage: zero [--model small|gpt2] [--dp 1,2,4,8] [--batch B] [--seq T] [--steps N]\n"
-                   "            [--bucket-mb MB] [--json FILE]\n", stdout);
-        return 0;
-      } else if (a == "--model") o.model = next();
-      else if (a == "--dp") {
-        o.dp.clear();
-        std::stringstream ss(next());
-        for (std::string x; std::getline(ss, x, ',');) o.dp.push_back(std::stoi(x));
-      } else if (a == "--batch") o.batch = std::stoi(next());
-      else if (a == "--seq") o.seq = std::stoi(next());
-      else if (a == "--steps") o.steps = std::stoi(next());
-      else if (a == "--bucket-mb") o.bucket_mb = std::stod(next());
-      else if (a == "--json") o.json = next();
-      else throw Error("loom: unknown flag '" + a + "'");
-    }
+    bench::CommandLine cl(argc, argv);
+    const bool go = cl.parse("usage: zero [--model small|gpt2] [--dp 1,2,4,8] [--batch B] [--seq T] [--steps N]\n"
+                             "            [--bucket-mb MB] [--json FILE]\n",
+                             [&](const std::string& a) {
+                               if (a == "--model") o.model = cl.value();
+                               else if (a == "--dp") o.dp = bench::int_list(cl.value());
+                               else if (a == "--batch") o.batch = std::stoi(cl.value());
+                               else if (a == "--seq") o.seq = std::stoi(cl.value());
+                               else if (a == "--steps") o.steps = std::stoi(cl.value());
+                               else if (a == "--bucket-mb") o.bucket_mb = std::stod(cl.value());
+                               else if (a == "--json") o.json = cl.value();
+                               else throw Error("loom: unknown flag '" + a + "'");
+                             });
+    if (!go) return 0;
     std::vector<Row> rows;
     if (o.model == "small") measure_all<models::small>(o, rows);
     else if (o.model == "gpt2") measure_all<models::gpt2>(o, rows);
@@ -156,28 +146,19 @@ int main(int argc, char** argv) {
     constexpr double mib = 1 << 20;
     std::printf("%-6s %-10s %3s %11s %11s %11s %11s %11s %11s %9s %9s %9s\n", "model", "layout", "dp", "params_MiB",
                 "formula", "grads_MiB", "formula", "state_MiB", "formula", "comm_MiB", "peak_MiB", "step_ms");
-    for (const auto& r : rows)
+    std::vector<nlohmann::json> records;
+    for (const auto& r : rows) {
       std::printf("%-6s %-10s %3d %11.3f %11.3f %11.3f %11.3f %11.3f %11.3f %9.3f %9.1f %9.1f\n", r.model.c_str(),
                   r.layout.c_str(), r.dp, r.params / mib, r.params_formula / mib, r.grads / mib,
                   r.grads_formula / mib, r.state / mib, r.state_formula / mib, r.comm_peak / mib, r.peak / mib,
                   r.step_ms);
-    if (!o.json.empty()) {
-      {
-        std::ofstream f(o.json + ".tmp");
-        for (const auto& r : rows)
-          f << nlohmann::json{{"model", r.model}, {"layout", r.layout}, {"dp", r.dp}, {"psi", r.psi},
-                              {"params_bytes", r.params}, {"params_formula", r.params_formula},
-                              {"grads_bytes", r.grads}, {"grads_formula", r.grads_formula},
-                              {"state_bytes", r.state}, {"state_formula", r.state_formula},
-                              {"comm_peak_bytes", r.comm_peak}, {"peak_bytes", r.peak}, {"step_ms", r.step_ms}}
-                   .dump()
-            << "\n";
-      }
-      std::rename((o.json + ".tmp").c_str(), o.json.c_str());
+      records.push_back({{"model", r.model}, {"layout", r.layout}, {"dp", r.dp}, {"psi", r.psi},
+                         {"params_bytes", r.params}, {"params_formula", r.params_formula}, {"grads_bytes", r.grads},
+                         {"grads_formula", r.grads_formula}, {"state_bytes", r.state},
+                         {"state_formula", r.state_formula}, {"comm_peak_bytes", r.comm_peak},
+                         {"peak_bytes", r.peak}, {"step_ms", r.step_ms}});
     }
+    if (!o.json.empty()) bench::write_json_lines(o.json, records);
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  });
 }
