@@ -1,0 +1,15 @@
+// expect: loom: the model does not have what the trainer needs (train::TrainableModel)
+#include <loom/train/trainer.hpp>
+
+using Optimizer = loom::optim::AdamW<double>;
+#ifdef LOOM_FAIL
+struct Model : loom::models::Gpt<loom::models::tiny, double> {  // a model whose backward_chunk returns nothing
+  using Gpt::Gpt;
+  void backward_chunk(int, int, double) {}
+};
+#else
+using Model = loom::models::Gpt<loom::models::tiny, double>;
+#endif
+
+static_assert(sizeof(loom::train::TrainerOf<Model, Optimizer>) > 0);
+int main() {}
