@@ -5,6 +5,7 @@
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
+#include <loom/train/data_parallel.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -53,6 +54,17 @@ inline std::pair<double, double> difference(const Run& ref, const Run& run) {
     scale = std::max(scale, std::abs(ref.params[i]));
   }
   return {loss, worst / scale};
+}
+
+//! The elements of the optimizer state rank r holds under ZeRO over n ranks, computed from the formula: its chunk of
+//! ceil(L / n) elements of each bucket of L (the last chunks short, or empty).
+inline std::int64_t shard_elements(const std::vector<train::Bucket>& buckets, int n, int r) {
+  std::int64_t e = 0;
+  for (const auto& b : buckets) {
+    const std::int64_t c = (b.hi - b.lo + n - 1) / n;
+    e += std::clamp<std::int64_t>(b.hi - b.lo - r * c, 0, c);
+  }
+  return e;
 }
 
 //! The largest difference of the optimizer's state from the reference's, relative to the largest of each moment

@@ -105,7 +105,7 @@ TEST_CASE("ZeRO-1 shards the optimizer state: each rank holds its chunk of every
     std::vector<int> owners(static_cast<std::size_t>(shape.params()), 0);
     std::int64_t total = 0;
     for (int r = 0; r < n; ++r) {
-      const train::ShardPlan plan(buckets, specs, n, r, false, 0);
+      const train::ShardPlan plan(buckets, specs, n, r);
       REQUIRE(plan.pieces.size() == buckets.size());
       std::int64_t held = 0, updated = 0;
       for (const auto& p : plan.pieces) {
@@ -203,16 +203,6 @@ std::vector<std::array<std::size_t, 5>> held_by_use(std::size_t bucket_bytes = s
                         m.in_use(MemoryUse::optimizer_state), m.peak(MemoryUse::communication), m.peak()};
   });
   return held;
-}
-
-//! This rank's elements of the optimizer state under ZeRO over n ranks: its chunk of ceil(L / n) of each bucket.
-std::int64_t shard_elements(const std::vector<train::Bucket>& buckets, int n, int r) {
-  std::int64_t e = 0;
-  for (const auto& b : buckets) {
-    const std::int64_t c = (b.hi - b.lo + n - 1) / n;
-    e += std::clamp<std::int64_t>(b.hi - b.lo - r * c, 0, c);
-  }
-  return e;
 }
 
 template <int N>

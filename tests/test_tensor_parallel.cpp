@@ -191,11 +191,8 @@ TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimi
                         m.in_use(MemoryUse::optimizer_state)};
     const auto& part = trainer.model();
     psi_t[ctx.rank()] = part.params().numel();
-    const int n = 2, r = ctx.template coord<Axis::dp>();
-    for (const auto& b : train::make_buckets(part.specs(), sizeof(double), o.step.bucket_bytes)) {
-      const std::int64_t c = (b.hi - b.lo + n - 1) / n;
-      psi_r[ctx.rank()] += std::clamp<std::int64_t>(b.hi - b.lo - r * c, 0, c);
-    }
+    psi_r[ctx.rank()] = test::shard_elements(train::make_buckets(part.specs(), sizeof(double), o.step.bucket_bytes), 2,
+                                       ctx.template coord<Axis::dp>());
   });
   for (int r = 0; r < Cfg::world_size; ++r) {
     INFO("rank " << r);

@@ -41,10 +41,10 @@ struct ShardPlan {
   std::vector<NormRun> norm;           //!< the shard's terms of the global norm
   std::int64_t numel = 0;              //!< elements of the shard
 
-  //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the tied table (index wte) counts in
-  //! the norm unless skip_tied.
+  //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the parameter at flat offset
+  //! `uncounted` (the tied table, where another part counts it) stays out of the norm; -1: none does.
   ShardPlan(const std::vector<Bucket>& buckets, const std::vector<layers::ParamSpec>& specs, int ranks, int rank,
-            bool skip_tied, std::size_t wte) {
+            std::int64_t uncounted = -1) {
     for (const auto& b : buckets) {
       const std::int64_t len = b.hi - b.lo, chunk = (len + ranks - 1) / ranks;
       const std::int64_t own_lo = std::min(b.hi, b.lo + rank * chunk), own_hi = std::min(b.hi, own_lo + chunk);
@@ -58,7 +58,7 @@ struct ShardPlan {
         if (lo >= hi) continue;
         const std::int64_t at = p.at + (lo - p.own_lo);
         slices.push_back({lo, at, hi - lo, s.decay});
-        if (skip_tied && s.index == wte) continue;
+        if (s.offset == uncounted) continue;
         // Each piece of the parameter's tensor-parallel layout that meets the shard, weighted 1 / its replicas.
         s.layout.for_each_piece([&](std::int64_t l, std::int64_t, std::int64_t n, int replicas) {
           const std::int64_t a = std::max(lo, s.offset + l), z = std::min(hi, s.offset + l + n);
@@ -82,7 +82,8 @@ class ShardedDataParallel {
 
   ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied)
       : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied, tied_index(model)), overlap_(overlap) {}
+        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
+        overlap_(overlap) {}
 
   const ShardPlan& plan() const { return plan_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -183,10 +184,10 @@ class ShardedDataParallel {
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
   };
 
-  static std::size_t tied_index(const Model& m) {
-    for (const auto& s : m.specs())
-      if (s.index == 0) return 0;
-    return Model::no_param;
+  //! Where the part's tied table starts in its flat buffer (-1: it holds none).
+  static std::int64_t tied_offset(Model& m) {
+    const auto g = m.tied_grad();
+    return g.empty() ? -1 : g.data() - m.grads().data();
   }
   std::int64_t max_chunk() const {
     std::int64_t c = 0;
