@@ -117,10 +117,10 @@ struct Launch {
 //! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
 //! optimizer step i and returns its train::StepResult. A skipped step (every rank left the model as it was: its loss
 //! or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
-//! Compiled once per model shape and backend, whatever the layout.
-template <models::GptShape S, class Comm, class Step>
-void train_loop(const Args& a, Comm& world, const LayoutFacts& layout, std::size_t data_tokens, int start, Held held,
-                Step&& step) {
+//! Compiled once per backend, whatever the layout and the model.
+template <class Comm, class Step>
+void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
+                std::size_t data_tokens, int start, Held held, Step&& step) {
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
@@ -241,7 +241,7 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   }
   for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
   const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
-  train_loop<Model::shape>(a, world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });
+  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });
   if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
     checkpoint::save_training(a.save, trainer, std::max(a.steps, start), world.rank() == 0, run);
     if (world.rank() == 0)
@@ -255,11 +255,12 @@ train::TrainerOptions trainer_options(const Args& a);
 
 //! What every rank does: builds its trainer from its place in the layout (its part of the model: tensor
 //! parallelism; with pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU
-//! (ranks that share one GPU through the Local backend). Compiled once per model, backend and Pipelined.
-template <models::GptShape S, class T, class ML, class Dev, class Comm, bool Pipelined, int Zero>
-void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined, Zero>& at, const LayoutFacts& layout,
-                const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
-  using Model = models::Gpt<S, T, ML, Dev>;
+//! (ranks that share one GPU through the Local backend). Compiled once per element type, model layout, device,
+//! Pipelined and ZeRO stage: the shape is a value (models::GptModel).
+template <class T, class ML, class Dev, class Comm, bool Pipelined, int Zero>
+void train_rank(const Args& a, const models::GptShape& shape, const train::RankInLayout<Comm, Pipelined, Zero>& at,
+                const LayoutFacts& layout, const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
+  using Model = models::GptModel<T, ML, Dev>;
   static_assert(std::is_same_v<Dev, Host> || !Pipelined, "loom: train_gpt runs pipeline parallelism on the host");
   const train::Batches batches(tokens, a.batch, a.seq,
                                a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
@@ -267,7 +268,7 @@ void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined, Zero>&
   const train::TrainerOptions options = trainer_options(a);
   auto go = [&](auto make) {
     using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
-    train::TrainerOf<Model, Opt> trainer(at, batches, options, make);
+    train::TrainerOf<Model, Opt> trainer(shape, at, batches, options, make);
     run_trainer(a, trainer, *at.world, layout, tokens.size(), run);
   };
   // On a GPU train_gpt compiles AdamW alone, which halves the CUDA part of its build.
@@ -283,10 +284,10 @@ void train_rank(const Args& a, const train::RankInLayout<Comm, Pipelined, Zero>&
     throw Error("loom: --device cuda trains with --optimizer adamw");
 }
 
-//! Runs a layout with model layout ML (its tensor-parallel degree and sequence parallelism) on the chosen backend
-//! and device.
-template <models::GptShape S, class T, class ML, class Dev, bool Pipelined, int Zero>
-int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
+//! Runs a layout with model layout ML (its tensor-parallel degree and sequence parallelism) and a model of shape S
+//! (which meets the rules of ML) on the chosen backend and device.
+template <class T, class ML, class Dev, bool Pipelined, int Zero>
+int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   const LayoutFacts& f = layout.facts;
   LOOM_CHECK(a.seq <= S.max_seq, "--seq ", a.seq, " is longer than the model's max_seq ", S.max_seq);
   if (Pipelined) {
@@ -314,24 +315,25 @@ int train(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zer
   if (!a.resume.empty()) check_resume(a, run);
   if (a.backend == "mpi") {
     if constexpr (std::is_same_v<Dev, Host>)
-      return layout.mpi(argc, argv, [&](const auto& at) { train_rank<S, T, ML, Dev>(a, at, f, tokens, run); });
+      return layout.mpi(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, tokens, run); });
     throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
   }
-  layout.local([&](const auto& at) { train_rank<S, T, ML, Dev>(a, at, f, tokens, run); });
+  layout.local([&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, tokens, run); });
   return 0;
 }
 
 //! A layout with model layout ML on device Dev, with the model and dtype that --model and --dtype name; a shape that
-//! cannot be split as ML says is refused with the rule it breaks. Compiled once per model layout and Pipelined.
+//! cannot be split as ML says is refused with the rule it breaks (checked at compile time). Compiled once per model
+//! layout, Pipelined and ZeRO stage.
 template <class ML, class Dev, bool Pipelined, int Zero>
 int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   auto go = [&]<models::GptShape S>() -> int {
     constexpr auto rule = models::tensor_parallel_violation(S, ML::template size<Axis::tp>, ML::sequence_parallel);
     if constexpr (rule.empty()) {
-      if (a.dtype == "f64") return train<S, double, ML, Dev>(a, argc, argv, layout);
+      if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)
-        if (a.dtype == "bf16") return train<S, bf16, ML, Dev>(a, argc, argv, layout);
-      return train<S, float, ML, Dev>(a, argc, argv, layout);
+        if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
+      return train<float, ML, Dev>(a, S, argc, argv, layout);
     } else {
       throw Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", layout.facts.name,
                                     ": ", rule));

@@ -242,16 +242,10 @@ if(TARGET train_gpt)
   set_tests_properties(train_gpt_resume_continues_the_run PROPERTIES LABELS model)
 endif()
 
-# Tensor (and sequence) parallelism against the single-rank run, once per attention shape.
-foreach(shape mha gqa mqa)
-  loom_add_test(test_tensor_parallel_${shape} test_tensor_parallel.cpp LABELS "tp;model")
-  target_compile_definitions(test_tensor_parallel_${shape} PRIVATE LOOM_TP_SHAPE=loom::test::tp::${shape})
-endforeach()
+# Tensor (and sequence) parallelism against the single-rank run, for each attention shape.
+loom_add_test(test_tensor_parallel test_tensor_parallel.cpp LABELS "tp;model")
 if(LOOM_WITH_MPI)
-  foreach(shape mha gqa mqa)
-    loom_add_mpi_test(test_tensor_parallel_mpi_${shape} test_tensor_parallel_mpi.cpp LABELS "mpi;tp"
-                      DEFS LOOM_TP_SHAPE=loom::test::tp::${shape} LOOM_TP_SHAPE_NAME="${shape}")
-  endforeach()
+  loom_add_mpi_test(test_tensor_parallel_mpi test_tensor_parallel_mpi.cpp LABELS "mpi;tp")
 endif()
 
 # Parts of the model (pipeline stages) against the whole model.

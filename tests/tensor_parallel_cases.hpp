@@ -20,6 +20,19 @@ constexpr models::GptShape mha{2, 8, 8, 32, 40, 8};
 constexpr models::GptShape gqa{2, 8, 2, 32, 37, 8};  // kv heads split on tp2, replicated on tp4 and tp8
 constexpr models::GptShape mqa{2, 8, 1, 32, 37, 8};
 constexpr int steps = 5, batch = 8, seq = 8;
+// The shapes as types, for Catch2's TEMPLATE_TEST_CASE.
+struct Mha {
+  static constexpr models::GptShape shape = mha;
+  static constexpr const char* name = "mha";
+};
+struct Gqa {
+  static constexpr models::GptShape shape = gqa;
+  static constexpr const char* name = "gqa";
+};
+struct Mqa {
+  static constexpr models::GptShape shape = mqa;
+  static constexpr const char* name = "mqa";
+};
 
 inline models::GptOptions options() {
   models::GptOptions o;

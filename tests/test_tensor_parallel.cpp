@@ -1,7 +1,8 @@
 // Tensor parallelism: TP in {2, 4, 8}, with and without sequence parallelism, alone and with DP, trains the same
 // model as one rank (losses and every gathered parameter, in double, dropout included); the collectives per layer
 // are Megatron's, with its volume; per-rank parameter bytes are the replicated ones plus a 1/TP share of the rest.
-// Compiled once per attention shape (LOOM_TP_SHAPE = mha, gqa or mqa).
+// Every case runs for the three attention shapes (multi-head, grouped-query, multi-query), which share the
+// model's code (models::GptModel): one translation unit for all three.
 #include "catch.hpp"
 
 #include <loom/comm/local.hpp>
@@ -17,19 +18,17 @@ using namespace loom::test::tp;
 
 namespace {
 
-constexpr models::GptShape S = LOOM_TP_SHAPE;
-
-template <class Cfg>
+template <models::GptShape S, class Cfg>
 std::vector<Run> run_layout(int micro_batches) {
   std::vector<Run> runs(Cfg::world_size);
   run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = parallel_rank<S, Cfg>(ctx, micro_batches); });
   return runs;
 }
 
-template <class Cfg>
+template <models::GptShape S, class Cfg>
 void check_layout(const Run& ref, int micro_batches = 1) {
   INFO("layout " << Cfg::name() << ", " << micro_batches << " micro-batches");
-  const auto runs = run_layout<Cfg>(micro_batches);
+  const auto runs = run_layout<S, Cfg>(micro_batches);
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     const auto [loss, params] = difference(ref, runs[r]);
@@ -45,32 +44,37 @@ void check_layout(const Run& ref, int micro_batches = 1) {
 
 }  // namespace
 
-TEST_CASE("every tensor-parallel layout trains the single-rank model", "[tp]") {
+#define LOOM_TP_SHAPES Mha, Gqa, Mqa
+
+TEMPLATE_TEST_CASE("every tensor-parallel layout trains the single-rank model", "[tp]", LOOM_TP_SHAPES) {
+  constexpr models::GptShape S = TestType::shape;
   const auto ref = single_rank<S>();
   REQUIRE(ref.losses.size() == steps);
   CHECK(ref.losses.back() < ref.losses.front());
-  check_layout<Parallel<TP<2>>>(ref);
-  check_layout<Parallel<TP<2, SequenceParallel>>>(ref);
-  check_layout<Parallel<TP<4>>>(ref);
-  check_layout<Parallel<TP<4, SequenceParallel>>>(ref);
-  check_layout<Parallel<TP<8>>>(ref);
-  check_layout<Parallel<TP<8, SequenceParallel>>>(ref);
-  check_layout<Parallel<TP<2>, DP<2>>>(ref);
-  check_layout<Parallel<TP<2, SequenceParallel>, DP<2>>>(ref);
-  check_layout<Parallel<TP<4>, DP<2>>>(ref);
-  check_layout<Parallel<TP<4, SequenceParallel>, DP<2>>>(ref);
+  check_layout<S, Parallel<TP<2>>>(ref);
+  check_layout<S, Parallel<TP<2, SequenceParallel>>>(ref);
+  check_layout<S, Parallel<TP<4>>>(ref);
+  check_layout<S, Parallel<TP<4, SequenceParallel>>>(ref);
+  check_layout<S, Parallel<TP<8>>>(ref);
+  check_layout<S, Parallel<TP<8, SequenceParallel>>>(ref);
+  check_layout<S, Parallel<TP<2>, DP<2>>>(ref);
+  check_layout<S, Parallel<TP<2, SequenceParallel>, DP<2>>>(ref);
+  check_layout<S, Parallel<TP<4>, DP<2>>>(ref);
+  check_layout<S, Parallel<TP<4, SequenceParallel>, DP<2>>>(ref);
   // Gradients accumulated over micro-batches: what ranks share is summed once.
-  check_layout<Parallel<TP<4>>>(ref, 2);
-  check_layout<Parallel<TP<2, SequenceParallel>, DP<2>>>(ref, 2);
+  check_layout<S, Parallel<TP<4>>>(ref, 2);
+  check_layout<S, Parallel<TP<2, SequenceParallel>, DP<2>>>(ref, 2);
   // ZeRO-1 over the data-parallel group: each TP rank's part of the optimizer state, sharded.
-  check_layout<Parallel<TP<2>, DP<2, ZeRO<1>>>>(ref);
-  check_layout<Parallel<TP<2, SequenceParallel>, DP<4, ZeRO<1>>>>(ref, 2);
+  check_layout<S, Parallel<TP<2>, DP<2, ZeRO<1>>>>(ref);
+  check_layout<S, Parallel<TP<2, SequenceParallel>, DP<4, ZeRO<1>>>>(ref, 2);
 }
 
 // Ranks are threads and Catch2's assertions are not thread-safe: each rank records what it found, and the test's
 // thread checks it.
 
-TEST_CASE("the same seed gives the same whole model whatever the tensor-parallel degree", "[tp]") {
+TEMPLATE_TEST_CASE("the same seed gives the same whole model whatever the tensor-parallel degree", "[tp]",
+                   LOOM_TP_SHAPES) {
+  constexpr models::GptShape S = TestType::shape;
   models::Gpt<S, double> one(17);
   std::vector<double> whole(one.params().data(), one.params().data() + one.params().numel());
   std::vector<char> gathered(4), scattered(4);
@@ -89,7 +93,7 @@ TEST_CASE("the same seed gives the same whole model whatever the tensor-parallel
   }
 }
 
-template <bool SP>
+template <models::GptShape S, bool SP>
 void check_counts() {
   using Cfg = std::conditional_t<SP, Parallel<TP<4, SequenceParallel>>, Parallel<TP<4>>>;
   constexpr int t = 4;
@@ -138,12 +142,14 @@ void check_counts() {
   }
 }
 
-TEST_CASE("the collectives per layer are Megatron's", "[tp]") {
-  SECTION("tensor parallelism") { check_counts<false>(); }
-  SECTION("with sequence parallelism") { check_counts<true>(); }
+TEMPLATE_TEST_CASE("the collectives per layer are Megatron's", "[tp]", LOOM_TP_SHAPES) {
+  SECTION("tensor parallelism") { check_counts<TestType::shape, false>(); }
+  SECTION("with sequence parallelism") { check_counts<TestType::shape, true>(); }
 }
 
-TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the rest", "[tp]") {
+TEMPLATE_TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the rest", "[tp]",
+                   LOOM_TP_SHAPES) {
+  constexpr models::GptShape S = TestType::shape;
   constexpr int t = 4;
   const auto global = models::Gpt<S, double, Parallel<TP<t>>>::param_specs(0, true);
   std::size_t replicated = 0, sharded = 0;
@@ -170,7 +176,9 @@ TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-th of the
   CHECK(total == sharded + (S.kv_heads < t ? kv * (t / S.kv_heads - 1) : 0));
 }
 
-TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimizer state", "[tp][zero][memory]") {
+TEMPLATE_TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimizer state",
+                   "[tp][zero][memory]", LOOM_TP_SHAPES) {
+  constexpr models::GptShape S = TestType::shape;
   // Per rank, f64 and AdamW: its part of the parameters and of the gradients (Psi_t elements each), and the state of
   // its chunk of each bucket of its part: 8 Psi_t + 8 Psi_t + 16 Psi_r bytes.
   using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
@@ -204,6 +212,7 @@ TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimi
 }
 
 TEST_CASE("sequence parallelism rejects a sequence it cannot split", "[tp]") {
+  constexpr models::GptShape S = mha;
   std::vector<std::string> msg(4);
   run_local<Parallel<TP<4, SequenceParallel>>>([&](auto& ctx) {
     models::Gpt<S, double, Parallel<TP<4, SequenceParallel>>> m(3, ctx.template comm<Axis::tp>());
@@ -218,6 +227,7 @@ TEST_CASE("sequence parallelism rejects a sequence it cannot split", "[tp]") {
 }
 
 TEST_CASE("a communicator of the wrong size is refused", "[tp]") {
+  constexpr models::GptShape S = mha;
   std::vector<std::string> msg(2);
   run_local<Parallel<DP<2>>>([&](auto& ctx) {
     try {

@@ -1,6 +1,6 @@
 // Tensor parallelism under mpirun: every process is one rank; each layout of the process count (tensor parallel,
 // with and without sequence parallelism, with data parallelism) trains the single-rank model, which each process
-// computes itself. Compiled once per attention shape (LOOM_TP_SHAPE = mha, gqa or mqa).
+// computes itself, for each attention shape (multi-head, grouped-query, multi-query).
 #include "tensor_parallel_cases.hpp"
 
 #include <loom/comm/mpi.hpp>
@@ -13,25 +13,32 @@ using namespace loom::test::tp;
 
 namespace {
 
-constexpr models::GptShape S = LOOM_TP_SHAPE;
-
-//! Layout Cfg on this process's rank (MPI is started once for all layouts of the process count).
-template <class Cfg>
+//! Layout Cfg on this process's rank for the shape of Shape (MPI is started once for all layouts and shapes).
+template <class Shape, class Cfg>
 void check(const Run& ref, int rank) {
+  constexpr models::GptShape S = Shape::shape;
   Context<Cfg, comm::Mpi> ctx(comm::Mpi::Rank{rank});
   const auto r = parallel_rank<S, Cfg>(ctx);
   const auto [loss, params] = difference(ref, r);
   if (!(loss <= 1e-9 && params <= 1e-9))
     throw Error(loom::detail::cat("rank ", rank, " of ", Cfg::name(), ": loss differs by ", loss,
                                   ", parameters by ", params));
-  if (rank == 0) std::printf("test_tensor_parallel_mpi (" LOOM_TP_SHAPE_NAME "): %s equals the single-rank run\n", Cfg::name().data());
+  if (rank == 0)
+    std::printf("test_tensor_parallel_mpi (%s): %s equals the single-rank run\n", Shape::name, Cfg::name().data());
+}
+
+template <class Shape, class... Cfgs>
+void check_shape(int rank) {
+  const auto ref = single_rank<Shape::shape>();
+  (check<Shape, Cfgs>(ref, rank), ...);
 }
 
 template <int N, class... Cfgs>
 int run(int argc, char** argv) {
   return run_mpi<Parallel<DP<N>>>(argc, argv, [](auto& world) {
-    const auto ref = single_rank<S>();
-    (check<Cfgs>(ref, world.rank()), ...);
+    check_shape<Mha, Cfgs...>(world.rank());
+    check_shape<Gqa, Cfgs...>(world.rank());
+    check_shape<Mqa, Cfgs...>(world.rank());
   });
 }
 

@@ -25,13 +25,13 @@ inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps
 
 //! Writes DIR/model.safetensors and DIR/config.json from the whole model's parameters in the single-rank layout,
 //! each file under a temporary name that is then renamed.
-template <models::GptShape S, class T>
-void write_gpt(const std::string& dir, const std::vector<T>& whole, float ln_eps) {
+template <class T>
+void write_gpt(const std::string& dir, const models::GptShape& shape, const std::vector<T>& whole, float ln_eps) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("loom: cannot create the directory " + dir + ": " + ec.message());
   std::vector<std::pair<std::string, StoredTensor>> tensors;
-  for (const auto& s : models::Gpt<S, T>::param_specs(0, true)) {
+  for (const auto& s : models::gpt_param_specs<T>(shape, 1, 0, {})) {
     StoredTensor t;
     t.dtype = dtype_of<T>;
     t.shape = s.shape;
@@ -43,7 +43,7 @@ void write_gpt(const std::string& dir, const std::vector<T>& whole, float ln_eps
   const std::string cfg = dir + "/config.json", tmp = cfg + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << gpt_config(S, ln_eps).dump(2) << "\n";
+    f << gpt_config(shape, ln_eps).dump(2) << "\n";
     if (!f) throw Error("loom: writing " + tmp + " failed");
   }
   std::filesystem::rename(tmp, cfg, ec);
@@ -52,18 +52,19 @@ void write_gpt(const std::string& dir, const std::vector<T>& whole, float ln_eps
 
 //! Writes the model's checkpoint (write_gpt), whatever its layout: a collective over the model's tensor-parallel
 //! group, where only the ranks with `write` write.
-template <models::GptShape S, class T, class Cfg, class Dev>
-void save_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, bool write = true) {
+template <class T, class Cfg, class Dev>
+void save_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model, bool write = true) {
   const auto whole = model.gather(model.params().data());
-  if (write) write_gpt<S>(dir, whole, model.options().ln_eps);
+  if (write) write_gpt(dir, model.shape(), whole, model.options().ln_eps);
 }
 
 //! Reads DIR into model, each rank taking its part. The shape in DIR/config.json must be the model's (a key that is
 //! missing or not an integer is an error naming it); every parameter must be present with its shape, in a
 //! floating-point dtype (converted to T; an integer tensor is refused). Names may carry Hugging Face's
 //! "transformer." prefix.
-template <models::GptShape S, class T, class Cfg, class Dev>
-void load_gpt(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model) {
+template <class T, class Cfg, class Dev>
+void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
+  const models::GptShape& S = model.shape();
   const std::string cfg_file = dir + "/config.json";
   std::ifstream cf(cfg_file);
   if (!cf) throw Error("loom: cannot open " + cfg_file);

@@ -63,7 +63,9 @@ inline void write_safetensors(const std::string& file, const std::vector<std::pa
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t at = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + t.size_bytes()}}};
+    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {at, at + t.size_bytes()}}};
     at += t.size_bytes();
   }
   std::string h = header.dump();

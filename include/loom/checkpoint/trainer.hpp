@@ -29,7 +29,7 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
       return parts[c]->gather(flat.data());
     }));
   if (!write) return;
-  write_gpt<Model::shape>(dir, whole, parts.front()->options().ln_eps);
+  write_gpt(dir, parts.front()->shape(), whole, parts.front()->options().ln_eps);
   write_training<Optimizer>(dir, state, opts.front().counter(), next_step, run);
 }
 
@@ -39,7 +39,7 @@ template <class Model, class Optimizer>
 int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& trainer) {
   int next = 0;
   for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
-    Model& part = *trainer.parts()[c];
+    auto& part = *trainer.parts()[c];
     Optimizer& opt = trainer.optimizers()[c];
     if (trainer.zero_stage() == 0) {
       next = load_training(dir, part, opt);
@@ -47,7 +47,7 @@ int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& tr
     }
     read_trainer_state(dir);
     load_gpt(dir, part);
-    next = load_training_state<Optimizer, Model::shape.params()>(dir, opt, [&](const auto* whole, auto* state) {
+    next = load_training_state(dir, opt, part.shape().params(), [&](const auto* whole, auto* state) {
       using A = std::remove_cvref_t<decltype(*whole)>;
       std::vector<A> flat(static_cast<std::size_t>(part.params().numel()));
       part.scatter(whole, flat.data());

@@ -101,8 +101,8 @@ void write_training(const std::string& dir, const std::vector<std::pair<std::str
 
 //! A training checkpoint of a model on any tensor-parallel layout: a collective over its tensor-parallel group;
 //! only the ranks with `write` write. `run` is stored as trainer.json's "run" (see write_training).
-template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
-void save_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, const Optimizer& opt, int next_step,
+template <class T, class Cfg, class Dev, class Optimizer>
+void save_training(const std::string& dir, models::GptModel<T, Cfg, Dev>& model, const Optimizer& opt, int next_step,
                    bool write = true, const nlohmann::json& run = nullptr) {
   save_gpt(dir, model, write);
   using A = typename Optimizer::acc;
@@ -136,8 +136,8 @@ inline TrainerState read_trainer_state(const std::string& dir) {
 //! Reads DIR's trainer state and optimizer state for Optimizer (the same one, for a model of `params` elements) and
 //! sets opt's step counter; place(whole, state) puts each stored tensor (the whole model's, in host memory) into
 //! the optimizer's tensor of the same name. Returns the step to continue at.
-template <class Optimizer, std::int64_t params, class Place>
-int load_training_state(const std::string& dir, Optimizer& opt, Place&& place) {
+template <class Optimizer, class Place>
+int load_training_state(const std::string& dir, Optimizer& opt, std::int64_t params, Place&& place) {
   const TrainerState ts = read_trainer_state(dir);
   const std::string& saved = ts.optimizer;
   if (saved != Optimizer::name)
@@ -161,12 +161,12 @@ int load_training_state(const std::string& dir, Optimizer& opt, Place&& place) {
 }
 
 //! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
-template <models::GptShape S, class T, class Cfg, class Dev, class Optimizer>
-int load_training(const std::string& dir, models::Gpt<S, T, Cfg, Dev>& model, Optimizer& opt) {
+template <class T, class Cfg, class Dev, class Optimizer>
+int load_training(const std::string& dir, models::GptModel<T, Cfg, Dev>& model, Optimizer& opt) {
   read_trainer_state(dir);  // a directory that is no training checkpoint is refused before the weights are read
   load_gpt(dir, model);
-  return load_training_state<Optimizer, S.params()>(
-      dir, opt, [&](const auto* whole, auto* state) { model.scatter(whole, state); });
+  return load_training_state(dir, opt, model.shape().params(),
+                             [&](const auto* whole, auto* state) { model.scatter(whole, state); });
 }
 
 }  // namespace loom::checkpoint

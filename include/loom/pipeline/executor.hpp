@@ -79,7 +79,7 @@ class Executor {
     const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
     std::vector<MicroBatch> mbs;
     for (int i = 0; i < m; ++i) mbs.push_back(micro_batch(i));
-    const std::size_t n = Model::io_elements(mbs[0].batch, mbs[0].seq);
+    const std::size_t n = chunks_.front()->io_elements(mbs[0].batch, mbs[0].seq);
     for (auto* b : {&act_in_, &grad_in_, &grad_out_}) {
       b->resize(std::size_t(V) * m);
       for (auto& v : *b) v.resize(n);

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <concepts>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -60,10 +61,11 @@ inline std::vector<int> layer_bounds(int layers, int parts, const std::vector<in
     for (int k = 0; k < parts; ++k) at.push_back(at.back() + layers / parts);
     return at;
   }
-  LOOM_CHECK(static_cast<int>(split.size()) == parts, "the layer split has ", split.size(), " entries but the pipeline has ",
-             parts, " parts (pp x chunks)");
+  LOOM_CHECK(static_cast<int>(split.size()) == parts, "the layer split has ", split.size(),
+             " entries but the pipeline has ", parts, " parts (pp x chunks)");
   for (std::size_t k = 0; k < split.size(); ++k) {
-    LOOM_CHECK(split[k] >= 1, "part ", k, " of the layer split has ", split[k], " layers; each part needs at least one");
+    LOOM_CHECK(split[k] >= 1, "part ", k, " of the layer split has ", split[k],
+               " layers; each part needs at least one");
     at.push_back(at.back() + split[k]);
   }
   LOOM_CHECK(at.back() == layers, "the layer split adds up to ", at.back(), " layers but the model has ", layers);
@@ -99,8 +101,22 @@ concept TrainableModel = requires(M& m, const M& cm, int i, double s, const type
   m.params();
   m.grads();
   cm.ops();
-  { M::io_elements(i, i) } -> std::convertible_to<std::size_t>;
+  { cm.io_elements(i, i) } -> std::convertible_to<std::size_t>;
 };
+
+//! What a trainer builds and steps for Model: Model::model_type where it names one (models::Gpt<S, T, Cfg, Dev>
+//! names models::GptModel<T, Cfg, Dev>, whose code serves every shape), else Model.
+template <class M>
+struct PartOf {
+  using type = M;
+};
+template <class M>
+  requires requires { typename M::model_type; }
+struct PartOf<M> {
+  using type = typename M::model_type;
+};
+template <class M>
+using part_of_t = typename PartOf<M>::type;
 
 //! What an optimizer needs to offer the trainer.
 template <class O, class Model>
@@ -212,7 +228,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
  public:
   template <class MakeOptimizer>
   TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& o, int layers,
-              MakeOptimizer&& make_optimizer)
+              const std::function<std::unique_ptr<Model>(models::GptPart)>& make_part, MakeOptimizer&& make_optimizer)
       : at_(at), data_(data), cfg_(o.step) {
     const StepConfig& cfg = o.step;
     const int dp = at.dp->size();
@@ -229,7 +245,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     for (int c = 0; c < at.chunks; ++c) {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
       const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
-      this->parts.push_back(std::make_unique<Model>(o.seed, *at.tp, part, o.model));
+      this->parts.push_back(make_part(part));
       Model& m = *this->parts.back();
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(m, *at.dp, cfg.bucket_bytes, cfg.overlap,
@@ -346,7 +362,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   double run_pipeline(int step) {
     auto& parts = this->parts;
     // Data only where it is needed: token ids for the embedding, targets for the loss.
-    const bool needs_data = std::any_of(parts.begin(), parts.end(), [](auto& p) { return p->embedding() || p->head(); });
+    const bool needs_data =
+        std::any_of(parts.begin(), parts.end(), [](auto& p) { return p->embedding() || p->head(); });
     for (int i = 0; needs_data && i < cfg_.micro_batches; ++i) {
       auto& in = in_[std::size_t(i)];
       auto& tg = tg_[std::size_t(i)];
@@ -410,30 +427,30 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 //! a model, optimizer and backend, not once per layout.
 template <class Model, class Optimizer>
 class TrainerOf {
-  static_assert(TrainableModel<Model>, "loom: the model does not have what the trainer needs (train::TrainableModel)");
-  static_assert(TrainerOptimizer<Optimizer, Model>,
-                "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
-
  public:
-  using T = typename Model::value_type;
+  //! What the trainer builds and steps (part_of_t): for models::Gpt<S, ...>, the shape-free models::GptModel.
+  using Part = part_of_t<Model>;
+  static_assert(TrainableModel<Part>, "loom: the model does not have what the trainer needs (train::TrainableModel)");
+  static_assert(TrainerOptimizer<Optimizer, Part>,
+                "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
+  using T = typename Part::value_type;
   using acc = loom::acc_t<T>;
 
   //! Builds this rank's model parts (from options.seed: the same whole model on every layout) and, with
   //! make_optimizer(specs, numel), one optimizer per part. Checks what the type cannot: that the global batch
   //! splits over data parallelism and micro-batches, that the micro-batch count fits the schedule, that the layers
-  //! split over the virtual stages.
+  //! split over the virtual stages. For a model whose type fixes its shape (models::Gpt<S, ...>).
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
+    requires requires { Model::static_shape; }
   TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& options,
             MakeOptimizer&& make_optimizer)
-      : pipelined_(Pipelined), zero_(Zero) {
-    static_assert(Zero == 0 || kernels::is_host_v<typename Model::device>,
-                  "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
-    constexpr int tp = Model::config::template size<Axis::tp>;
-    LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
-               "tensor-parallel group has ", at.tp->size());
-    core_ = std::make_unique<detail::TrainerCore<Model, Optimizer, Comm, Pipelined, Zero>>(
-        at, data, options, Model::shape.layers, std::forward<MakeOptimizer>(make_optimizer));
-  }
+      : TrainerOf(Model::static_shape, at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
+  //! The same for a model of shape `shape` (models::GptModel), built as Model(shape, seed, tp, part, options).
+  template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
+    requires(!requires { Model::static_shape; })
+  TrainerOf(const models::GptShape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+            const TrainerOptions& options, MakeOptimizer&& make_optimizer)
+      : TrainerOf(shape, at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
 
   //! Optimizer step `step` (it keys the batch and dropout): forward and backward of every micro-batch, gradients
   //! averaged and clipped, the update; or, when the loss or gradient norm is not finite on some rank, no update on
@@ -441,9 +458,11 @@ class TrainerOf {
   StepResult step(int step) { return core_->step(step); }
 
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
-  const std::vector<std::unique_ptr<Model>>& parts() const { return core_->parts; }
+  const std::vector<std::unique_ptr<Part>>& parts() const { return core_->parts; }
+  //! The model's shape.
+  const models::GptShape& shape() const { return shape_; }
   //! The model, where this rank holds one part.
-  Model& model() {
+  Part& model() {
     LOOM_CHECK(core_->parts.size() == 1, "model(): this rank holds ", core_->parts.size(), " parts (parts())");
     return *core_->parts.front();
   }
@@ -467,8 +486,8 @@ class TrainerOf {
   std::vector<U> assemble(Gather&& gather) {
     const auto& parts = core_->parts;
     if (!pipelined_) return gather(0);
-    std::vector<U> whole(static_cast<std::size_t>(Model::shape.params()), U(0));
-    const auto global = Model::param_specs(0, true);
+    std::vector<U> whole(static_cast<std::size_t>(shape_.params()), U(0));
+    const auto global = parts.front()->param_specs(0, true);
     for (std::size_t c = 0; c < parts.size(); ++c) {
       const auto g = gather(c);
       for (const auto& s : parts[c]->specs()) {
@@ -483,7 +502,27 @@ class TrainerOf {
   }
 
  private:
-  std::unique_ptr<detail::TrainerBase<Model, Optimizer>> core_;
+  template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
+  TrainerOf(const models::GptShape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+            const TrainerOptions& options, MakeOptimizer&& make_optimizer, int)
+      : shape_(shape), pipelined_(Pipelined), zero_(Zero) {
+    static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
+                  "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
+    constexpr int tp = Part::config::template size<Axis::tp>;
+    LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
+               "tensor-parallel group has ", at.tp->size());
+    const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
+      if constexpr (requires { Model::static_shape; })
+        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, part, options.model));
+      else
+        return std::make_unique<Model>(shape, options.seed, *at.tp, part, options.model);
+    };
+    core_ = std::make_unique<detail::TrainerCore<Part, Optimizer, Comm, Pipelined, Zero>>(
+        at, data, options, shape.layers, make_part, std::forward<MakeOptimizer>(make_optimizer));
+  }
+
+  std::unique_ptr<detail::TrainerBase<Part, Optimizer>> core_;
+  models::GptShape shape_;
   bool pipelined_;
   int zero_;
 };

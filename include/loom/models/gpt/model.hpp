@@ -26,49 +26,51 @@
 
 namespace loom::models {
 
-//! A GPT on one rank (Cfg = Parallel<>) or on the tensor-parallel group of layout Cfg, computing on Dev. Other axes
-//! of Cfg (data parallelism, ...) replicate or feed the model; they do not change it.
-template <GptShape S, class T = float, class Cfg = Parallel<>, class Dev = Host>
-class Gpt : public GptWeights<S, T, Cfg, Dev> {
-  using Weights = GptWeights<S, T, Cfg, Dev>;
+//! A GPT of any shape (a value, checked when the model is built) on one rank (Cfg = Parallel<>) or on the
+//! tensor-parallel group of layout Cfg, computing on Dev: the code of every Gpt<S, T, Cfg, Dev>, compiled once for
+//! all shapes. Other axes of Cfg (data parallelism, ...) replicate or feed the model; they do not change it.
+template <class T = float, class Cfg = Parallel<>, class Dev = Host>
+class GptModel : public GptWeights<T, Cfg, Dev> {
+  using Weights = GptWeights<T, Cfg, Dev>;
   using Weights::ix_, Weights::ops_, Weights::tp_, Weights::params_, Weights::grads_, Weights::param_ptr,
-      Weights::grad_ptr, Weights::keep_shared, Weights::sum_shared, Weights::specs_, Weights::on_host;
-  static_assert(S.layers >= 1 && S.heads >= 1 && S.kv_heads >= 1 && S.d_model >= 1 && S.vocab >= 1 && S.max_seq >= 1,
-                "loom: every GPT dimension must be at least 1");
-  static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
-  static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
+      Weights::grad_ptr, Weights::keep_shared, Weights::sum_shared, Weights::specs_, Weights::on_host,
+      Weights::shape_;
   static_assert(ParallelLayout<Cfg>, "loom: a model's layout must be a loom::Parallel<...>");
 
-  using Tp = typename GptWeights<S, T, Cfg, Dev>::tensor_parallel;
+  using Tp = typename Weights::tensor_parallel;
   using Block = GptBlock<T, Dev, Tp>;
   using Slot = GptSlot<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
 
  public:
   using value_type = T;
+  //! What a trainer builds and steps: this class, which Gpt<S, T, Cfg, Dev> only fixes the shape of.
+  using model_type = GptModel;
   using acc = loom::acc_t<T>;
   using config = Cfg;
   using device = Dev;
   using Options = GptOptions;
   using ParamRange = models::ParamRange;
-  using Weights::no_param, Weights::shape, Weights::tp_size, Weights::sequence_parallel, Weights::embedding,
+  using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::embedding,
       Weights::head;
 
-  //! The single-rank model, initialised from seed: element i of parameter p is a function of (seed, p, i) alone.
-  explicit Gpt(std::uint64_t seed, GptOptions opt = {})
+  //! The single-rank model of shape s, initialised from seed: element i of parameter p is a function of (seed, p,
+  //! i) alone.
+  GptModel(const GptShape& s, std::uint64_t seed, GptOptions opt = {})
     requires(tp_size == 1)
-      : Gpt(layers::TpGroup<T, Tp>{}, seed, opt, GptPart{}) {}
+      : GptModel(s, layers::TpGroup<T, Tp>{}, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Gpt(group_of(tp), seed, opt, GptPart{}) {}
+  GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptOptions opt = {})
+      : GptModel(s, group_of(tp), seed, opt, GptPart{}) {}
   //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-      : Gpt(group_of(tp), seed, opt, part) {}
+  GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
+      : GptModel(s, group_of(tp), seed, opt, part) {}
 
-  Gpt(const Gpt&) = delete;
-  Gpt& operator=(const Gpt&) = delete;
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
 
   const GptOptions& options() const { return opt_; }
 
@@ -95,7 +97,7 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   //! leave their output in output(slot).
   double forward(int slot, const MicroBatch& mb, const T* input = nullptr) {
     const int B = mb.batch, T_ = mb.seq;
-    LOOM_CHECK(T_ >= 1 && T_ <= S.max_seq, "sequence length ", T_, " is outside 1..", S.max_seq,
+    LOOM_CHECK(T_ >= 1 && T_ <= shape_.max_seq, "sequence length ", T_, " is outside 1..", shape_.max_seq,
                " (the model's max_seq)");
     LOOM_CHECK(B >= 1, "batch of ", B, " sequences");
     LOOM_CHECK(!sequence_parallel || T_ % tp_size == 0, "sequence parallelism splits each sequence over tp = ",
@@ -103,10 +105,10 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
     check_slot(slot);
     LOOM_CHECK(embedding() || input != nullptr, "a part without the embedding needs the previous part's output");
     for (std::int64_t i = 0; i < std::int64_t{B} * T_; ++i) {
-      const bool bad_id = embedding() && (mb.ids[i] < 0 || mb.ids[i] >= S.vocab);
-      LOOM_CHECK(!bad_id && !(head() && (mb.targets[i] < 0 || mb.targets[i] >= S.vocab)), "token ",
+      const bool bad_id = embedding() && (mb.ids[i] < 0 || mb.ids[i] >= shape_.vocab);
+      LOOM_CHECK(!bad_id && !(head() && (mb.targets[i] < 0 || mb.targets[i] >= shape_.vocab)), "token ",
                  bad_id ? mb.ids[i] : mb.targets[i], " at position ", i, " is outside the vocabulary 0..",
-                 S.vocab - 1);
+                 shape_.vocab - 1);
     }
     resize(B, T_);
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
@@ -114,13 +116,13 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
     st.targets = tokens_on_device(mb.targets, st.targets_on_device, head());
     st.dropout = {opt_.dropout, mb.step,
                   (static_cast<std::uint64_t>(mb.row0) * T_ + static_cast<std::uint64_t>(region_.first_row())) *
-                      S.d_model};
+                      shape_.d_model};
     st.forwarded = true;
     T* x0 = st.act[0].x.data();
     if (embedding()) {
       emb_->forward(st.ids, param_ptr(ix_.wte), param_ptr(ix_.wpe), full_or(acts_.emb_full, x0), x0, st.dropout);
     } else {
-      ops_.copy(input, x0, std::size_t(region_.rows()) * S.d_model);
+      ops_.copy(input, x0, std::size_t(region_.rows()) * shape_.d_model);
     }
     {
       auto counted = tp_.counting(layers::Phase::forward);
@@ -139,7 +141,7 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   double forward(const std::int32_t* ids, const std::int32_t* targets, int B, int T_, std::uint64_t step = 0,
                  std::int64_t row0 = 0) {
     LOOM_CHECK(embedding() && head(), "forward(ids, targets, ...) runs the whole model; this part holds blocks ",
-               ix_.first, "..", ix_.last - 1, " of ", S.layers, ": use forward(slot, micro_batch, input)");
+               ix_.first, "..", ix_.last - 1, " of ", shape_.layers, ": use forward(slot, micro_batch, input)");
     return forward(0, MicroBatch{ids, targets, B, T_, step, row0});
   }
 
@@ -154,7 +156,7 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   void backward(int slot, double scale, const T* doutput = nullptr) {
     check_slot(slot);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
-    if (!head()) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * S.d_model);
+    if (!head()) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
     for (int c = 0; c < backward_chunks(); ++c) backward_chunk(slot, c, scale);
   }
   //! The backward of the whole model's forward(ids, targets, ...), in slot 0, scaled by `scale` (1/m when m
@@ -200,7 +202,7 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
     auto& sp = acts_.split(slot, activation_shape(), *block_);
     if (head()) head_input(st, scale, sp.dlnf.data());
-    else ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * S.d_model);
+    else ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
     for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_input(st, l, sp.blocks[block_index(l)]);
     if (embedding()) ops_.copy(acts_.dx.data(), sp.dx.data(), static_cast<std::size_t>(sp.dx.numel()));
   }
@@ -215,8 +217,8 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   }
 
   //! Elements of an activation passed between parts for B sequences of T tokens: this rank's rows x d_model.
-  static constexpr std::size_t io_elements(int B, int T_) {
-    return static_cast<std::size_t>(sequence_parallel ? B * T_ / tp_size : B * T_) * S.d_model;
+  std::size_t io_elements(int B, int T_) const {
+    return static_cast<std::size_t>(sequence_parallel ? B * T_ / tp_size : B * T_) * shape_.d_model;
   }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
@@ -230,9 +232,10 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
                Cfg::name(), " has tp = ", tp_size);
     return layers::TpGroup<T, Tp>(tp);
   }
-  Gpt(layers::TpGroup<T, Tp> tp, std::uint64_t seed, GptOptions opt, GptPart part)
-      : Weights(std::move(tp), seed, part), opt_(opt) {
-    slice_ = layers::vocab_slice(S.vocab, tp_size, tp_.rank());
+  GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::uint64_t seed, GptOptions opt, GptPart part)
+      : Weights(s, std::move(tp), seed, part), opt_(opt) {
+    slice_ = layers::vocab_slice(shape_.vocab, tp_size, tp_.rank());
+    region_ = layers::Region<T, Dev, Tp>{nullptr, 0, shape_.d_model};
     acts_.slots.resize(1);
   }
 
@@ -305,7 +308,7 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
   }
 
   GptActivationShape activation_shape() const {
-    return {region_.rows(), std::int64_t{B_} * T_, S.d_model, slice_.count, ix_.last - ix_.first,
+    return {region_.rows(), std::int64_t{B_} * T_, shape_.d_model, slice_.count, ix_.last - ix_.first,
             embedding(),    head(),                opt_.recompute};
   }
   //! The layers and the activation storage for B sequences of T tokens; nothing when the shape is the same.
@@ -313,21 +316,49 @@ class Gpt : public GptWeights<S, T, Cfg, Dev> {
     if (B == B_ && T_new == T_) return;
     B_ = B, T_ = T_new;
     const int N = B * T_new;
-    region_ = layers::Region<T, Dev, Tp>{&tp_, N, S.d_model, ops_};
-    block_.emplace(region_, B, T_new, S, opt_.ln_eps);
+    region_ = layers::Region<T, Dev, Tp>{&tp_, N, shape_.d_model, ops_};
+    block_.emplace(region_, B, T_new, shape_, opt_.ln_eps);
     emb_.emplace(region_, slice_, T_new);
     head_.emplace(region_, slice_, opt_.ln_eps);
     acts_.allocate(slots(), activation_shape(), *block_);
   }
 
   GptOptions opt_;
-  layers::VocabSlice slice_{0, S.vocab};
+  layers::VocabSlice slice_{0, 0};
   int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for
-  layers::Region<T, Dev, Tp> region_{nullptr, 0, S.d_model};
+  layers::Region<T, Dev, Tp> region_{nullptr, 0, 0};
   std::optional<Block> block_;
   std::optional<GptEmbedding<T, Dev, Tp>> emb_;
   std::optional<GptHead<T, Dev, Tp>> head_;
   GptActivations<T, Dev, Tp> acts_;
+};
+
+//! A GPT of shape S: GptModel<T, Cfg, Dev> with its shape and the rules it must meet on Cfg's tensor-parallel
+//! group checked at compile time (a shape that cannot be split does not compile).
+template <GptShape S, class T = float, class Cfg = Parallel<>, class Dev = Host>
+class Gpt : public GptModel<T, Cfg, Dev> {
+  using Model = GptModel<T, Cfg, Dev>;
+  static_assert(S.layers >= 1 && S.heads >= 1 && S.kv_heads >= 1 && S.d_model >= 1 && S.vocab >= 1 && S.max_seq >= 1,
+                "loom: every GPT dimension must be at least 1");
+  static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
+  static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
+  static_assert(TensorParallelRules<S, Model::tp_size, Model::sequence_parallel>::ok);
+
+ public:
+  static constexpr GptShape static_shape = S;
+
+  explicit Gpt(std::uint64_t seed, GptOptions opt = {})
+    requires(Model::tp_size == 1)
+      : Model(S, seed, opt) {}
+  template <class Comm>
+  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Model(S, seed, tp, opt) {}
+  template <class Comm>
+  Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {}) : Model(S, seed, tp, part, opt) {}
+
+  //! The parameters of tensor-parallel rank tp_rank in part `part`; global: the whole model's.
+  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {
+    return Model::param_specs(S, tp_rank, global, part);
+  }
 };
 
 }  // namespace loom::models

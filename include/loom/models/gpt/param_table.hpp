@@ -18,29 +18,29 @@ namespace loom::models {
 
 using layers::ParamSpec;
 
-//! The parameters of tensor-parallel rank `rank` of `tp` in part `part` of a GPT of shape S, in Hugging Face's
+//! The parameters of tensor-parallel rank `rank` of `tp` in part `part` of a GPT of shape s, in Hugging Face's
 //! order. tp = 1 and the whole part give the whole model. The tied embedding is held by the parts with the
 //! embedding and with the output layer.
-template <GptShape S, class T>
-std::vector<ParamSpec> gpt_param_specs(int tp, int rank, GptPart part) {
+template <class T>
+std::vector<ParamSpec> gpt_param_specs(const GptShape& s, int tp, int rank, GptPart part) {
   layers::ParamTable t(tp, rank);
-  const int d = S.d_model, first = part.first, last = part.last < 0 ? S.layers : part.last;
-  const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * S.layers);
-  t.skip(first != 0 && last != S.layers);
-  layers::VocabParallelEmbedding<T>::declare(t, "wte", S.vocab, d, std_w);
+  const int d = s.d_model, first = part.first, last = part.last < 0 ? s.layers : part.last;
+  const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * s.layers);
+  t.skip(first != 0 && last != s.layers);
+  layers::VocabParallelEmbedding<T>::declare(t, "wte", s.vocab, d, std_w);
   t.skip(first != 0);
-  t.add<Replicate>("wpe.weight", {S.max_seq, d}, true, 0.01);
-  for (int l = 0; l < S.layers; ++l) {
+  t.add<Replicate>("wpe.weight", {s.max_seq, d}, true, 0.01);
+  for (int l = 0; l < s.layers; ++l) {
     t.skip(l < first || l >= last);
     const std::string h = "h." + std::to_string(l) + ".";
     t.add<Replicate>(h + "ln_1.weight", {d}, false, 0, 1);
     t.add<Replicate>(h + "ln_1.bias", {d}, false, 0);
-    layers::ParallelAttention<T>::declare(t, h + "attn.", d, S.heads, S.kv_heads, std_w, std_proj);
+    layers::ParallelAttention<T>::declare(t, h + "attn.", d, s.heads, s.kv_heads, std_w, std_proj);
     t.add<Replicate>(h + "ln_2.weight", {d}, false, 0, 1);
     t.add<Replicate>(h + "ln_2.bias", {d}, false, 0);
-    layers::ParallelMlp<T>::declare(t, h + "mlp.", d, S.ffn(), std_w, std_proj);
+    layers::ParallelMlp<T>::declare(t, h + "mlp.", d, s.ffn(), std_w, std_proj);
   }
-  t.skip(last != S.layers);
+  t.skip(last != s.layers);
   t.add<Replicate>("ln_f.weight", {d}, false, 0, 1);
   t.add<Replicate>("ln_f.bias", {d}, false, 0);
   return t.take();

@@ -46,6 +46,16 @@ struct GptOptions {
   float ln_eps = 1e-5f;
 };
 
+//! The first rule of a GPT's dimensions that a shape breaks, or an empty view (Gpt<S> checks them at compile time,
+//! GptModel when it is built).
+constexpr std::string_view shape_violation(GptShape s) {
+  if (s.layers < 1 || s.heads < 1 || s.kv_heads < 1 || s.d_model < 1 || s.vocab < 1 || s.max_seq < 1)
+    return "every GPT dimension must be at least 1";
+  if (s.d_model % s.heads != 0) return "d_model must be divisible by heads";
+  if (s.heads % s.kv_heads != 0) return "heads must be divisible by kv_heads";
+  return {};
+}
+
 //! The first rule of TensorParallelRules that a shape breaks over tp ranks, or an empty view: for choosing among
 //! layouts at compile time without tripping the rules.
 constexpr std::string_view tensor_parallel_violation(GptShape s, int tp, bool sequence_parallel) {

@@ -19,9 +19,10 @@
 
 namespace loom::models {
 
-//! The parameters and gradients of a GPT of shape S (or of a pipeline part of it) on this rank of the
-//! tensor-parallel group of layout Cfg, on device Dev. models::Gpt computes with them.
-template <GptShape S, class T, class Cfg, class Dev>
+//! The parameters and gradients of a GPT (or of a pipeline part of it) on this rank of the tensor-parallel group of
+//! layout Cfg, on device Dev; its shape is a value, so that the code is compiled once for every shape.
+//! models::GptModel computes with them.
+template <class T, class Cfg, class Dev>
 class GptWeights {
   static_assert(ImplementedRules<Cfg>::ok);
   static_assert(DeviceRules<Dev, Cfg>::ok);
@@ -32,17 +33,21 @@ class GptWeights {
  public:
   using acc = loom::acc_t<T>;
   static constexpr std::size_t no_param = models::no_param;
-  static constexpr GptShape shape = S;
   static constexpr int tp_size = Cfg::template size<Axis::tp>;
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;
-  static_assert(TensorParallelRules<S, tp_size, sequence_parallel>::ok);
   //! The tensor-parallel group the layers are compiled for.
   using tensor_parallel = layers::TensorParallel<tp_size, sequence_parallel>;
 
-  //! The parameters of tensor-parallel rank tp_rank in part `part` (gpt_param_specs); global: the whole model's.
-  static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {
-    return gpt_param_specs<S, T>(global ? 1 : tp_size, global ? 0 : tp_rank, part);
+  //! The parameters of tensor-parallel rank tp_rank in part `part` of a model of shape s (gpt_param_specs);
+  //! global: the whole model's.
+  static std::vector<ParamSpec> param_specs(const GptShape& s, int tp_rank, bool global, GptPart part = {}) {
+    return gpt_param_specs<T>(s, global ? 1 : tp_size, global ? 0 : tp_rank, part);
   }
+  std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) const {
+    return param_specs(shape_, tp_rank, global, part);
+  }
+  //! The whole model's shape (a pipeline part holds some of its blocks).
+  const GptShape& shape() const { return shape_; }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   //! Parameters and gradients in one flat buffer each, on Dev.
@@ -108,7 +113,7 @@ class GptWeights {
       ops_.to_host(local, staged.data(), staged.size());
       local = staged.data();
     }
-    return gather_params(tp_, specs_, param_specs(0, true), S.params(), local);
+    return gather_params(tp_, specs_, param_specs(0, true), shape_.params(), local);
   }
   //! Sets this rank's part (local, in Dev's memory) from a buffer in the single-rank layout in host memory (no
   //! communication).
@@ -125,11 +130,11 @@ class GptWeights {
  protected:
   static constexpr bool on_host = kernels::is_host_v<Dev>;
 
-  GptWeights(layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part)
-      : tp_(std::move(tp)), ix_(S.layers, part), specs_(param_specs(tp_.rank(), false, part)),
+  GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part)
+      : shape_(checked(s)), tp_(std::move(tp)), ix_(s.layers, part), specs_(param_specs(s, tp_.rank(), false, part)),
         shared_(specs_) {
-    LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= S.layers, "a part of the model holds blocks [",
-               part.first, ", ", part.last, "), which is not a non-empty range of 0..", S.layers);
+    LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
+               part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
     {
       MemoryUseScope use(MemoryUse::parameters);
@@ -166,6 +171,17 @@ class GptWeights {
     if constexpr (tp_size > 1) shared_.sum(tp_, grads_.data(), r.first, r.last);
   }
 
+  //! s, if a model of that shape can be split over the layout's tensor-parallel group (the rules Gpt<S> checks at
+  //! compile time); else an error naming the rule.
+  static const GptShape& checked(const GptShape& s) {
+    const std::string_view dims = shape_violation(s), tp = tensor_parallel_violation(s, tp_size, sequence_parallel);
+    LOOM_CHECK(dims.empty() && tp.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads,
+               ", d_model ", s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, " and max_seq ", s.max_seq,
+               " cannot be built on ", Cfg::name(), ": ", dims.empty() ? tp : dims);
+    return s;
+  }
+
+  GptShape shape_;
   kernels::Ops<Dev> ops_{};
   layers::TpGroup<T, tensor_parallel> tp_;
   GptParamIndex ix_;
