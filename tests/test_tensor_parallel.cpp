@@ -238,3 +238,30 @@ TEST_CASE("a communicator of the wrong size is refused", "[tp]") {
   });
   for (const auto& m : msg) CHECK(m.find("has 2 ranks but the layout tp4 has tp = 4") != std::string::npos);
 }
+
+TEST_CASE("a model whose shape is a value checks the rules when it is built", "[tp]") {
+  // The rules Gpt<S, ...> checks at compile time: heads = 6 does not split over 4 ranks.
+  constexpr models::GptShape six_heads{2, 6, 6, 36, 40, 8};
+  static_assert(!models::tensor_parallel_violation(six_heads, 4, false).empty());
+  std::vector<std::string> msg(4);
+  std::vector<char> same(4);
+  run_local<Parallel<TP<4>>>([&](auto& ctx) {
+    auto& tp = ctx.template comm<Axis::tp>();
+    try {
+      models::GptModel<double, Parallel<TP<4>>> m(six_heads, 3, tp);
+    } catch (const Error& e) {
+      msg[ctx.rank()] = e.what();
+    }
+    // A shape that splits builds the model Gpt<S, ...> builds, parameter for parameter.
+    models::GptModel<double, Parallel<TP<4>>> a(mha, 3, tp);
+    models::Gpt<mha, double, Parallel<TP<4>>> b(3, tp);
+    same[ctx.rank()] = a.param_specs().size() == b.param_specs().size() &&
+                       std::equal(a.params().data(), a.params().data() + a.params().numel(), b.params().data());
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << msg[r]);
+    CHECK(msg[r].find("a GPT of 2 layers, heads 6/6, d_model 36") != std::string::npos);
+    CHECK(msg[r].find("cannot be built on tp4: heads must be divisible by TP") != std::string::npos);
+    CHECK(same[r]);
+  }
+}

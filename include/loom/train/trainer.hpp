@@ -104,14 +104,14 @@ concept TrainableModel = requires(M& m, const M& cm, int i, double s, const type
   { cm.io_elements(i, i) } -> std::convertible_to<std::size_t>;
 };
 
-//! What a trainer builds and steps for Model: Model::model_type where it names one (models::Gpt<S, T, Cfg, Dev>
-//! names models::GptModel<T, Cfg, Dev>, whose code serves every shape), else Model.
+//! What a trainer builds and steps for Model: for models::Gpt<S, T, Cfg, Dev>, models::GptModel<T, Cfg, Dev> (the
+//! same code for every shape); any other model (a type derived from Gpt among them) is its own.
 template <class M>
 struct PartOf {
   using type = M;
 };
 template <class M>
-  requires requires { typename M::model_type; }
+  requires models::is_gpt_v<M>
 struct PartOf<M> {
   using type = typename M::model_type;
 };

@@ -361,4 +361,10 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   }
 };
 
+//! Whether M is a models::Gpt<S, T, Cfg, Dev> (not a type derived from one).
+template <class M>
+inline constexpr bool is_gpt_v = false;
+template <GptShape S, class T, class Cfg, class Dev>
+inline constexpr bool is_gpt_v<Gpt<S, T, Cfg, Dev>> = true;
+
 }  // namespace loom::models
