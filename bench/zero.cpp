@@ -1,7 +1,8 @@
 // ZeRO benchmark: for N data-parallel ranks (threads of this process, Local backend, f32, AdamW), plain data
-// parallelism against ZeRO-1 on the same model, side by side in one run: each rank's parameters, gradients and
-// optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ, 4Ψ, and 8Ψ or 8Ψ_r, Ψ_r
-// the largest shard), the peak of communication buffers and of everything, and the median step time.
+// parallelism against ZeRO-1 and ZeRO-2 on the same model, side by side in one run: each rank's parameters,
+// gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ; 4Ψ, or 4Ψ_r
+// under ZeRO-2; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication buffers and of everything, and the
+// median step time.
 //
 //   zero [--model small|gpt2] [--dp 1,2,4,8] [--batch 8] [--seq 64] [--steps 3] [--bucket-mb 25] [--json FILE]
 #include <loom/comm/local.hpp>
@@ -39,7 +40,7 @@ struct Row {
   double comm_peak = 0, peak = 0, step_ms = 0;
 };
 
-//! Layout Cfg (N ranks, with or without ZeRO<1>) on a GPT of shape S in f32.
+//! Layout Cfg (N ranks, with or without ZeRO<k>) on a GPT of shape S in f32.
 template <models::GptShape S, class Cfg>
 Row measure(const ZeroOptions& o) {
   using Model = models::Gpt<S, float, models::ModelLayout<Cfg>>;
@@ -77,7 +78,7 @@ Row measure(const ZeroOptions& o) {
     r.comm_peak = double(m.peak(MemoryUse::communication));
     r.peak = double(m.peak());
     r.step_ms = times.empty() ? 0 : times[times.size() / 2];
-    // The formula: Ψ_r, this rank's chunk of each bucket (ZeRO-1), or the whole model.
+    // The formula: Ψ_r, this rank's chunk of each bucket (ZeRO), or the whole model.
     std::int64_t own = S.params();
     if constexpr (Cfg::zero_stage > 0) {
       own = 0;
@@ -87,7 +88,8 @@ Row measure(const ZeroOptions& o) {
         own += std::clamp<std::int64_t>(b.hi - b.lo - rank * c, 0, c);
       }
     }
-    r.params_formula = 4.0 * double(S.params()), r.grads_formula = 4.0 * double(S.params());
+    r.params_formula = 4.0 * double(S.params());
+    r.grads_formula = 4.0 * double(Cfg::zero_stage >= 2 ? own : S.params());
     r.state_formula = 8.0 * double(own);
   });
   for (const auto& r : ranks) {
@@ -105,6 +107,7 @@ template <models::GptShape S, int N>
 void measure_both(const ZeroOptions& o, std::vector<Row>& rows) {
   rows.push_back(measure<S, Parallel<DP<N>>>(o));
   rows.push_back(measure<S, Parallel<DP<N, ZeRO<1>>>>(o));
+  rows.push_back(measure<S, Parallel<DP<N, ZeRO<2>>>>(o));
 }
 
 template <models::GptShape S>

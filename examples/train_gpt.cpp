@@ -173,7 +173,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   };
   auto not_yet = [&](const std::string& tok, const char* what) {
     return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, ppN, vN, dpN and zero1");
+                 "tpN, sp, ppN, vN, dpN, zero1 and zero2");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
@@ -199,7 +199,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     else if (part == "zero") {
       zero = number<int>("--parallel " + tok, tok.substr(4));
       LOOM_CHECK(0 <= zero && zero <= 3, "--parallel ", tok, ": the ZeRO stages are 0 to 3");
-      if (zero > 1) throw not_yet(tok, "sharded gradients and parameters");
+      if (zero > 2) throw not_yet(tok, "sharded parameters");
     } else if (part == "v") {
       a.chunks = number<int>("--parallel " + tok, tok.substr(1));
       LOOM_CHECK(a.chunks >= 1, "--parallel ", tok, ": chunks per stage must be at least 1");

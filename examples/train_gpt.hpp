@@ -237,8 +237,8 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
     const auto pb = p->param_bytes();
     held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
-    held.grads += double(p->grads().bytes());
   }
+  held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2, the shard's
   for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
   const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });

@@ -75,11 +75,13 @@ TEST_CASE("pipeline parallelism combines with tensor, sequence and data parallel
   check<Parallel<TP<2, SequenceParallel>, PP<2, ZeroBubbleV>>>(ref, 4);
 }
 
-TEST_CASE("pipeline parallelism combines with ZeRO-1", "[pipeline][zero]") {
+TEST_CASE("pipeline parallelism combines with ZeRO-1 and ZeRO-2", "[pipeline][zero]") {
   const auto ref = single_rank();
   check<Parallel<PP<2>, DP<2, ZeRO<1>>>>(ref, 2);
   check<Parallel<PP<2, ZeroBubbleV>, DP<4, ZeRO<1>>>>(ref, 2);
   check<Parallel<TP<2, SequenceParallel>, PP<2, Interleaved<2>>, DP<2, ZeRO<1>>>>(ref, 2);
+  check<Parallel<PP<2>, DP<2, ZeRO<2>>>>(ref, 2);
+  check<Parallel<PP<2, ZeroBubbleH1>, DP<4, ZeRO<2>>>>(ref, 2);
 }
 
 TEST_CASE("an explicit layer split trains the single-rank model", "[pipeline]") {

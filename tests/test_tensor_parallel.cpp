@@ -67,6 +67,9 @@ TEMPLATE_TEST_CASE("every tensor-parallel layout trains the single-rank model", 
   // ZeRO-1 over the data-parallel group: each TP rank's part of the optimizer state, sharded.
   check_layout<S, Parallel<TP<2>, DP<2, ZeRO<1>>>>(ref);
   check_layout<S, Parallel<TP<2, SequenceParallel>, DP<4, ZeRO<1>>>>(ref, 2);
+  // ZeRO-2: the gradients sharded as well.
+  check_layout<S, Parallel<TP<2>, DP<2, ZeRO<2>>>>(ref);
+  check_layout<S, Parallel<TP<2, SequenceParallel>, DP<2, ZeRO<2>>>>(ref, 2);
 }
 
 // Ranks are threads and Catch2's assertions are not thread-safe: each rank records what it found, and the test's

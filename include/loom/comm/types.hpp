@@ -195,6 +195,8 @@ class [[nodiscard]] Handle {
     auto d = std::move(done_);
     d.get();
   }
+  //! Another handle on the same operation, to test() it where this one is waited for (both wait when dropped).
+  Handle share() const { return Handle(done_); }
   //! True when the operation has finished (wait() then returns at once).
   bool test() const {
     return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;

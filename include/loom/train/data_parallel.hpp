@@ -42,10 +42,10 @@ inline std::vector<Bucket> make_buckets(const std::vector<layers::ParamSpec>& sp
 }
 
 namespace detail {
-//! backward_by_buckets' stage 0, on Compute: issues backward chunk c and returns the parameters it completes,
-//! pending until its work is done (on a device: an event after the chunk's kernels, which the collective waits for;
-//! the compute stream goes on with the next chunk).
-template <class Model>
+//! backward_by_buckets' stage 0, on Compute: issues backward chunk c (after before(c)) and returns the parameters
+//! it completes, pending until its work is done (on a device: an event after the chunk's kernels, which the
+//! collective waits for; the compute stream goes on with the next chunk).
+template <class Model, class Before>
 struct BackwardChunk {
   using Mark = decltype(std::declval<Model&>().ops().mark());
   using Range = typename Model::ParamRange;
@@ -53,20 +53,21 @@ struct BackwardChunk {
   Model* m;
   int slot;
   double scale;
+  Before before;
   exec::Pending<Range, Mark> operator()(std::size_t c) const {
+    before(c);
     const Range done = m->backward_chunk(slot, static_cast<int>(c), scale);
     return {done, m->ops().mark()};
   }
 };
 //! backward_by_buckets' stage 1, on Comm: starts the collective of every bucket that is now complete.
-template <class Model, class Start>
+template <class Model, class Start, class Chunk>
 struct StartReady {
   static constexpr const char* name = Start::name;
   const std::vector<Bucket>* buckets;
   Start* start;
   std::vector<char>* complete;
   std::size_t* next;
-  using Chunk = BackwardChunk<Model>;
   comm::Handles operator()(exec::Pending<typename Chunk::Range, typename Chunk::Mark>& chunk) const {
     const auto r = chunk.value;
     for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
@@ -80,21 +81,27 @@ struct StartReady {
     return started;
   }
 };
+//! Nothing to do before a chunk.
+struct NoBefore {
+  void operator()(std::size_t) const {}
+};
 }  // namespace detail
 
 //! Backward of the last micro-batch of a step (activation slot `slot`) in chunks on the Compute resource and, on
 //! Comm, once a chunk's gradients are in memory, start(b) for every bucket b that is now complete, in bucket order,
 //! so that every rank issues the same collectives; the step waits for them before it returns. Start has a static
 //! `name` (the Comm stage's, in traces) and returns the comm::Handle of the collective it started. Both forms of
-//! data parallelism (DataParallel, ShardedDataParallel) run their backward so.
-template <class Model, class Start>
-void backward_by_buckets(Model& model, const std::vector<Bucket>& buckets, int slot, double scale, Start start) {
+//! data parallelism (DataParallel, ShardedDataParallel) run their backward so; before(c) runs on Compute before
+//! chunk c (ZeRO-2 counts the gradient buckets the chunk writes as held there).
+template <class Model, class Start, class Before = detail::NoBefore>
+void backward_by_buckets(Model& model, const std::vector<Bucket>& buckets, int slot, double scale, Start start,
+                         Before before = {}) {
   std::vector<char> complete(model.specs().size(), 0);
   std::size_t next = 0;
-  using Chunk = detail::BackwardChunk<Model>;
-  using Ready = detail::StartReady<Model, Start>;
+  using Chunk = detail::BackwardChunk<Model, Before>;
+  using Ready = detail::StartReady<Model, Start, Chunk>;
   exec::Pipeline<exec::Stage<exec::Compute, Chunk>, exec::Stage<exec::Comm, Ready>> p(
-      Chunk{&model, slot, scale}, Ready{&buckets, &start, &complete, &next});
+      Chunk{&model, slot, scale, before}, Ready{&buckets, &start, &complete, &next});
   p.run(static_cast<std::size_t>(model.backward_chunks()));
   LOOM_CHECK(next == buckets.size(), Start::name, ": ", buckets.size() - next, " of ", buckets.size(),
              " gradient buckets were never complete");

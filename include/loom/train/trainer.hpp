@@ -248,8 +248,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       this->parts.push_back(make_part(part));
       Model& m = *this->parts.back();
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
-        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(m, *at.dp, cfg.bucket_bytes, cfg.overlap,
-                                                                           Pipelined && !m.embedding()));
+        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(m, *at.dp, Zero, cfg.bucket_bytes,
+                                                                           cfg.overlap, Pipelined && !m.embedding()));
         this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
       } else {
         this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
@@ -273,7 +273,10 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
   StepResult step(int step) override {
     auto& parts = this->parts;
-    for (auto& p : parts) p->zero_grad();
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+      if constexpr (Zero > 0) zero_[c]->zero_grad();  // under ZeRO-2, what the rank holds
+      else parts[c]->zero_grad();
+    }
     const double loss = Pipelined ? run_pipeline(step) : run_micro_batches(step);
     // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism.
     std::vector<double> l{loss};
@@ -349,9 +352,15 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       loss += m.forward(0, typename Model::MicroBatch{in.data(), tg.data(), micro_, cfg_.seq,
                                                      static_cast<std::uint64_t>(step), row0(i)}) /
               mbs;
-      if (i + 1 < mbs) m.backward(0, 1.0 / mbs);
-      else if constexpr (Zero > 0) zero_.front()->backward(0, 1.0 / mbs);
-      else ddp_->backward(0, 1.0 / mbs);
+      if (i + 1 < mbs) {
+        if constexpr (Zero > 0)  // ZeRO-2: the micro-batches' gradients accumulate in every bucket
+          if (i == 0) zero_.front()->hold_all();
+        m.backward(0, 1.0 / mbs);
+      } else if constexpr (Zero > 0) {
+        zero_.front()->backward(0, 1.0 / mbs);
+      } else {
+        ddp_->backward(0, 1.0 / mbs);
+      }
     }
     return loss;
   }
@@ -372,6 +381,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       data_.fill(step, row0(i), micro_, in.data(), tg.data());
     }
     auto& dp = *at_.dp;
+    if constexpr (Zero > 0)  // ZeRO-2: every bucket is written before the parts are reduce-scattered
+      for (auto& z : zero_) z->hold_all();
     // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
     // graph waits for it before returning.
     const double loss = exec_->run(

@@ -6,17 +6,32 @@
 // which it puts back in place in the gradient buffer; the global norm, clipping and the optimizer step act on those
 // chunks alone; then every bucket's parameters are all-gathered from their owners. Per step each rank sends
 // (N - 1) / N of the gradients and (N - 1) / N of the parameters: as much as plain data parallelism's all-reduce.
+//
+// ZeRO stage 2 shards the gradients as well: once a bucket is reduce-scattered a rank keeps only its chunk of it.
+// The rest of the bucket's gradient storage is released (the ledger credits it; on the host its whole pages are
+// offered back to the system, madvise(MADV_FREE); so from the start, before the first step) and taken again, and
+// zeroed, when the next backward first writes the bucket: with one micro-batch, chunk by chunk as backward reaches
+// it, so that the buckets already reduced are not held while the rest is computed; with several, when the first
+// micro-batch's backward starts, since gradients accumulate over the step's micro-batches and are reduce-scattered
+// once.
 #pragma once
 
 #include <loom/comm/communicator.hpp>
+#include <loom/core/memory.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data_parallel.hpp>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace loom::train {
@@ -80,25 +95,57 @@ class ShardedDataParallel {
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
   using Buf = Tensor<T, Dev>;
 
-  ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied)
+  //! ZeRO stage `stage` (1 or 2) of `model` over the data-parallel group `comm`.
+  ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied)
       : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
-        overlap_(overlap) {}
+        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), ledger_(rank_memory_ledger()),
+        held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
+    release();  // ZeRO-2: until the first backward writes them, a rank holds the gradients of its shard alone
+  }
+  ~ShardedDataParallel() {  // the gradient buffer's credit, when the model frees it, counts every bucket
+    for (std::size_t b = 0; b < held_.size(); ++b)
+      if (!held_[b]) ledger_->restore(MemoryUse::gradients, released_bytes(b));
+  }
+  ShardedDataParallel(const ShardedDataParallel&) = delete;
+  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
 
   const ShardPlan& plan() const { return plan_; }
+  //! Whether the gradients are sharded (ZeRO-2 over more than one rank).
+  bool shards_gradients() const { return shard_grads_; }
+
+  //! Before a step: zeroes the gradients this rank holds (under ZeRO-2 a released bucket is zeroed when it is
+  //! taken again).
+  void zero_grad() {
+    if (!shard_grads_) return model_.zero_grad();
+    T* g = model_.grads().data();
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+      const auto& p = plan_.pieces[b];
+      if (held_[b]) model_.ops().fill(g + p.lo, static_cast<std::size_t>(p.hi - p.lo), T(0));
+      else model_.ops().fill(g + p.own_lo, static_cast<std::size_t>(p.own()), T(0));
+    }
+  }
+  //! Under ZeRO-2, before a backward that writes every bucket (the first of several micro-batches, a pipeline's
+  //! schedule): takes every released bucket back.
+  void hold_all() {
+    for (std::size_t b = 0; b < held_.size(); ++b) hold(b);
+  }
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
   //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
   //! complete; this rank's chunks of the gradient buffer hold the averages when it returns.
   void backward(int slot, double scale) {
     if (!overlap_ || comm_.size() == 1) {
+      hold_all();
       model_.backward(slot, scale);
       model_.ops().synchronize();
       reduce_all();
       return;
     }
     begin();
-    backward_by_buckets(model_, buckets_, slot, scale, ReduceScatterBucket{this});
+    backward_by_buckets(model_, buckets_, slot, scale, ReduceScatterBucket{this}, HoldWritten{this});
     finish();
   }
 
@@ -183,6 +230,70 @@ class ShardedDataParallel {
     ShardedDataParallel* self;
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
   };
+  //! Before backward chunk c: the buckets whose reduce-scatter is done are released, and the ones it writes held.
+  struct HoldWritten {
+    ShardedDataParallel* self;
+    void operator()(std::size_t c) const {
+      self->release_reduced();
+      const auto r = self->model_.backward_chunk_writes(static_cast<int>(c));
+      for (std::size_t p = r.first; p < r.last; ++p) self->hold(self->bucket_of_[p]);
+      if (r.also != Model::no_param) self->hold(self->bucket_of_[r.also]);
+    }
+  };
+
+  //! Bytes of bucket b that are not this rank's chunk: what ZeRO-2 releases.
+  std::size_t released_bytes(std::size_t b) const {
+    const auto& p = plan_.pieces[b];
+    return static_cast<std::size_t>(p.hi - p.lo - p.own()) * sizeof(T);
+  }
+  //! Counts bucket b's released part as held again (it is about to be written); beyond the cap, throws.
+  //! The bucket's released part is zeroed (gradients accumulate into it).
+  void hold(std::size_t b) {
+    if (held_[b]) return;
+    ledger_->debit(MemoryUse::gradients, released_bytes(b));
+    held_[b] = 1;
+    const auto& p = plan_.pieces[b];
+    T* g = model_.grads().data();
+    model_.ops().fill(g + p.lo, static_cast<std::size_t>(p.own_lo - p.lo), T(0));
+    model_.ops().fill(g + p.own_hi, static_cast<std::size_t>(p.hi - p.own_hi), T(0));
+  }
+  //! Under ZeRO-2, once every bucket is reduce-scattered (or before the first step): releases each bucket but this
+  //! rank's chunk.
+  void release() {
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) release(b);
+  }
+  //! Under ZeRO-2, during backward: releases the buckets whose reduce-scatter has read them (a padded bucket's was
+  //! copied when it started).
+  void release_reduced() {
+    if (!shard_grads_) return;
+    std::lock_guard lock(mu_);
+    for (std::size_t b = 0; b < reading_.size(); ++b)
+      if (started_[b] && reading_[b].test()) release(b);
+  }
+  //! Bucket b's storage but this rank's chunk: credited to the ledger, and on the host its whole pages given back.
+  void release(std::size_t b) {
+    if (!shard_grads_ || !held_[b]) return;
+    const auto& p = plan_.pieces[b];
+    ledger_->credit(MemoryUse::gradients, released_bytes(b));
+    held_[b] = 0;
+    if constexpr (kernels::is_host_v<Dev>) {
+      T* g = model_.grads().data();
+      release_pages(g, p.lo, p.own_lo);
+      release_pages(g, p.own_hi, p.hi);
+    }
+  }
+  //! Lets the system take back the whole pages of elements [lo, hi) of g when it needs memory (MADV_FREE: until
+  //! then they stay, and writing them again costs nothing; what they read after is zeroed by hold()).
+  static void release_pages(T* g, std::int64_t lo, std::int64_t hi) {
+#ifdef MADV_FREE
+    static const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto a = reinterpret_cast<std::uintptr_t>(g + lo), z = reinterpret_cast<std::uintptr_t>(g + hi);
+    const std::uintptr_t first = (a + page - 1) / page * page, last = z / page * page;
+    if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_FREE);  // a hint: failure is harmless
+#else
+    (void)g, (void)lo, (void)hi;
+#endif
+  }
 
   //! Where the part's tied table starts in its flat buffer (-1: it holds none).
   static std::int64_t tied_offset(Model& m) {
@@ -197,6 +308,12 @@ class ShardedDataParallel {
 
   //! Makes what the reduce-scatters receive into: the shard and, for each padded bucket, its zero-padded copy.
   void begin() {
+    {
+      std::lock_guard lock(mu_);
+      started_.assign(plan_.pieces.size(), 0);
+      reading_.clear();
+      reading_.resize(plan_.pieces.size());
+    }
     MemoryUseScope use(MemoryUse::communication);
     shard_ = Buf({std::max<std::int64_t>(1, plan_.numel)});
     staged_.assign(plan_.pieces.size(), Buf());
@@ -209,13 +326,22 @@ class ShardedDataParallel {
     const int n = comm_.size();
     const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
     const T* g = model_.grads().data() + p.lo;
-    if (!p.padded(n))
-      return comm_.reduce_scatter_async(std::span<const T>(g, len), std::span<T>(shard_.data() + p.at, chunk),
-                                        comm::Reduce::avg);
+    if (!p.padded(n)) {
+      comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
+                                                  std::span<T>(shard_.data() + p.at, chunk), comm::Reduce::avg);
+      std::lock_guard lock(mu_);
+      static_cast<void>(reading_[b] = h.share());  // the bucket is read until it completes
+      started_[b] = 1;
+      return h;
+    }
     T* s = staged_[b].data();
     model_.ops().copy(g, s, len);
     model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, T(0));
     model_.ops().synchronize();
+    {
+      std::lock_guard lock(mu_);
+      started_[b] = 1;  // the copy is read, not the bucket
+    }
     // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
     return comm_.reduce_scatter_async(std::span<const T>(s, all), std::span<T>(s + all, chunk), comm::Reduce::avg);
@@ -232,6 +358,11 @@ class ShardedDataParallel {
     model_.ops().synchronize();
     shard_ = Buf();
     staged_.clear();
+    {
+      std::lock_guard lock(mu_);
+      reading_.clear();
+    }
+    release();
   }
 
   Model& model_;
@@ -239,6 +370,13 @@ class ShardedDataParallel {
   std::vector<Bucket> buckets_;
   ShardPlan plan_;
   bool overlap_;
+  bool shard_grads_;                           //!< ZeRO-2 over more than one rank
+  std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
+  std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)
+  std::vector<std::size_t> bucket_of_;         //!< per parameter: its bucket
+  std::mutex mu_;                      //!< guards started_ and reading_ (set on Comm, read on Compute)
+  std::vector<char> started_;          //!< during a reduction, per bucket: its reduce-scatter has started
+  std::vector<comm::Handle> reading_;  //!< during a reduction, per bucket: its reduce-scatter, while it reads it
   Buf shard_;                //!< during a reduction: this rank's averages, as plan().pieces lay them out
   std::vector<Buf> staged_;  //!< during a reduction, per bucket: empty, or a padded bucket's copy and the rank's chunk
 };

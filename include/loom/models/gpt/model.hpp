@@ -168,6 +168,16 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! the part with it). Before chunk 0 of a part without the loss, input_grad() must hold d(output).
   int backward_chunks() const { return (head() ? 1 : 0) + (ix_.last - ix_.first) + (embedding() ? 1 : 0); }
 
+  //! The parameters whose gradients backward chunk c writes (the loss's chunk writes the tied table's as well, which
+  //! it completes only in a part without the embedding).
+  ParamRange backward_chunk_writes(int c) const {
+    LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
+    if (!head()) ++c;
+    if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+    if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
+    return {ix_.wte, ix_.wpe + 1};
+  }
+
   //! Runs backward chunk c (in order 0, 1, ...) of the micro-batch in `slot` and returns the parameters whose
   //! gradients are now complete (summed over the tensor-parallel ranks that share them).
   ParamRange backward_chunk(int slot, int c, double scale = 1.0) {
