@@ -1,5 +1,5 @@
 // Pipeline parallelism under mpirun: every process is one rank; layouts of the process count with pipeline
-// parallelism (and tensor, sequence and data parallelism, ZeRO-1 included) under several schedules train the
+// parallelism (and tensor, sequence and data parallelism, ZeRO-1 and ZeRO-2 included) under several schedules train the
 // single-rank model, which each process computes itself: losses, parameters and the optimizer's state.
 #include "pipeline_parallel_cases.hpp"
 
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
         check<Parallel<PP<4, ZeroBubbleH1>>>(ref, r, 8);
         check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, 2);
         check<Parallel<PP<2, ZeroBubbleH1>, DP<2, ZeRO<1>>>>(ref, r, 2);
+        check<Parallel<PP<2, GPipe>, DP<2, ZeRO<2>>>>(ref, r, 4);
       });
     case 8:
       return run<8>(argc, argv, [](const Run& ref, int r) {
