@@ -110,10 +110,9 @@ template <class M>
 struct PartOf {
   using type = M;
 };
-template <class M>
-  requires models::is_gpt_v<M>
-struct PartOf<M> {
-  using type = typename M::model_type;
+template <models::GptShape S, class T, class Cfg, class Dev>
+struct PartOf<models::Gpt<S, T, Cfg, Dev>> {
+  using type = models::GptModel<T, Cfg, Dev>;
 };
 template <class M>
 using part_of_t = typename PartOf<M>::type;
@@ -353,7 +352,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
                                                      static_cast<std::uint64_t>(step), row0(i)}) /
               mbs;
       if (i + 1 < mbs) {
-        if constexpr (Zero > 0)  // ZeRO-2: the micro-batches' gradients accumulate in every bucket
+        if constexpr (Zero >= 2)  // the micro-batches' gradients accumulate in every bucket
           if (i == 0) zero_.front()->hold_all();
         m.backward(0, 1.0 / mbs);
       } else if constexpr (Zero > 0) {
@@ -381,7 +380,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       data_.fill(step, row0(i), micro_, in.data(), tg.data());
     }
     auto& dp = *at_.dp;
-    if constexpr (Zero > 0)  // ZeRO-2: every bucket is written before the parts are reduce-scattered
+    if constexpr (Zero >= 2)  // every bucket is written before the parts are reduce-scattered
       for (auto& z : zero_) z->hold_all();
     // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
     // graph waits for it before returning.
@@ -471,7 +470,7 @@ class TrainerOf {
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
   const std::vector<std::unique_ptr<Part>>& parts() const { return core_->parts; }
   //! The model's shape.
-  const models::GptShape& shape() const { return shape_; }
+  const models::GptShape& shape() const { return core_->parts.front()->shape(); }
   //! The model, where this rank holds one part.
   Part& model() {
     LOOM_CHECK(core_->parts.size() == 1, "model(): this rank holds ", core_->parts.size(), " parts (parts())");
@@ -497,7 +496,7 @@ class TrainerOf {
   std::vector<U> assemble(Gather&& gather) {
     const auto& parts = core_->parts;
     if (!pipelined_) return gather(0);
-    std::vector<U> whole(static_cast<std::size_t>(shape_.params()), U(0));
+    std::vector<U> whole(static_cast<std::size_t>(shape().params()), U(0));
     const auto global = parts.front()->param_specs(0, true);
     for (std::size_t c = 0; c < parts.size(); ++c) {
       const auto g = gather(c);
@@ -516,7 +515,7 @@ class TrainerOf {
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
   TrainerOf(const models::GptShape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
             const TrainerOptions& options, MakeOptimizer&& make_optimizer, int)
-      : shape_(shape), pipelined_(Pipelined), zero_(Zero) {
+      : pipelined_(Pipelined), zero_(Zero) {
     static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
                   "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
     constexpr int tp = Part::config::template size<Axis::tp>;
@@ -533,7 +532,6 @@ class TrainerOf {
   }
 
   std::unique_ptr<detail::TrainerBase<Part, Optimizer>> core_;
-  models::GptShape shape_;
   bool pipelined_;
   int zero_;
 };

@@ -113,8 +113,6 @@ class ShardedDataParallel {
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
 
   const ShardPlan& plan() const { return plan_; }
-  //! Whether the gradients are sharded (ZeRO-2 over more than one rank).
-  bool shards_gradients() const { return shard_grads_; }
 
   //! Before a step: zeroes the gradients this rank holds (under ZeRO-2 a released bucket is zeroed when it is
   //! taken again).
@@ -308,7 +306,7 @@ class ShardedDataParallel {
 
   //! Makes what the reduce-scatters receive into: the shard and, for each padded bucket, its zero-padded copy.
   void begin() {
-    {
+    if (shard_grads_) {
       std::lock_guard lock(mu_);
       started_.assign(plan_.pieces.size(), 0);
       reading_.clear();
@@ -329,16 +327,18 @@ class ShardedDataParallel {
     if (!p.padded(n)) {
       comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
                                                   std::span<T>(shard_.data() + p.at, chunk), comm::Reduce::avg);
-      std::lock_guard lock(mu_);
-      static_cast<void>(reading_[b] = h.share());  // the bucket is read until it completes
-      started_[b] = 1;
+      if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
+        std::lock_guard lock(mu_);
+        static_cast<void>(reading_[b] = h.share());
+        started_[b] = 1;
+      }
       return h;
     }
     T* s = staged_[b].data();
     model_.ops().copy(g, s, len);
     model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, T(0));
     model_.ops().synchronize();
-    {
+    if (shard_grads_) {
       std::lock_guard lock(mu_);
       started_[b] = 1;  // the copy is read, not the bucket
     }
@@ -358,11 +358,11 @@ class ShardedDataParallel {
     model_.ops().synchronize();
     shard_ = Buf();
     staged_.clear();
-    {
+    if (shard_grads_) {
       std::lock_guard lock(mu_);
       reading_.clear();
+      release();
     }
-    release();
   }
 
   Model& model_;

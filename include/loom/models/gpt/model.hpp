@@ -44,8 +44,6 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
  public:
   using value_type = T;
-  //! What a trainer builds and steps: this class, which Gpt<S, T, Cfg, Dev> only fixes the shape of.
-  using model_type = GptModel;
   using acc = loom::acc_t<T>;
   using config = Cfg;
   using device = Dev;
@@ -171,8 +169,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! The parameters whose gradients backward chunk c writes (the loss's chunk writes the tied table's as well, which
   //! it completes only in a part without the embedding).
   ParamRange backward_chunk_writes(int c) const {
-    LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
-    if (!head()) ++c;
+    c = chunk_step(c);
     if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
     if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
     return {ix_.wte, ix_.wpe + 1};
@@ -184,9 +181,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     check_slot(slot);
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
     LOOM_CHECK(B_ > 0 && st.forwarded, "backward() before forward()");
-    LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
-    if (!head()) ++c;  // no loss chunk
-    if (c == 0) {      // loss, head, final norm; the tied table is complete here unless this part has the embedding
+    c = chunk_step(c);
+    if (c == 0) {  // loss, head, final norm; the tied table is complete here unless this part has the embedding
       head_input(st, scale, acts_.dlnf.data());
       head_weight(st, acts_.dlnf.data());
       return {ix_.lnf_w, ix_.lnf_b + 1, embedding() ? no_param : ix_.wte};
@@ -249,6 +245,12 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     acts_.slots.resize(1);
   }
 
+  //! Backward chunk c of this part as a step of the whole model's backward: 0 the loss (absent in a part without
+  //! it), 1..blocks the blocks from the last, then the embedding.
+  int chunk_step(int c) const {
+    LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
+    return head() ? c : c + 1;
+  }
   void check_slot(int slot) const {
     LOOM_CHECK(slot >= 0 && slot < slots(), "activation slot ", slot, " is outside 0..", slots() - 1, " (set_slots)");
   }
@@ -370,11 +372,5 @@ class Gpt : public GptModel<T, Cfg, Dev> {
     return Model::param_specs(S, tp_rank, global, part);
   }
 };
-
-//! Whether M is a models::Gpt<S, T, Cfg, Dev> (not a type derived from one).
-template <class M>
-inline constexpr bool is_gpt_v = false;
-template <GptShape S, class T, class Cfg, class Dev>
-inline constexpr bool is_gpt_v<Gpt<S, T, Cfg, Dev>> = true;
 
 }  // namespace loom::models
