@@ -63,8 +63,7 @@ Run data_parallel_rank(Ctx& ctx, int micro_batches, std::size_t bucket_bytes, bo
     if (res.skipped) throw Error("a step was skipped");
     r.losses.push_back(res.loss);
   }
-  const auto& m = trainer.model();
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
+  r.params = trainer.params_of_part(0);  // under ZeRO-3, gathered from every rank's chunks
   for (const auto& [name, t] : trainer.optimizers().front().state()) {
     const auto whole = trainer.state_of_part(0, t.data());
     r.state.insert(r.state.end(), whole.begin(), whole.end());

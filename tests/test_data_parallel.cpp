@@ -34,6 +34,14 @@ std::vector<Run> data_parallel(int micro_batches, std::size_t bucket_bytes, bool
   return runs;
 }
 
+//! DP's options as one type, for TEMPLATE_TEST_CASE.
+template <class... O>
+struct DpOptions {};
+template <int N, class... O>
+std::vector<Run> data_parallel(DpOptions<O...>, int micro_batches, std::size_t bucket_bytes, bool overlap) {
+  return data_parallel<N, O...>(micro_batches, bucket_bytes, overlap);
+}
+
 void check_same(const Run& ref, const std::vector<Run>& runs) {
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
@@ -83,18 +91,18 @@ TEST_CASE("data parallel training equals the single-rank run", "[ddp]") {
   SECTION("DP 4, no overlap") { check_same(ref, data_parallel<4>(m, 2048, false)); }
 }
 
-TEMPLATE_TEST_CASE("ZeRO-1 and ZeRO-2 training equal the single-rank run, optimizer state included", "[ddp][zero]",
-                   ZeRO<1>, ZeRO<2>) {
+TEMPLATE_TEST_CASE("ZeRO-1, 2 and 3 training equal the single-rank run, optimizer state included", "[ddp][zero]",
+                   DpOptions<ZeRO<1>>, DpOptions<ZeRO<2>>, DpOptions<ZeRO<3>>, (DpOptions<ZeRO<3>, KeepGathered>)) {
   static const Run ref = single_rank();
   const int m = GENERATE(1, 4);
   INFO("micro-batches " << m);
   using Z = TestType;
-  SECTION("DP 1") { check_same(ref, data_parallel<1, Z>(m, 2048, true)); }
-  SECTION("DP 2") { check_same(ref, data_parallel<2, Z>(m, 2048, true)); }
-  SECTION("DP 4") { check_same(ref, data_parallel<4, Z>(m, 2048, true)); }
-  SECTION("DP 8") { check_same(ref, data_parallel<8, Z>(m, 2048, true)); }
-  SECTION("DP 8, one bucket") { check_same(ref, data_parallel<8, Z>(m, std::size_t{25} << 20, true)); }
-  SECTION("DP 4, buckets of one parameter, no overlap") { check_same(ref, data_parallel<4, Z>(m, 1, false)); }
+  SECTION("DP 1") { check_same(ref, data_parallel<1>(Z{}, m, 2048, true)); }
+  SECTION("DP 2") { check_same(ref, data_parallel<2>(Z{}, m, 2048, true)); }
+  SECTION("DP 4") { check_same(ref, data_parallel<4>(Z{}, m, 2048, true)); }
+  SECTION("DP 8") { check_same(ref, data_parallel<8>(Z{}, m, 2048, true)); }
+  SECTION("DP 8, one bucket") { check_same(ref, data_parallel<8>(Z{}, m, std::size_t{25} << 20, true)); }
+  SECTION("DP 4, buckets of one parameter, no overlap") { check_same(ref, data_parallel<4>(Z{}, m, 1, false)); }
 }
 
 TEST_CASE("ZeRO-1 shards the optimizer state: each rank holds its chunk of every bucket", "[ddp][zero]") {

@@ -1,4 +1,4 @@
-// loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, SequenceParallel, Interleaved<v>, pipeline
+// loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, KeepGathered, SequenceParallel, Interleaved<v>, pipeline
 // schedules, Ring/Ulysses), the Option concept that recognises them, and the Schedule and CpAlgorithm enums.
 #pragma once
 
@@ -11,7 +11,7 @@
 namespace loom {
 
 //! Options come in families; an axis takes at most one option of each family.
-enum class OptionFamily { zero, sequence_parallel, interleaved, schedule, cp_algorithm };
+enum class OptionFamily { zero, keep_gathered, sequence_parallel, interleaved, schedule, cp_algorithm };
 
 //! The pipeline schedule of a layout (Parallel<...>::schedule).
 enum class Schedule { gpipe, one_f_one_b, interleaved, zero_bubble_h1, zero_bubble_v };
@@ -26,6 +26,15 @@ struct ZeRO {
   static constexpr OptionFamily family = OptionFamily::zero;
   static constexpr Axis owner = Axis::dp;
   static constexpr int stage = K;
+};
+
+//! DP option, with ZeRO<3>: a unit's gathered parameters are kept from its forward to its backward (and over a
+//! step's micro-batches) instead of being freed after the forward and gathered again before the backward: one
+//! all-gather fewer per unit and step, for the memory of the whole part during the step. Pipeline parallelism
+//! needs it (a stage runs several forwards before their backwards).
+struct KeepGathered {
+  static constexpr OptionFamily family = OptionFamily::keep_gathered;
+  static constexpr Axis owner = Axis::dp;
 };
 
 //! TP option: activations outside the tensor-parallel regions are split along the sequence over the TP ranks.

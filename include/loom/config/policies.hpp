@@ -25,7 +25,7 @@ struct CP {
   using options = Options<Opts...>;
 };
 
-//! Data parallelism over N ranks. Options: ZeRO<k>.
+//! Data parallelism over N ranks. Options: ZeRO<k>, KeepGathered (with ZeRO<3>).
 template <int N, class... Opts>
 struct DP {
   static constexpr Axis axis = Axis::dp;

@@ -121,6 +121,7 @@ class MemoryLedger {
 namespace detail {
 inline thread_local std::shared_ptr<MemoryLedger> thread_ledger;
 inline thread_local MemoryUse thread_memory_use = MemoryUse::other;
+inline thread_local unsigned thread_uncounted_uses = 0;  // a bit per MemoryUse
 }  // namespace detail
 
 //! The ledger of the rank this thread works for (the process's, rank -1, where none was bound).
@@ -147,5 +148,26 @@ class MemoryUseScope {
   MemoryUse before_;
 };
 inline MemoryUse current_memory_use() { return detail::thread_memory_use; }
+
+//! While it lives, this thread's host allocations for `uses` are not charged to the ledger (nor credited when freed):
+//! whoever owns them charges what of them the rank holds. ZeRO-2's gradients and ZeRO-3's parameters are so made,
+//! whole, of which a rank holds its shard and, for a while, what it gathers.
+class UncountedMemoryScope {
+ public:
+  template <class Uses>
+  explicit UncountedMemoryScope(const Uses& uses) : before_(detail::thread_uncounted_uses) {
+    for (MemoryUse use : uses) detail::thread_uncounted_uses |= 1u << static_cast<unsigned>(use);
+  }
+  ~UncountedMemoryScope() { detail::thread_uncounted_uses = before_; }
+  UncountedMemoryScope(const UncountedMemoryScope&) = delete;
+  UncountedMemoryScope& operator=(const UncountedMemoryScope&) = delete;
+
+ private:
+  unsigned before_;
+};
+//! Whether this thread's allocations for `use` are charged to the ledger now (UncountedMemoryScope).
+inline bool memory_counted(MemoryUse use) {
+  return (detail::thread_uncounted_uses & (1u << static_cast<unsigned>(use))) == 0;
+}
 
 }  // namespace loom

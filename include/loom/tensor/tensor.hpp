@@ -104,24 +104,25 @@ class Tensor {
 
   Tensor() = default;
   //! Uninitialised storage of the given shape, contiguous. On the host it is charged to the rank's ledger
-  //! (rank_memory()) under the thread's current use (MemoryUseScope), and refused beyond the rank's cap.
+  //! (rank_memory()) under the thread's current use (MemoryUseScope), and refused beyond the rank's cap; unless the
+  //! use is uncounted there (UncountedMemoryScope).
   explicit Tensor(Shape shape) : shape_(std::move(shape)), strides_(contiguous_strides(shape_)) {
     for (auto d : shape_) LOOM_CHECK(d >= 0, "a tensor dimension must not be negative: shape ", to_string(shape_));
     const std::size_t bytes = static_cast<std::size_t>(numel_of(shape_)) * sizeof(T);
     if constexpr (std::is_same_v<Device, Host>) {
-      std::shared_ptr<MemoryLedger> ledger = rank_memory_ledger();
       const MemoryUse use = current_memory_use();
-      ledger->debit(use, bytes);
+      std::shared_ptr<MemoryLedger> ledger = memory_counted(use) ? rank_memory_ledger() : nullptr;
+      if (ledger) ledger->debit(use, bytes);
       T* p = nullptr;
       try {
         p = static_cast<T*>(detail::DeviceMemory<Device>::allocate(bytes));
       } catch (...) {
-        ledger->credit(use, bytes);
+        if (ledger) ledger->credit(use, bytes);
         throw;
       }
       storage_ = std::shared_ptr<T>(p, [bytes, ledger = std::move(ledger), use](T* q) {
         detail::DeviceMemory<Device>::release(q, bytes);
-        ledger->credit(use, bytes);
+        if (ledger) ledger->credit(use, bytes);
       });
     } else {
       T* p = static_cast<T*>(detail::DeviceMemory<Device>::allocate(bytes));

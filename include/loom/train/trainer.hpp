@@ -137,6 +137,7 @@ template <class Comm, bool Pipelined, int Zero = 0>
 struct RankInLayout {
   static constexpr bool pipelined = Pipelined;
   static constexpr int zero = Zero;
+  bool keep_gathered;  //!< ZeRO-3's KeepGathered
   Comm* tp;
   Comm* dp;
   Comm* pp;
@@ -153,7 +154,8 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   constexpr int stages = Cfg::template size<Axis::pp>;
   constexpr bool pipelined = stages > 1;
   constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
-  RankInLayout<typename Backend::Comm, pipelined, Cfg::zero_stage> at{&ctx.template comm<Axis::tp>(),
+  RankInLayout<typename Backend::Comm, pipelined, Cfg::zero_stage> at{Cfg::keep_gathered,
+                                                                     &ctx.template comm<Axis::tp>(),
                                                                      &ctx.template comm<Axis::dp>(),
                                                                      &ctx.template comm<Axis::pp>(), &ctx.world(),
                                                                      nullptr, ctx.template coord<Axis::dp>(),
@@ -184,7 +186,8 @@ class AnyRankInLayout {
   explicit AnyRankInLayout(const RankInLayout<Comm, Pipelined, Zero>& at)
       : tp_(*at.tp), dp_(*at.dp), pp_(*at.pp), world_(*at.world),
         tied_(at.tied ? std::make_unique<comm::AnyComm>(*at.tied) : nullptr),
-        at_{&tp_, &dp_, &pp_, &world_, tied_.get(), at.dp_rank, at.stage, at.stages, at.schedule, at.chunks} {}
+        at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_, tied_.get(),
+            at.dp_rank,       at.stage, at.stages, at.schedule, at.chunks} {}
   AnyRankInLayout(const AnyRankInLayout&) = delete;
   AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
 
@@ -209,6 +212,9 @@ class TrainerBase {
   //! Sums a buffer of parameters (or of optimizer state) over the pipeline group; nothing without a pipeline.
   virtual void sum_over_pipeline(std::span<T> x) = 0;
   virtual void sum_state_over_pipeline(std::span<acc> x) = 0;
+  //! Part c's parameters in host memory, laid out as its flat buffer: under ZeRO-3 gathered from every rank's
+  //! chunks (a collective over data parallelism), else a copy.
+  virtual std::vector<T> params_of(std::size_t c) = 0;
   //! Under ZeRO: optimizer state held as part c's shard, laid out as the part's flat parameters (a collective over
   //! data parallelism); and the shard of a buffer so laid out.
   virtual std::vector<acc> gather_state(std::size_t c, const acc* shard) = 0;
@@ -244,11 +250,15 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     for (int c = 0; c < at.chunks; ++c) {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
       const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
-      this->parts.push_back(make_part(part));
+      {  // what ZeRO accounts for itself is made uncounted
+        const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, dp)
+                                                      : std::vector<MemoryUse>{});
+        this->parts.push_back(make_part(part));
+      }
       Model& m = *this->parts.back();
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
-        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(m, *at.dp, Zero, cfg.bucket_bytes,
-                                                                           cfg.overlap, Pipelined && !m.embedding()));
+        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
+            m, *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(), at.keep_gathered));
         this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
       } else {
         this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
@@ -321,6 +331,16 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
   }
 
+  std::vector<T> params_of(std::size_t c) override {
+    if constexpr (Zero > 0) {
+      return zero_[c]->whole_params();
+    } else {
+      const auto& w = this->parts[c]->params();
+      std::vector<T> out(static_cast<std::size_t>(w.numel()));
+      this->parts[c]->ops().to_host(w.data(), out.data(), out.size());
+      return out;
+    }
+  }
   std::vector<acc> gather_state(std::size_t c, const acc* shard) override {
     if constexpr (Zero > 0) return zero_[c]->gather_shard(shard);
     else return std::vector<acc>(shard, shard + this->parts[c]->params().numel());
@@ -348,13 +368,17 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     const int mbs = cfg_.micro_batches;
     for (int i = 0; i < mbs; ++i) {
       data_.fill(step, row0(i), micro_, in.data(), tg.data());
-      loss += m.forward(0, typename Model::MicroBatch{in.data(), tg.data(), micro_, cfg_.seq,
-                                                     static_cast<std::uint64_t>(step), row0(i)}) /
-              mbs;
+      const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                          row0(i)};
+      if constexpr (Zero > 0) loss += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
+      else loss += m.forward(0, mb) / mbs;
       if (i + 1 < mbs) {
-        if constexpr (Zero >= 2)  // the micro-batches' gradients accumulate in every bucket
+        if constexpr (Zero >= 2) {  // the micro-batches' gradients accumulate in every bucket
           if (i == 0) zero_.front()->hold_all();
-        m.backward(0, 1.0 / mbs);
+          zero_.front()->accumulate(0, 1.0 / mbs);
+        } else {
+          m.backward(0, 1.0 / mbs);
+        }
       } else if constexpr (Zero > 0) {
         zero_.front()->backward(0, 1.0 / mbs);
       } else {
@@ -382,6 +406,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     auto& dp = *at_.dp;
     if constexpr (Zero >= 2)  // every bucket is written before the parts are reduce-scattered
       for (auto& z : zero_) z->hold_all();
+    if constexpr (Zero >= 3)  // KeepGathered: every part gathered for the whole schedule
+      for (auto& z : zero_) z->gather_units();
     // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
     // graph waits for it before returning.
     const double loss = exec_->run(
@@ -399,7 +425,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     reduce_tied();
     // Under ZeRO the tied table's two holders sum their gradients first: their shards do not line up.
     if constexpr (Zero > 0)
-      for (auto& z : zero_) z->reduce_all();
+      for (auto& z : zero_) z->reduce_all(), z->release_units();
     return loss;
   }
 
@@ -482,6 +508,9 @@ class TrainerOf {
   bool pipelined() const { return pipelined_; }
   //! The layout's ZeRO stage: above 0, each optimizer holds this rank's shard of its part (ShardPlan).
   int zero_stage() const { return zero_; }
+  //! Part c's parameters in host memory, laid out as its flat buffer. Under ZeRO-3 a rank holds its chunks alone
+  //! between steps: they are gathered from every rank (a collective over data parallelism); else a copy.
+  std::vector<T> params_of_part(std::size_t c) { return core_->params_of(c); }
   //! Optimizer state of part c (a buffer of optimizers()[c].state()), laid out as the part's flat parameters: under
   //! ZeRO every data-parallel rank's shard, gathered (a collective over data parallelism), else a copy.
   std::vector<acc> state_of_part(std::size_t c, const acc* state) { return core_->gather_state(c, state); }
@@ -518,6 +547,9 @@ class TrainerOf {
       : pipelined_(Pipelined), zero_(Zero) {
     static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
                   "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
+    static_assert(Zero < 3 || UnitModel<Part>,
+                  "loom: DP<n, ZeRO<3>> needs a model that runs in units (train::UnitModel: param_units, forward_units, "
+                  "forward_unit, ...)");
     constexpr int tp = Part::config::template size<Axis::tp>;
     LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
                "tensor-parallel group has ", at.tp->size());

@@ -13,18 +13,26 @@
 // zeroed, when the next backward first writes the bucket: with one micro-batch, chunk by chunk as backward reaches
 // it, so that the buckets already reduced are not held while the rest is computed; with several, when the first
 // micro-batch's backward starts, since gradients accumulate over the step's micro-batches and are reduce-scattered
-// once.
+// once. The gradient buffer is made whole and uncounted (UncountedMemoryScope); this class charges the ledger for
+// what the rank holds of it.
+//
+// ZeRO stage 3 shards the parameters as well (ShardedParameters). Its buckets are the model's units (the embedding,
+// each block, the final norm), each gathered before the forward unit or backward chunk that reads it and released
+// after the last that does; the next unit's all-gather runs on the Comm resource while the current unit computes
+// (one exec::Graph per forward and per backward: gathers and reduce-scatters are issued on Comm in one order, the
+// same on every rank). With KeepGathered a unit stays gathered from its forward to the step's last backward. After
+// the optimizer step a rank holds its chunks alone: nothing is all-gathered until the next forward.
 #pragma once
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/exec/graph.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data_parallel.hpp>
-
-#include <sys/mman.h>
-#include <unistd.h>
+#include <loom/train/shard_plan.hpp>
+#include <loom/train/sharded_params.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -36,51 +44,17 @@
 
 namespace loom::train {
 
-//! Which elements of a model part's flat buffer one data-parallel rank owns under ZeRO: chunk `rank` of each bucket.
-struct ShardPlan {
-  //! One bucket as it is reduce-scattered: elements [lo, hi) of the flat buffer in `ranks` chunks of `chunk`
-  //! elements (the last ones padded); this rank's part of it, [own_lo, own_hi), is at `at` in the shard.
-  struct Piece {
-    std::int64_t lo, hi, chunk, own_lo, own_hi, at;
-    std::int64_t own() const { return own_hi - own_lo; }
-    bool padded(int ranks) const { return chunk * ranks != hi - lo; }
-  };
-  //! Elements [at, at + n) of the part's flat gradient buffer, weighted in the global norm's sum of squares.
-  struct NormRun {
-    std::int64_t at, n;
-    double weight;
-  };
-
-  std::vector<Piece> pieces;           //!< in the order of the buckets (the order backward completes them)
-  std::vector<optim::Slice> slices;    //!< what the optimizer updates: the shard, by parameter
-  std::vector<NormRun> norm;           //!< the shard's terms of the global norm
-  std::int64_t numel = 0;              //!< elements of the shard
-
-  //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the parameter at flat offset
-  //! `uncounted` (the tied table, where another part counts it) stays out of the norm; -1: none does.
-  ShardPlan(const std::vector<Bucket>& buckets, const std::vector<layers::ParamSpec>& specs, int ranks, int rank,
-            std::int64_t uncounted = -1) {
-    for (const auto& b : buckets) {
-      const std::int64_t len = b.hi - b.lo, chunk = (len + ranks - 1) / ranks;
-      const std::int64_t own_lo = std::min(b.hi, b.lo + rank * chunk), own_hi = std::min(b.hi, own_lo + chunk);
-      pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
-      numel += own_hi - own_lo;
-    }
-    for (const auto& p : pieces)
-      for (std::size_t i = 0; i < specs.size(); ++i) {
-        const auto& s = specs[i];
-        const std::int64_t lo = std::max(p.own_lo, s.offset), hi = std::min(p.own_hi, s.offset + numel_of(s.shape));
-        if (lo >= hi) continue;
-        const std::int64_t at = p.at + (lo - p.own_lo);
-        slices.push_back({lo, at, hi - lo, s.decay});
-        if (s.offset == uncounted) continue;
-        // Each piece of the parameter's tensor-parallel layout that meets the shard, weighted 1 / its replicas.
-        s.layout.for_each_piece([&](std::int64_t l, std::int64_t, std::int64_t n, int replicas) {
-          const std::int64_t a = std::max(lo, s.offset + l), z = std::min(hi, s.offset + l + n);
-          if (a < z) norm.push_back({a, z - a, 1.0 / replicas});
-        });
-      }
-  }
+//! What ZeRO-3 needs of a model part beside what the trainer does: its parameters in units (param_units), a forward
+//! run unit by unit, and which parameters each forward unit and backward chunk reads. models::GptModel has it.
+template <class M>
+concept UnitModel = requires(M& m, const M& cm, int i, const typename M::MicroBatch& mb,
+                             const typename M::value_type* p) {
+  { cm.param_units() } -> std::convertible_to<std::vector<typename M::ParamRange>>;
+  { cm.forward_units() } -> std::convertible_to<int>;
+  { cm.forward_unit_reads(i) } -> std::same_as<typename M::ParamRange>;
+  { cm.backward_chunk_reads(i) } -> std::same_as<typename M::ParamRange>;
+  m.forward_begin(i, mb, p);
+  { m.forward_unit(i, i) } -> std::convertible_to<double>;
 };
 
 //! ZeRO-1 for one model part: the reduce-scatter of its buckets (overlapped with the last backward, or after a
@@ -95,22 +69,47 @@ class ShardedDataParallel {
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
   using Buf = Tensor<T, Dev>;
 
-  //! ZeRO stage `stage` (1 or 2) of `model` over the data-parallel group `comm`.
-  ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied)
-      : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
+  //! ZeRO stage `stage` (1, 2 or 3) of `model` over the data-parallel group `comm`; under ZeRO-3 `keep` keeps
+  //! gathered units until the step's last backward (KeepGathered). Under ZeRO-2 and 3 over several ranks the
+  //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
+  ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
+                      bool keep = false)
+      : model_(model), comm_(comm), buckets_(stage >= 3 ? unit_buckets(model) : make_buckets(model.specs(), sizeof(T),
+                                                                                              bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
-        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), ledger_(rank_memory_ledger()),
+        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), ledger_(rank_memory_ledger()),
         held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
-    release();  // ZeRO-2: until the first backward writes them, a rank holds the gradients of its shard alone
+    if constexpr (UnitModel<Model>)
+      if (stage >= 3 && comm.size() > 1)
+        params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, plan_, bucket_of_);
+    LOOM_CHECK(stage < 3 || UnitModel<Model>, "ZeRO-3 needs a model that runs in units (train::UnitModel)");
+    if (shard_grads_) {  // until the first backward writes them, a rank holds the gradients of its shard alone
+      std::size_t own = 0;
+      for (const auto& p : plan_.pieces) own += static_cast<std::size_t>(p.own()) * sizeof(T);
+      ledger_->debit(MemoryUse::gradients, own);
+      for (std::size_t b = 0; b < held_.size(); ++b) held_[b] = 0, offer(b);
+    }
   }
-  ~ShardedDataParallel() {  // the gradient buffer's credit, when the model frees it, counts every bucket
+  ~ShardedDataParallel() {  // what the ledger was charged for the gradients (the buffer was not)
+    if (!shard_grads_) return;
+    std::size_t held = 0;
     for (std::size_t b = 0; b < held_.size(); ++b)
-      if (!held_[b]) ledger_->restore(MemoryUse::gradients, released_bytes(b));
+      held += static_cast<std::size_t>(plan_.pieces[b].own()) * sizeof(T) + (held_[b] ? released_bytes(b) : 0);
+    ledger_->credit(MemoryUse::gradients, held);
   }
   ShardedDataParallel(const ShardedDataParallel&) = delete;
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
+
+  //! The uses of a model part's buffers that stage `stage` over `ranks` accounts for itself: a part built for it is
+  //! made with them uncounted (UncountedMemoryScope).
+  static std::vector<MemoryUse> uncounted_uses(int stage, int ranks) {
+    std::vector<MemoryUse> u;
+    if (stage >= 2 && ranks > 1) u.push_back(MemoryUse::gradients);
+    if (stage >= 3 && ranks > 1) u.push_back(MemoryUse::parameters);
+    return u;
+  }
 
   const ShardPlan& plan() const { return plan_; }
 
@@ -132,9 +131,35 @@ class ShardedDataParallel {
   }
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
+  //! Forward of micro-batch mb in activation slot `slot` (Model::forward's arguments). Under ZeRO-3 each unit's
+  //! parameters are gathered ahead of it, the next while the current computes, and released after the last unit
+  //! that reads them (with KeepGathered, kept for the backward).
+  double forward(int slot, const typename Model::MicroBatch& mb, const T* input = nullptr) {
+    if constexpr (UnitModel<Model>) {
+      if (params_) {
+        model_.forward_begin(slot, mb, input);
+        std::vector<models::ParamRange> reads;
+        for (int u = 0; u < model_.forward_units(); ++u) reads.push_back(model_.forward_unit_reads(u));
+        double loss = 0;
+        run_gathered("forward", reads, !keep_, [&](int u) { loss = model_.forward_unit(slot, u); });
+        return loss;
+      }
+    }
+    return model_.forward(slot, mb, input);
+  }
+  //! Backward of a micro-batch before the step's last (activation slot `slot`): gradients accumulate, nothing is
+  //! reduced. Under ZeRO-3 its units are gathered as the last backward's are, and kept with KeepGathered.
+  void accumulate(int slot, double scale) {
+    if constexpr (UnitModel<Model>)
+      if (params_) return gathered_backward(slot, scale, false);
+    model_.backward(slot, scale);
+  }
+
   //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
   //! complete; this rank's chunks of the gradient buffer hold the averages when it returns.
   void backward(int slot, double scale) {
+    if constexpr (UnitModel<Model>)
+      if (params_) return gathered_backward(slot, scale, true);
     if (!overlap_ || comm_.size() == 1) {
       hold_all();
       model_.backward(slot, scale);
@@ -176,10 +201,30 @@ class ShardedDataParallel {
       model_.ops().scale(g + p.own_lo, static_cast<std::size_t>(p.own()), static_cast<loom::acc_t<T>>(s));
   }
 
-  //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners.
+  //! Under ZeRO-3, before a pipeline's schedule: every unit gathered, for the whole step (KeepGathered).
+  void gather_units() {
+    if (params_) params_->gather_all();
+  }
+  //! Under ZeRO-3, after a pipeline's schedule: every unit but this rank's chunks released.
+  void release_units() {
+    if (params_) params_->release_all();
+  }
+  //! The part's whole parameters in host memory; under ZeRO-3 gathered from every rank's chunks (a collective over
+  //! the data-parallel group), else a copy.
+  std::vector<T> whole_params() {
+    if (params_) return params_->whole();
+    const auto& w = model_.params();
+    std::vector<T> out(static_cast<std::size_t>(w.numel()));
+    if constexpr (kernels::is_host_v<Dev>) std::copy_n(w.data(), out.size(), out.begin());
+    else model_.ops().to_host(w.data(), out.data(), out.size());
+    return out;
+  }
+
+  //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners
+  //! (not under ZeRO-3, which gathers each unit when it is next read).
   void gather_params() {
     const int n = comm_.size();
-    if (n == 1) return;
+    if (n == 1 || params_) return;
     const auto& ops = model_.ops();
     T* params = model_.params().data();
     MemoryUseScope use(MemoryUse::communication);
@@ -239,6 +284,116 @@ class ShardedDataParallel {
     }
   };
 
+  //! The model's units as buckets, the last first (the order backward completes them).
+  static std::vector<Bucket> unit_buckets(const Model& m) {
+    std::vector<Bucket> out;
+    if constexpr (UnitModel<Model>) {
+      const auto units = m.param_units();
+      const auto& specs = m.specs();
+      for (auto r = units.rbegin(); r != units.rend(); ++r) {
+        const auto& last = specs[r->last - 1];
+        out.push_back({r->first, r->last, specs[r->first].offset, last.offset + numel_of(last.shape)});
+      }
+    }
+    return out;
+  }
+
+  //! Runs step(c) for c = 0 .. reads.size() - 1 on Compute, each once the units holding the parameters reads[c]
+  //! names are gathered; step c + 1's gathers start on Comm once step c - 1 is done, so that they run while step c
+  //! computes and at most two steps' units are gathered at a time (besides the ones kept). With `release` each
+  //! unit is released after the last step that reads it, and every unit still held after the last step. then(c),
+  //! when given, runs on Comm once step c is done and returns what it started. Which units are gathered and
+  //! released where is decided before anything runs, from what every rank holds alike: every rank issues the same
+  //! collectives in the same order.
+  template <class Step, class Then = std::nullptr_t>
+  void run_gathered(const char* name, const std::vector<models::ParamRange>& reads, bool release, Step step,
+                    Then then = nullptr) {
+    const int n = static_cast<int>(reads.size());
+    const std::size_t units = params_->units();
+    std::vector<char> held(units);
+    for (std::size_t u = 0; u < units; ++u) held[u] = params_->gathered(u);
+    const auto steps = static_cast<std::size_t>(n);
+    std::vector<std::vector<std::size_t>> need(steps), drop(steps);
+    std::vector<int> last(units, n - 1);  // a unit no step reads goes after the last
+    for (int c = 0; c < n; ++c)
+      for (std::size_t u : params_->units_of(reads[std::size_t(c)])) {
+        last[u] = c;
+        if (!held[u]) need[std::size_t(c)].push_back(u), held[u] = 1;
+      }
+    for (std::size_t u = 0; release && u < units; ++u)
+      if (held[u]) drop[std::size_t(last[u])].push_back(u);
+    exec::Graph g;
+    std::vector<exec::Graph::Id> gather(steps), run(steps);
+    auto add_gather = [&](int c) {
+      std::vector<exec::Graph::Id> after;
+      if (c >= 2) after.push_back(run[std::size_t(c - 2)]);
+      gather[std::size_t(c)] = g.add<exec::Comm>(
+          "all_gather params", [this, &need, c] { return params_->start(need[std::size_t(c)]); }, std::move(after));
+    };
+    add_gather(0);
+    for (int c = 0; c < n; ++c) {
+      if (c + 1 < n) add_gather(c + 1);
+      run[std::size_t(c)] = g.add<exec::Compute>(
+          name,
+          [&, c] {
+            params_->finish(need[std::size_t(c)]);
+            step(c);
+            for (std::size_t u : drop[std::size_t(c)]) params_->release(u);
+          },
+          {gather[std::size_t(c)]});
+      if constexpr (!std::is_same_v<Then, std::nullptr_t>)
+        g.add<exec::Comm>(Then::name, [&then, c] { return then(static_cast<std::size_t>(c)); }, {run[std::size_t(c)]});
+    }
+    g.run();
+  }
+
+  //! ZeRO-3's backward of the micro-batch in `slot`: its units gathered (run_gathered) and, when `reduce` (the
+  //! step's last micro-batch), released after, and every bucket reduce-scattered as backward completes it.
+  void gathered_backward(int slot, double scale, bool reduce) {
+    const int n = model_.backward_chunks();
+    std::vector<models::ParamRange> reads;
+    for (int c = 0; c < n; ++c) reads.push_back(model_.backward_chunk_reads(c));
+    std::vector<typename Model::ParamRange> done(static_cast<std::size_t>(n));
+    auto step = [&](int c) {
+      if (reduce && overlap_) HoldWritten{this}(static_cast<std::size_t>(c));
+      done[std::size_t(c)] = model_.backward_chunk(slot, c, scale);
+    };
+    const bool release = !keep_ || reduce;
+    if (!reduce || !overlap_) {
+      if (reduce) hold_all();
+      run_gathered("backward", reads, release, step);
+      if (reduce) reduce_all();
+      return;
+    }
+    begin();
+    std::vector<char> complete(model_.specs().size(), 0);
+    std::size_t next = 0;
+    run_gathered("backward", reads, release, step, StartComplete{this, &done, &complete, &next});
+    LOOM_CHECK(next == buckets_.size(), "ZeRO-3: ", buckets_.size() - next, " of ", buckets_.size(),
+               " units' gradients were never complete");
+    finish();
+  }
+  //! On Comm after backward chunk c: starts the reduce-scatter of every unit that is now complete, in order.
+  struct StartComplete {
+    static constexpr const char* name = "reduce_scatter buckets";
+    ShardedDataParallel* self;
+    std::vector<typename Model::ParamRange>* done;
+    std::vector<char>* complete;
+    std::size_t* next;
+    comm::Handles operator()(std::size_t c) const {
+      const auto r = (*done)[c];
+      for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
+      if (r.also != Model::no_param) (*complete)[r.also] = 1;
+      const auto& bs = self->buckets_;
+      comm::Handles started;
+      while (*next < bs.size() && std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
+                                              complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last),
+                                              [](char x) { return x; }))
+        started.all.push_back(self->start((*next)++));
+      return started;
+    }
+  };
+
   //! Bytes of bucket b that are not this rank's chunk: what ZeRO-2 releases.
   std::size_t released_bytes(std::size_t b) const {
     const auto& p = plan_.pieces[b];
@@ -268,29 +423,20 @@ class ShardedDataParallel {
     for (std::size_t b = 0; b < reading_.size(); ++b)
       if (started_[b] && reading_[b].test()) release(b);
   }
-  //! Bucket b's storage but this rank's chunk: credited to the ledger, and on the host its whole pages given back.
+  //! Bucket b's storage but this rank's chunk: credited to the ledger, and on the host its whole pages offered.
   void release(std::size_t b) {
     if (!shard_grads_ || !held_[b]) return;
-    const auto& p = plan_.pieces[b];
     ledger_->credit(MemoryUse::gradients, released_bytes(b));
     held_[b] = 0;
-    if constexpr (kernels::is_host_v<Dev>) {
-      T* g = model_.grads().data();
-      release_pages(g, p.lo, p.own_lo);
-      release_pages(g, p.own_hi, p.hi);
-    }
+    offer(b);
   }
-  //! Lets the system take back the whole pages of elements [lo, hi) of g when it needs memory (MADV_FREE: until
-  //! then they stay, and writing them again costs nothing; what they read after is zeroed by hold()).
-  static void release_pages(T* g, std::int64_t lo, std::int64_t hi) {
-#ifdef MADV_FREE
-    static const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-    const auto a = reinterpret_cast<std::uintptr_t>(g + lo), z = reinterpret_cast<std::uintptr_t>(g + hi);
-    const std::uintptr_t first = (a + page - 1) / page * page, last = z / page * page;
-    if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_FREE);  // a hint: failure is harmless
-#else
-    (void)g, (void)lo, (void)hi;
-#endif
+  void offer(std::size_t b) {
+    if constexpr (kernels::is_host_v<Dev>) {
+      const auto& p = plan_.pieces[b];
+      T* g = model_.grads().data();
+      offer_pages(g, p.lo, p.own_lo);
+      offer_pages(g, p.own_hi, p.hi);
+    }
   }
 
   //! Where the part's tied table starts in its flat buffer (-1: it holds none).
@@ -371,6 +517,8 @@ class ShardedDataParallel {
   ShardPlan plan_;
   bool overlap_;
   bool shard_grads_;                           //!< ZeRO-2 over more than one rank
+  bool keep_;                                  //!< ZeRO-3's KeepGathered
+  std::unique_ptr<ShardedParameters<Model, Comm>> params_;  //!< ZeRO-3 over more than one rank
   std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
   std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)
   std::vector<std::size_t> bucket_of_;         //!< per parameter: its bucket

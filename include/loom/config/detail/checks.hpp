@@ -29,6 +29,8 @@ template <class P, class O>
 struct RequireOptionOnItsAxis {
   static_assert(Option<O>, "loom: a type given as an option of an axis is not a loom option");
   static_assert(!option_is<O>(OptionFamily::zero) || P::axis == Axis::dp, "loom: ZeRO<k> is an option of DP");
+  static_assert(!option_is<O>(OptionFamily::keep_gathered) || P::axis == Axis::dp,
+                "loom: KeepGathered is an option of DP");
   static_assert(!option_is<O>(OptionFamily::sequence_parallel) || P::axis == Axis::tp,
                 "loom: SequenceParallel is an option of TP");
   static_assert(!option_is<O>(OptionFamily::interleaved) || P::axis == Axis::pp,
@@ -42,7 +44,7 @@ struct RequireOptionOnItsAxis {
 
 template <class P, class... Os>
 struct RequireOneOptionPerFamily {
-  static_assert(count_family<OptionFamily::zero, Os...> <= 1 &&
+  static_assert(count_family<OptionFamily::zero, Os...> <= 1 && count_family<OptionFamily::keep_gathered, Os...> <= 1 &&
                     count_family<OptionFamily::sequence_parallel, Os...> <= 1 &&
                     count_family<OptionFamily::interleaved, Os...> <= 1 &&
                     count_family<OptionFamily::schedule, Os...> <= 1 &&

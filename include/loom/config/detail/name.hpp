@@ -49,6 +49,8 @@ constexpr void write_option(NameWriter& w) noexcept {
     if constexpr (O::family == OptionFamily::zero) {
       w.put("zero");
       w.put(O::stage);
+    } else if constexpr (O::family == OptionFamily::keep_gathered) {
+      w.put("keep");
     } else if constexpr (O::family == OptionFamily::sequence_parallel) {
       w.put("sp");
     } else if constexpr (O::family == OptionFamily::interleaved) {

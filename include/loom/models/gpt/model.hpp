@@ -94,6 +94,36 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! memory, the previous part's output). Returns the mean loss in the part with the loss; the others return 0 and
   //! leave their output in output(slot).
   double forward(int slot, const MicroBatch& mb, const T* input = nullptr) {
+    forward_begin(slot, mb, input);
+    double loss = 0;
+    for (int u = 0; u < forward_units(); ++u) loss = forward_unit(slot, u);
+    return loss;
+  }
+
+  //! Forward runs in units, so that ZeRO-3 can gather a unit's parameters while the one before computes: the
+  //! embedding (in the part with it), each block, the output layer and loss (in the part with it).
+  int forward_units() const { return (embedding() ? 1 : 0) + (ix_.last - ix_.first) + (head() ? 1 : 0); }
+  //! The parameters forward unit u reads (the output layer reads the tied table as well).
+  ParamRange forward_unit_reads(int u) const {
+    check_unit(u);
+    if (embedding() && u == 0) return {ix_.wte, ix_.wpe + 1};
+    const int l = ix_.first + u - (embedding() ? 1 : 0);
+    if (l < ix_.last) return ix_.of_block(l);
+    return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+  }
+  //! The groups of parameters that forward units and backward chunks read and write whole, in the order of the
+  //! part's flat buffer: the tied table and the positions (or, in a part with the output layer alone, its copy of
+  //! the tied table), each block, the final norm.
+  std::vector<ParamRange> param_units() const {
+    std::vector<ParamRange> u;
+    if (ix_.block0 > 0) u.push_back({0, ix_.block0});
+    for (int l = ix_.first; l < ix_.last; ++l) u.push_back(ix_.of_block(l));
+    if (head()) u.push_back({ix_.lnf_w, ix_.lnf_b + 1});
+    return u;
+  }
+  //! Starts the forward of micro-batch mb in `slot` (see forward), whose units forward_unit(slot, u) then runs in
+  //! order, u = 0 .. forward_units() - 1.
+  void forward_begin(int slot, const MicroBatch& mb, const T* input) {
     const int B = mb.batch, T_ = mb.seq;
     LOOM_CHECK(T_ >= 1 && T_ <= shape_.max_seq, "sequence length ", T_, " is outside 1..", shape_.max_seq,
                " (the model's max_seq)");
@@ -116,22 +146,30 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
                   (static_cast<std::uint64_t>(mb.row0) * T_ + static_cast<std::uint64_t>(region_.first_row())) *
                       shape_.d_model};
     st.forwarded = true;
+    if (!embedding()) ops_.copy(input, st.act[0].x.data(), std::size_t(region_.rows()) * shape_.d_model);
+  }
+  //! Forward unit u of the micro-batch forward_begin started in `slot`: the mean loss after the last unit of the part
+  //! with the loss, else 0.
+  double forward_unit(int slot, int u) {
+    check_unit(u);
+    check_slot(slot);
+    Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
+    LOOM_CHECK(B_ > 0 && st.forwarded, "forward_unit() before forward_begin()");
     T* x0 = st.act[0].x.data();
-    if (embedding()) {
+    if (embedding() && u == 0) {
       emb_->forward(st.ids, param_ptr(ix_.wte), param_ptr(ix_.wpe), full_or(acts_.emb_full, x0), x0, st.dropout);
-    } else {
-      ops_.copy(input, x0, std::size_t(region_.rows()) * shape_.d_model);
+      return 0;
     }
-    {
+    const int l = ix_.first + u - (embedding() ? 1 : 0);
+    if (l < ix_.last) {
       auto counted = tp_.counting(layers::Phase::forward);
-      for (int l = ix_.first; l < ix_.last; ++l) {
-        const auto i = block_index(l);
-        block_->forward(l, block_params(params_, l), st.input_of(i, opt_.recompute),
-                        opt_.recompute ? acts_.scratch_act : st.act[i], acts_.partial.data(),
-                        st.output_of(i, opt_.recompute), st.dropout);
-      }
+      const auto i = block_index(l);
+      block_->forward(l, block_params(params_, l), st.input_of(i, opt_.recompute),
+                      opt_.recompute ? acts_.scratch_act : st.act[i], acts_.partial.data(),
+                      st.output_of(i, opt_.recompute), st.dropout);
+      return 0;
     }
-    return head() ? head_->forward(st, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b)) : 0;
+    return head_->forward(st, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b));
   }
 
   //! The whole model (every part) on one micro-batch in slot 0: the mean cross-entropy of B sequences of T tokens
@@ -173,6 +211,15 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
     if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
     return {ix_.wte, ix_.wpe + 1};
+  }
+
+  //! The parameters backward chunk c reads: the output layer's chunk the final norm and the tied table, a block's
+  //! its own; the embedding's none (its gradient is a sum of rows of the output's).
+  ParamRange backward_chunk_reads(int c) const {
+    c = chunk_step(c);
+    if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+    if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
+    return {0, 0};
   }
 
   //! Runs backward chunk c (in order 0, 1, ...) of the micro-batch in `slot` and returns the parameters whose
@@ -250,6 +297,9 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   int chunk_step(int c) const {
     LOOM_CHECK(c >= 0 && c < backward_chunks(), "backward chunk ", c, " is outside 0..", backward_chunks() - 1);
     return head() ? c : c + 1;
+  }
+  void check_unit(int u) const {
+    LOOM_CHECK(u >= 0 && u < forward_units(), "forward unit ", u, " is outside 0..", forward_units() - 1);
   }
   void check_slot(int slot) const {
     LOOM_CHECK(slot >= 0 && slot < slots(), "activation slot ", slot, " is outside 0..", slots() - 1, " (set_slots)");

@@ -100,9 +100,6 @@ struct DeviceRules {
 //! than train as something other than what its type says; checked where a model or its layout is declared.
 template <class Cfg>
 struct ImplementedRules {
-  static_assert(Cfg::zero_stage <= 2,
-                "loom: DP<n, ZeRO<3>> (sharded parameters, FSDP) is not implemented yet; ZeRO<1> shards the optimizer "
-                "state and ZeRO<2> the gradients as well");
   static_assert(Cfg::template size<Axis::cp> == 1,
                 "loom: CP<n> with n > 1 (context parallelism) is not implemented yet");
   static_assert(!Cfg::cp_algorithm_given,
