@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <loom/comm/local.hpp>
+#include <loom/core/trace.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
@@ -198,6 +199,63 @@ TEST_CASE("ZeRO-1 and ZeRO-2 send what plain data parallelism sends, counted by 
     CHECK(t.count(comm::Collective::all_gather) == nb);
     CHECK(t.elements == zero);
   }
+  // ZeRO-3 works in the model's units (the embedding, each block, the final norm): each unit is all-gathered before
+  // its forward and again before its backward, and reduce-scattered once: 3 Psi (n-1)/n, plus the padding. With
+  // KeepGathered the gather before backward is not needed: 2 Psi (n-1)/n.
+  const auto units = train::unit_buckets_of(Model(3));
+  const auto nu = static_cast<std::int64_t>(units.size());
+  REQUIRE(nu == shape.layers + 2);
+  double zero3 = 3 * 2.0 * (n - 1) / n, keep = zero3, exact = zero3;
+  for (const auto& b : units) {
+    const std::int64_t len = b.hi - b.lo, chunk = (len + n - 1) / n;
+    zero3 += 3.0 * static_cast<double>(chunk) * (n - 1);
+    keep += 2.0 * static_cast<double>(chunk) * (n - 1);
+    exact += 3.0 * static_cast<double>(len) * (n - 1) / n;
+  }
+  CHECK(zero3 >= exact);
+  CHECK(zero3 - exact < 3.0 * nu * (n - 1));  // the padding: less than one element per rank and unit
+  for (const auto& t : traffic(Parallel<DP<n, ZeRO<3>>>{})) {
+    CHECK(t.count(comm::Collective::all_reduce) == 3);
+    CHECK(t.count(comm::Collective::reduce_scatter) == nu);
+    CHECK(t.count(comm::Collective::all_gather) == 2 * nu);
+    CHECK(t.elements == zero3);
+  }
+  for (const auto& t : traffic(Parallel<DP<n, ZeRO<3>, KeepGathered>>{})) {
+    CHECK(t.count(comm::Collective::reduce_scatter) == nu);
+    CHECK(t.count(comm::Collective::all_gather) == nu);
+    CHECK(t.elements == keep);
+  }
+}
+
+TEST_CASE("ZeRO-3 gathers the next unit while the current one computes, as the trace shows", "[ddp][zero]") {
+  // On each rank some all-gather of parameters runs (on the communicator's worker) while a forward or backward
+  // unit computes; each unit is gathered twice a step (before its forward, before its backward).
+  const auto d = data();
+  trace::clear();
+  trace::start();
+  run_local<Parallel<DP<2, ZeRO<3>>>>([&](auto& ctx) {
+    train::Trainer<Parallel<DP<2, ZeRO<3>>>, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
+    trainer.step(0);
+  });
+  trace::stop();
+  const auto spans = trace::spans();
+  trace::clear();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    int gathers = 0, overlapping = 0;
+    for (const auto& g : spans) {
+      if (g.rank != r || g.name != "all_gather") continue;
+      ++gathers;
+      for (const auto& c : spans)
+        if (c.rank == r && (c.name == "forward" || c.name == "backward") && c.begin_us < g.end_us &&
+            g.begin_us < c.end_us) {
+          ++overlapping;
+          break;
+        }
+    }
+    CHECK(gathers == 2 * (shape.layers + 2));
+    CHECK(overlapping >= 1);
+  }
 }
 
 namespace {
@@ -222,12 +280,15 @@ std::vector<std::array<std::size_t, 5>> held_by_use(std::size_t bucket_bytes = s
 
 template <int N>
 void check_memory_formula() {
-  // f64, AdamW: parameters 8 Psi, gradients 8 Psi; optimizer state 16 Psi (plain), 16 Psi_r (ZeRO-1).
+  // f64, AdamW: parameters 8 Psi, gradients 8 Psi; optimizer state 16 Psi (plain), 16 Psi_r (ZeRO-1); ZeRO-2:
+  // gradients 8 Psi_r; ZeRO-3: parameters 8 Psi_r as well, between steps.
   INFO("N = " << N);
   const std::size_t psi = static_cast<std::size_t>(shape.params());
   const auto buckets = train::make_buckets(Model::param_specs(), sizeof(double), 2048);
   const auto plain = held_by_use<Parallel<DP<N>>>(2048), zero = held_by_use<Parallel<DP<N, ZeRO<1>>>>(2048);
   const auto zero2 = held_by_use<Parallel<DP<N, ZeRO<2>>>>(2048);
+  const auto zero3 = held_by_use<Parallel<DP<N, ZeRO<3>>>>(2048);
+  const auto units = train::unit_buckets_of(Model(3));
   for (int r = 0; r < N; ++r) {
     INFO("rank " << r);
     CHECK(plain[r][0] == 8 * psi);
@@ -243,12 +304,18 @@ void check_memory_formula() {
     CHECK(zero2[r][1] == 8 * static_cast<std::size_t>(shard_elements(buckets, N, r)));
     CHECK(zero2[r][2] == zero[r][2]);
     CHECK(zero2[r][4] <= zero[r][4]);  // the peak: no more than ZeRO-1's
+    // ZeRO-3: its shard of the parameters, gradients and optimizer state (sharded by units, not buckets).
+    const auto own = static_cast<std::size_t>(shard_elements(units, N, r));
+    CHECK(zero3[r][0] == 8 * own);
+    CHECK(zero3[r][1] == 8 * own);
+    CHECK(zero3[r][2] == 16 * own);
+    if (N > 1) CHECK(zero3[r][4] < zero2[r][4]);
   }
 }
 
 }  // namespace
 
-TEST_CASE("per-rank memory by use is the formula: plain data parallelism, ZeRO-1 and ZeRO-2", "[ddp][zero][memory]") {
+TEST_CASE("per-rank memory by use is the formula: plain data parallelism, ZeRO-1, 2 and 3", "[ddp][zero][memory]") {
   check_memory_formula<1>();
   check_memory_formula<2>();
   check_memory_formula<4>();
@@ -281,6 +348,52 @@ TEST_CASE("a memory cap refuses plain data parallelism, naming the rank, the use
   CHECK_NOTHROW(trained = held_by_use<Parallel<DP<8, ZeRO<1>>>>());
   set_memory_cap(0);
   CHECK(trained.size() == 8);
+}
+
+TEST_CASE("under a cap that only sharded parameters fit, ZeRO-3 trains on 8 ranks and ZeRO-1 and plain DP refuse",
+          "[ddp][zero][memory]") {
+  const auto plain = held_by_use<Parallel<DP<8>>>(), zero1 = held_by_use<Parallel<DP<8, ZeRO<1>>>>();
+  const auto zero3 = held_by_use<Parallel<DP<8, ZeRO<3>>>>();
+  auto peak = [](const auto& held) {
+    std::size_t p = 0;
+    for (const auto& h : held) p = std::max(p, h[4]);
+    return p;
+  };
+  auto least = [](const auto& held) {
+    std::size_t p = held[0][4];
+    for (const auto& h : held) p = std::min(p, h[4]);
+    return p;
+  };
+  INFO("peaks: plain " << peak(plain) << ", ZeRO-1 " << peak(zero1) << ", ZeRO-3 " << peak(zero3));
+  REQUIRE(peak(zero3) < least(zero1));
+  REQUIRE(least(zero1) < least(plain));
+  const std::size_t cap = peak(zero3) + (least(zero1) - peak(zero3)) / 4;
+  set_memory_cap(cap);
+  auto refused = [](auto run) {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string by_plain = refused([] { held_by_use<Parallel<DP<8>>>(); });
+  const std::string by_zero1 = refused([] { held_by_use<Parallel<DP<8, ZeRO<1>>>>(); });
+  std::vector<std::array<std::size_t, 5>> trained;
+  const std::string by_zero3 = refused([&] { trained = held_by_use<Parallel<DP<8, ZeRO<3>>>>(); });
+  // A cap below what even one unit needs: ZeRO-3 refuses too, naming what it could not hold.
+  set_memory_cap(peak(zero3) / 4);
+  const std::string too_small = refused([] { held_by_use<Parallel<DP<8, ZeRO<3>>>>(); });
+  set_memory_cap(0);
+  const auto message = Catch::Matchers::Matches("loom: rank [0-9] failed: loom: rank [0-9] cannot allocate [0-9]+ "
+                                                "bytes of [a-z ]+: it would hold [0-9]+ bytes, over its cap of "
+                                                "[0-9]+ \\(LOOM_MAX_BYTES\\); it holds .*");
+  CHECK_THAT(by_plain, message);
+  CHECK_THAT(by_zero1, message);
+  CHECK_THAT(by_zero1, Catch::Matchers::Contains("over its cap of " + std::to_string(cap)));
+  CHECK(by_zero3.empty());
+  CHECK(trained.size() == 8);
+  CHECK_THAT(too_small, message);
 }
 
 TEST_CASE("a rank whose data file is too short stops every rank with the message naming it", "[ddp][failure]") {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <loom/core/memory.hpp>
+#include <loom/core/trace.hpp>
 
 #include <condition_variable>
 #include <deque>
@@ -33,9 +34,10 @@ class Worker {
   bool started() const { return thread_.joinable(); }
 
   void post(std::function<void()> job) {
-    if (!thread_.joinable())  // it works for the rank of the thread that starts it
-      thread_ = std::thread([this, ledger = rank_memory_ledger()] {
+    if (!thread_.joinable())  // it works (memory, trace) for the rank of the thread that starts it
+      thread_ = std::thread([this, ledger = rank_memory_ledger(), rank = trace::rank()] {
         bind_rank_memory(ledger);
+        trace::set_rank(rank);
         loop();
       });
     {

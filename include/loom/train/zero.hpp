@@ -57,6 +57,22 @@ concept UnitModel = requires(M& m, const M& cm, int i, const typename M::MicroBa
   { m.forward_unit(i, i) } -> std::convertible_to<double>;
 };
 
+//! A model part's units (UnitModel::param_units) as buckets, the last first (the order backward completes them):
+//! what ZeRO-3 gathers, releases and reduce-scatters. Empty for a model that does not run in units.
+template <class Model>
+std::vector<Bucket> unit_buckets_of(const Model& m) {
+  std::vector<Bucket> out;
+  if constexpr (UnitModel<Model>) {
+    const auto units = m.param_units();
+    const auto& specs = m.specs();
+    for (auto r = units.rbegin(); r != units.rend(); ++r) {
+      const auto& last = specs[r->last - 1];
+      out.push_back({r->first, r->last, specs[r->first].offset, last.offset + numel_of(last.shape)});
+    }
+  }
+  return out;
+}
+
 //! ZeRO-1 for one model part: the reduce-scatter of its buckets (overlapped with the last backward, or after a
 //! pipeline's schedule), the rank's chunks' part of the global norm, their clipping, and the all-gather of the
 //! updated parameters. The optimizer (built over plan().slices) steps the model's parameters where this rank owns
@@ -74,7 +90,7 @@ class ShardedDataParallel {
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
                       bool keep = false)
-      : model_(model), comm_(comm), buckets_(stage >= 3 ? unit_buckets(model) : make_buckets(model.specs(), sizeof(T),
+      : model_(model), comm_(comm), buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T),
                                                                                               bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
         overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), ledger_(rank_memory_ledger()),
@@ -283,20 +299,6 @@ class ShardedDataParallel {
       if (r.also != Model::no_param) self->hold(self->bucket_of_[r.also]);
     }
   };
-
-  //! The model's units as buckets, the last first (the order backward completes them).
-  static std::vector<Bucket> unit_buckets(const Model& m) {
-    std::vector<Bucket> out;
-    if constexpr (UnitModel<Model>) {
-      const auto units = m.param_units();
-      const auto& specs = m.specs();
-      for (auto r = units.rbegin(); r != units.rend(); ++r) {
-        const auto& last = specs[r->last - 1];
-        out.push_back({r->first, r->last, specs[r->first].offset, last.offset + numel_of(last.shape)});
-      }
-    }
-    return out;
-  }
 
   //! Runs step(c) for c = 0 .. reads.size() - 1 on Compute, each once the units holding the parameters reads[c]
   //! names are gathered; step c + 1's gathers start on Comm once step c - 1 is done, so that they run while step c
