@@ -230,11 +230,17 @@ TEST_CASE("ZeRO-1 and ZeRO-2 send what plain data parallelism sends, counted by 
 TEST_CASE("ZeRO-3 gathers the next unit while the current one computes, as the trace shows", "[ddp][zero]") {
   // On each rank some all-gather of parameters runs (on the communicator's worker) while a forward or backward
   // unit computes; each unit is gathered twice a step (before its forward, before its backward).
-  const auto d = data();
+  // A model wide enough that a block computes for much longer than its gather takes to start.
+  using Wide = models::Gpt<models::GptShape{2, 4, 4, 256, 64, 32}, double>;
+  std::vector<std::int32_t> tok(2000);
+  for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * 7) % 64);
+  const train::Batches d(tok, 8, 32, train::BatchOrder::shuffle, 11);
+  auto o = trainer_options();
+  o.step.batch = 8, o.step.seq = 32;
   trace::clear();
   trace::start();
   run_local<Parallel<DP<2, ZeRO<3>>>>([&](auto& ctx) {
-    train::Trainer<Parallel<DP<2, ZeRO<3>>>, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
+    train::Trainer<Parallel<DP<2, ZeRO<3>>>, Wide, AdamW> trainer(ctx, d, o, adamw);
     trainer.step(0);
   });
   trace::stop();
