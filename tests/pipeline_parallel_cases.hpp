@@ -70,7 +70,7 @@ Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}) {
     const auto& part = trainer.parts()[c];
     r.blocks.push_back(part->first_layer());
     r.blocks.push_back(part->last_layer());
-    const auto whole = part->gather(part->params().data());
+    const auto whole = part->gather(trainer.params_of_part(c).data());  // under ZeRO-3, from every rank's chunks
     std::vector<std::vector<double>> moments;  // gathered over DP (ZeRO), then TP
     for (const auto& [name, t] : trainer.optimizers()[c].state())
       moments.push_back(part->gather(trainer.state_of_part(c, t.data()).data()));

@@ -77,7 +77,7 @@ Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
     if (res.skipped) throw Error("a step was skipped");
     r.losses.push_back(res.loss);
   }
-  r.params = m.gather(m.params().data());
+  r.params = m.gather(trainer.params_of_part(0).data());  // under ZeRO-3, from every rank's chunks
   for (const auto& [name, t] : trainer.optimizers().front().state()) {  // gathered over DP (ZeRO), then TP
     const auto flat = trainer.state_of_part(0, t.data());
     const auto whole = m.gather(flat.data());

@@ -1,5 +1,5 @@
-// Data parallelism under mpirun: every process is one rank of DP = the process count, plain, with ZeRO<1> and with
-// ZeRO<2>; each compares its run with the single-rank reference it computes itself (tests/data_parallel_cases.hpp),
+// Data parallelism under mpirun: every process is one rank of DP = the process count, plain and with ZeRO<1>, <2>
+// and <3>; each compares its run with the single-rank reference it computes itself (tests/data_parallel_cases.hpp),
 // for 1 and 4 micro-batches: losses, parameters and the optimizer's state, gathered.
 #include "data_parallel_cases.hpp"
 
@@ -39,6 +39,7 @@ int run(int argc, char** argv) {
     check<Parallel<DP<N>>>(ctx.rank(), ref);
     check<Parallel<DP<N, ZeRO<1>>>>(ctx.rank(), ref);
     check<Parallel<DP<N, ZeRO<2>>>>(ctx.rank(), ref);
+    check<Parallel<DP<N, ZeRO<3>>>>(ctx.rank(), ref);
   });
 }
 

@@ -75,13 +75,17 @@ TEST_CASE("pipeline parallelism combines with tensor, sequence and data parallel
   check<Parallel<TP<2, SequenceParallel>, PP<2, ZeroBubbleV>>>(ref, 4);
 }
 
-TEST_CASE("pipeline parallelism combines with ZeRO-1 and ZeRO-2", "[pipeline][zero]") {
+TEST_CASE("pipeline parallelism combines with ZeRO-1, 2 and 3", "[pipeline][zero]") {
   const auto ref = single_rank();
   check<Parallel<PP<2>, DP<2, ZeRO<1>>>>(ref, 2);
   check<Parallel<PP<2, ZeroBubbleV>, DP<4, ZeRO<1>>>>(ref, 2);
   check<Parallel<TP<2, SequenceParallel>, PP<2, Interleaved<2>>, DP<2, ZeRO<1>>>>(ref, 2);
   check<Parallel<PP<2>, DP<2, ZeRO<2>>>>(ref, 2);
   check<Parallel<PP<2, ZeroBubbleH1>, DP<4, ZeRO<2>>>>(ref, 2);
+  // ZeRO-3 keeps every unit of its parts gathered over the schedule.
+  check<Parallel<PP<2>, DP<2, ZeRO<3>, KeepGathered>>>(ref, 4);
+  check<Parallel<PP<2, ZeroBubbleV>, DP<2, ZeRO<3>, KeepGathered>>>(ref, 2);
+  check<Parallel<TP<2>, PP<2, GPipe>, DP<2, ZeRO<3>, KeepGathered>>>(ref, 2);
 }
 
 TEST_CASE("an explicit layer split trains the single-rank model", "[pipeline]") {

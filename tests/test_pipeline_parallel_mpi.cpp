@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
         check<Parallel<TP<2, SequenceParallel>, PP<2>>>(ref, r, 2);
         check<Parallel<PP<2, ZeroBubbleH1>, DP<2, ZeRO<1>>>>(ref, r, 2);
         check<Parallel<PP<2, GPipe>, DP<2, ZeRO<2>>>>(ref, r, 4);
+        check<Parallel<PP<2>, DP<2, ZeRO<3>, KeepGathered>>>(ref, r, 2);
       });
     case 8:
       return run<8>(argc, argv, [](const Run& ref, int r) {

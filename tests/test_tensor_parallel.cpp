@@ -70,6 +70,9 @@ TEMPLATE_TEST_CASE("every tensor-parallel layout trains the single-rank model", 
   // ZeRO-2: the gradients sharded as well.
   check_layout<S, Parallel<TP<2>, DP<2, ZeRO<2>>>>(ref);
   check_layout<S, Parallel<TP<2, SequenceParallel>, DP<2, ZeRO<2>>>>(ref, 2);
+  // ZeRO-3: each TP rank's part of every unit, sharded over the data-parallel group and gathered when read.
+  check_layout<S, Parallel<TP<2>, DP<2, ZeRO<3>>>>(ref);
+  check_layout<S, Parallel<TP<2, SequenceParallel>, DP<2, ZeRO<3>, KeepGathered>>>(ref, 2);
 }
 
 // Ranks are threads and Catch2's assertions are not thread-safe: each rank records what it found, and the test's

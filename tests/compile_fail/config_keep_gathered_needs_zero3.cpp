@@ -1,4 +1,4 @@
-// expect: loom: KeepGathered keeps ZeRO-3's gathered parameters; it goes with DP<n, ZeRO<3>>
+// expect: loom: KeepGathered keeps ZeRO-3's gathered parameters, so it goes with DP<n, ZeRO<3>>
 #include <loom/config.hpp>
 
 #ifdef LOOM_FAIL

@@ -177,7 +177,7 @@ struct Parallel {
   //! Whether DP has KeepGathered (with ZeRO<3>: gathered parameters kept from forward to backward).
   static constexpr bool keep_gathered = !std::is_void_v<option_<OptionFamily::keep_gathered, Axis::dp>>;
   static_assert(!keep_gathered || zero_stage == 3,
-                "loom: KeepGathered keeps ZeRO-3's gathered parameters; it goes with DP<n, ZeRO<3>>");
+                "loom: KeepGathered keeps ZeRO-3's gathered parameters, so it goes with DP<n, ZeRO<3>>");
   static_assert(zero_stage < 3 || keep_gathered || size<Axis::pp> == 1,
                 "loom: ZeRO<3> under pipeline parallelism needs DP<n, ZeRO<3>, KeepGathered>: a stage runs several "
                 "micro-batches' forwards before their backwards, and gathering every unit again for each would "
