@@ -1,10 +1,12 @@
 // ZeRO benchmark: for N data-parallel ranks (threads of this process, Local backend, f32, AdamW), plain data
-// parallelism against ZeRO-1 and ZeRO-2 on the same model, side by side in one run: each rank's parameters,
-// gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ; 4Ψ, or 4Ψ_r
-// under ZeRO-2; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication buffers and of everything, and the
-// median step time.
+// parallelism against ZeRO-1, 2 and 3 on the same model, side by side in one run: each rank's parameters,
+// gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ, or 4Ψ_r under
+// ZeRO-3; 4Ψ, or 4Ψ_r under ZeRO-2 and 3; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication buffers and
+// of everything, and the median step time. gpt2-medium (355M parameters) is the model whose replicated training
+// state (5.7 GB a rank) 8 ranks of this 24 GiB machine cannot hold: run it with --stages 3.
 //
-//   zero [--model small|gpt2] [--dp 1,2,4,8] [--batch 8] [--seq 64] [--steps 3] [--bucket-mb 25] [--json FILE]
+//   zero [--model small|gpt2|gpt2-medium] [--dp 1,2,4,8] [--stages 0,1,2,3] [--batch 8] [--seq 64] [--steps 3]
+//        [--bucket-mb 25] [--json FILE]
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
@@ -23,9 +25,13 @@ namespace {
 
 using namespace loom;
 
+//! GPT-2 medium: 24 layers of width 1024, 16 heads, 355M parameters.
+constexpr models::GptShape gpt2_medium{24, 16, 16, 1024, 50257, 1024};
+
 struct ZeroOptions {
   std::string model = "small";
   std::vector<int> dp{1, 2, 4, 8};
+  std::vector<int> stages{0, 1, 2, 3};
   int batch = 8, seq = 64, steps = 3;
   double bucket_mb = 25;
   std::string json;
@@ -83,12 +89,15 @@ Row measure(const ZeroOptions& o) {
     if constexpr (Cfg::zero_stage > 0) {
       own = 0;
       const int rank = ctx.template coord<Axis::dp>();
-      for (const auto& b : train::make_buckets(trainer.model().specs(), sizeof(float), options.step.bucket_bytes)) {
+      const auto& m = trainer.model();
+      const auto buckets = Cfg::zero_stage == 3 ? train::unit_buckets_of(m)
+                                                : train::make_buckets(m.specs(), sizeof(float), options.step.bucket_bytes);
+      for (const auto& b : buckets) {
         const std::int64_t c = (b.hi - b.lo + N - 1) / N;
         own += std::clamp<std::int64_t>(b.hi - b.lo - rank * c, 0, c);
       }
     }
-    r.params_formula = 4.0 * double(S.params());
+    r.params_formula = 4.0 * double(Cfg::zero_stage >= 3 ? own : S.params());
     r.grads_formula = 4.0 * double(Cfg::zero_stage >= 2 ? own : S.params());
     r.state_formula = 8.0 * double(own);
   });
@@ -105,9 +114,11 @@ Row measure(const ZeroOptions& o) {
 
 template <models::GptShape S, int N>
 void measure_both(const ZeroOptions& o, std::vector<Row>& rows) {
-  rows.push_back(measure<S, Parallel<DP<N>>>(o));
-  rows.push_back(measure<S, Parallel<DP<N, ZeRO<1>>>>(o));
-  rows.push_back(measure<S, Parallel<DP<N, ZeRO<2>>>>(o));
+  auto wanted = [&](int k) { return std::find(o.stages.begin(), o.stages.end(), k) != o.stages.end(); };
+  if (wanted(0)) rows.push_back(measure<S, Parallel<DP<N>>>(o));
+  if (wanted(1)) rows.push_back(measure<S, Parallel<DP<N, ZeRO<1>>>>(o));
+  if (wanted(2)) rows.push_back(measure<S, Parallel<DP<N, ZeRO<2>>>>(o));
+  if (wanted(3)) rows.push_back(measure<S, Parallel<DP<N, ZeRO<3>>>>(o));
 }
 
 template <models::GptShape S>
@@ -129,11 +140,12 @@ int main(int argc, char** argv) {
   return bench::guarded([&] {
     ZeroOptions o;
     bench::CommandLine cl(argc, argv);
-    const bool go = cl.parse("usage: zero [--model small|gpt2] [--dp 1,2,4,8] [--batch B] [--seq T] [--steps N]\n"
-                             "            [--bucket-mb MB] [--json FILE]\n",
+    const bool go = cl.parse("usage: zero [--model small|gpt2|gpt2-medium] [--dp 1,2,4,8] [--stages 0,1,2,3]\n"
+                             "            [--batch B] [--seq T] [--steps N] [--bucket-mb MB] [--json FILE]\n",
                              [&](const std::string& a) {
                                if (a == "--model") o.model = cl.value();
                                else if (a == "--dp") o.dp = bench::int_list(cl.value());
+                               else if (a == "--stages") o.stages = bench::int_list(cl.value());
                                else if (a == "--batch") o.batch = std::stoi(cl.value());
                                else if (a == "--seq") o.seq = std::stoi(cl.value());
                                else if (a == "--steps") o.steps = std::stoi(cl.value());
@@ -145,13 +157,14 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     if (o.model == "small") measure_all<models::small>(o, rows);
     else if (o.model == "gpt2") measure_all<models::gpt2>(o, rows);
-    else throw Error("loom: unknown model '" + o.model + "' (small, gpt2)");
+    else if (o.model == "gpt2-medium") measure_all<gpt2_medium>(o, rows);
+    else throw Error("loom: unknown model '" + o.model + "' (small, gpt2, gpt2-medium)");
     constexpr double mib = 1 << 20;
-    std::printf("%-6s %-10s %3s %11s %11s %11s %11s %11s %11s %9s %9s %9s\n", "model", "layout", "dp", "params_MiB",
+    std::printf("%-11s %-10s %3s %11s %11s %11s %11s %11s %11s %9s %9s %9s\n", "model", "layout", "dp", "params_MiB",
                 "formula", "grads_MiB", "formula", "state_MiB", "formula", "comm_MiB", "peak_MiB", "step_ms");
     std::vector<nlohmann::json> records;
     for (const auto& r : rows) {
-      std::printf("%-6s %-10s %3d %11.3f %11.3f %11.3f %11.3f %11.3f %11.3f %9.3f %9.1f %9.1f\n", r.model.c_str(),
+      std::printf("%-11s %-10s %3d %11.3f %11.3f %11.3f %11.3f %11.3f %11.3f %9.3f %9.1f %9.1f\n", r.model.c_str(),
                   r.layout.c_str(), r.dp, r.params / mib, r.params_formula / mib, r.grads / mib,
                   r.grads_formula / mib, r.state / mib, r.state_formula / mib, r.comm_peak / mib, r.peak / mib,
                   r.step_ms);

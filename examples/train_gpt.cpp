@@ -15,7 +15,7 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
@@ -173,13 +173,13 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   };
   auto not_yet = [&](const std::string& tok, const char* what) {
     return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, ppN, vN, dpN, zero1 and zero2");
+                 "tpN, sp, ppN, vN, dpN, zero1, zero2, zero3 and keep");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
     if (tok.empty()) continue;
     std::string part;
-    if (tok == "sp" || tok == "single" || tok == "ulysses") part = tok;
+    if (tok == "sp" || tok == "single" || tok == "ulysses" || tok == "keep") part = tok;
     else if (starts(tok, "zero")) part = "zero";
     else if (starts(tok, "shard")) part = "shard";
     else if (tok[0] == 'v' && tok.size() > 1) part = "v";
@@ -187,19 +187,18 @@ std::string parse_parallel(const std::string& spec, Args& a) {
                                 starts(tok, "ep")))
       part = tok.substr(0, 2);
     else
-      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN)");
+      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN, zeroK, keep)");
     if (const auto it = given.find(part); it != given.end())
       throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
                   " and " + tok + ")");
     given[part] = tok;
     if (part == "sp") sp = true;
-    else if (part == "single") continue;
+    else if (part == "single" || part == "keep") continue;
     else if (part == "ulysses") throw not_yet(tok, "Ulysses context parallelism");
     else if (part == "shard") throw not_yet(tok, "hybrid sharding");
     else if (part == "zero") {
       zero = number<int>("--parallel " + tok, tok.substr(4));
       LOOM_CHECK(0 <= zero && zero <= 3, "--parallel ", tok, ": the ZeRO stages are 0 to 3");
-      if (zero > 2) throw not_yet(tok, "sharded parameters");
     } else if (part == "v") {
       a.chunks = number<int>("--parallel " + tok, tok.substr(1));
       LOOM_CHECK(a.chunks >= 1, "--parallel ", tok, ": chunks per stage must be at least 1");
@@ -222,7 +221,13 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   if (size["pp"] > 1) add("pp" + std::to_string(size["pp"]) + pipeline_options(a));
   LOOM_CHECK(zero == 0 || size["dp"] > 1, "--parallel ", spec, ": ", given["zero"], " shards over the data-parallel "
              "ranks and needs dpN with N >= 2");
-  if (size["dp"] > 1) add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : ""));
+  const bool keep = given.count("keep") > 0;
+  LOOM_CHECK(!keep || zero == 3, "--parallel ", spec, ": keep keeps zero3's gathered parameters from forward to "
+             "backward, and needs zero3");
+  LOOM_CHECK(zero < 3 || keep || size["pp"] == 1, "--parallel ", spec, ": zero3 under pipeline parallelism needs "
+             "keep (a stage runs several forwards before their backwards)");
+  if (size["dp"] > 1)
+    add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : "") + (keep ? ".keep" : ""));
   if (name.empty()) name = "single";
   if (size["pp"] == 1) {
     LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "

@@ -238,7 +238,11 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     const auto pb = p->param_bytes();
     held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
   }
-  held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2, the shard's
+  if (trainer.zero_stage() == 3) {  // the shard's, in the proportions of the whole part's
+    const double f = double(rank_memory().in_use(MemoryUse::parameters)) / (held.replicated + held.sharded);
+    held.replicated *= f, held.sharded *= f;
+  }
+  held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
   for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
   const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });

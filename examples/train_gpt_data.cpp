@@ -5,7 +5,9 @@ namespace train_gpt {
 
 using Layouts = Family<Parallel<>, Parallel<DP<2>>, Parallel<DP<4>>, Parallel<DP<8>>, Parallel<DP<2, ZeRO<1>>>,
                        Parallel<DP<4, ZeRO<1>>>, Parallel<DP<8, ZeRO<1>>>, Parallel<DP<2, ZeRO<2>>>,
-                       Parallel<DP<4, ZeRO<2>>>, Parallel<DP<8, ZeRO<2>>>>;
+                       Parallel<DP<4, ZeRO<2>>>, Parallel<DP<8, ZeRO<2>>>, Parallel<DP<2, ZeRO<3>>>,
+                       Parallel<DP<4, ZeRO<3>>>, Parallel<DP<8, ZeRO<3>>>, Parallel<DP<4, ZeRO<3>, KeepGathered>>,
+                       Parallel<DP<8, ZeRO<3>, KeepGathered>>>;
 
 std::optional<int> run_data_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
   return Layouts::run(layout, a, argc, argv);

@@ -15,10 +15,12 @@ template <class Pp>
 using WithDp2Zero1 = Parallel<Pp, DP<2, ZeRO<1>>>;
 template <class Pp>
 using WithDp2Zero2 = Parallel<Pp, DP<2, ZeRO<2>>>;
+template <class Pp>
+using WithDp2Zero3 = Parallel<Pp, DP<2, ZeRO<3>, KeepGathered>>;
 
 using Layouts = FamilyOf<EverySchedule<Alone, 2>, EverySchedule<Alone, 4>, EverySchedule<WithDp2, 2>,
                          EverySchedule<WithDp4, 2>, EverySchedule<WithDp2, 4>, EverySchedule<WithDp2Zero1, 2>,
-                         EverySchedule<WithDp2Zero2, 2>>;
+                         EverySchedule<WithDp2Zero2, 2>, EverySchedule<WithDp2Zero3, 2>>;
 }  // namespace
 
 std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
