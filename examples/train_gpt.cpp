@@ -15,7 +15,7 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
@@ -164,7 +164,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}};
   std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
   bool sp = false;
-  int zero = 0;
+  int zero = 0, shard = 0;
   std::stringstream ss(spec);
   auto compiled = [] {
     std::string all;
@@ -173,7 +173,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   };
   auto not_yet = [&](const std::string& tok, const char* what) {
     return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, ppN, vN, dpN, zero1, zero2, zero3 and keep");
+                 "tpN, sp, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
@@ -187,7 +187,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
                                 starts(tok, "ep")))
       part = tok.substr(0, 2);
     else
-      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN, zeroK, keep)");
+      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN, zeroK, keep, shardS)");
     if (const auto it = given.find(part); it != given.end())
       throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
                   " and " + tok + ")");
@@ -195,7 +195,10 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     if (part == "sp") sp = true;
     else if (part == "single" || part == "keep") continue;
     else if (part == "ulysses") throw not_yet(tok, "Ulysses context parallelism");
-    else if (part == "shard") throw not_yet(tok, "hybrid sharding");
+    else if (part == "shard") {
+      shard = number<int>("--parallel " + tok, tok.substr(5));
+      LOOM_CHECK(shard >= 2, "--parallel ", tok, ": hybrid sharding shards over groups of at least 2 ranks");
+    }
     else if (part == "zero") {
       zero = number<int>("--parallel " + tok, tok.substr(4));
       LOOM_CHECK(0 <= zero && zero <= 3, "--parallel ", tok, ": the ZeRO stages are 0 to 3");
@@ -226,8 +229,12 @@ std::string parse_parallel(const std::string& spec, Args& a) {
              "backward, and needs zero3");
   LOOM_CHECK(zero < 3 || keep || size["pp"] == 1, "--parallel ", spec, ": zero3 under pipeline parallelism needs "
              "keep (a stage runs several forwards before their backwards)");
+  LOOM_CHECK(!shard || (zero > 0 && size["dp"] % shard == 0), "--parallel ", spec, ": ", given["shard"],
+             " shards the ZeRO state over groups of ", shard, " data-parallel ranks: it needs zeroK and a dpN that ",
+             shard, " divides");
   if (size["dp"] > 1)
-    add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : "") + (keep ? ".keep" : ""));
+    add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : "") + (keep ? ".keep" : "") +
+        (shard ? ".shard" + std::to_string(shard) : ""));
   if (name.empty()) name = "single";
   if (size["pp"] == 1) {
     LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "

@@ -106,6 +106,17 @@ TEMPLATE_TEST_CASE("ZeRO-1, 2 and 3 training equal the single-rank run, optimize
   SECTION("DP 4, buckets of one parameter, no overlap") { check_same(ref, data_parallel<4>(Z{}, m, 1, false)); }
 }
 
+TEMPLATE_TEST_CASE("hybrid sharding (ZeRO over groups, replicated across them) equals the single-rank run",
+                   "[ddp][zero][hsdp]", ZeRO<1>, ZeRO<2>, ZeRO<3>) {
+  static const Run ref = single_rank();
+  const int m = GENERATE(1, 4);
+  INFO("micro-batches " << m);
+  using Z = TestType;
+  SECTION("DP 4 as 2 x 2") { check_same(ref, data_parallel<4, Z, HybridShard<2>>(m, 2048, true)); }
+  SECTION("DP 8 as 2 x 4") { check_same(ref, data_parallel<8, Z, HybridShard<4>>(m, 2048, true)); }
+  SECTION("DP 8 as 4 x 2, no overlap") { check_same(ref, data_parallel<8, Z, HybridShard<2>>(m, 2048, false)); }
+}
+
 TEST_CASE("ZeRO-1 shards the optimizer state: each rank holds its chunk of every bucket", "[ddp][zero]") {
   // Buckets of 2048 bytes hold 256 doubles or more; every one is split into N chunks, the last one short.
   const auto specs = Model::param_specs();

@@ -1,5 +1,5 @@
-// loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, KeepGathered, SequenceParallel, Interleaved<v>, pipeline
-// schedules, Ring/Ulysses), the Option concept that recognises them, and the Schedule and CpAlgorithm enums.
+// loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, KeepGathered, HybridShard<s>,
+// SequenceParallel, Interleaved<v>, pipeline schedules, Ring/Ulysses), the Option concept that recognises them, and the Schedule and CpAlgorithm enums.
 #pragma once
 
 #include <concepts>
@@ -11,7 +11,7 @@
 namespace loom {
 
 //! Options come in families; an axis takes at most one option of each family.
-enum class OptionFamily { zero, keep_gathered, sequence_parallel, interleaved, schedule, cp_algorithm };
+enum class OptionFamily { zero, keep_gathered, shard, sequence_parallel, interleaved, schedule, cp_algorithm };
 
 //! The pipeline schedule of a layout (Parallel<...>::schedule).
 enum class Schedule { gpipe, one_f_one_b, interleaved, zero_bubble_h1, zero_bubble_v };
@@ -35,6 +35,17 @@ struct ZeRO {
 struct KeepGathered {
   static constexpr OptionFamily family = OptionFamily::keep_gathered;
   static constexpr Axis owner = Axis::dp;
+};
+
+//! DP option, with ZeRO<k>: hybrid sharding (HSDP). The training state is sharded over groups of S consecutive
+//! data-parallel ranks and replicated across the n / S groups: gradients are reduce-scattered within a group, then
+//! each rank's shard is averaged over its replicas (the ranks at its place in the other groups). S divides n.
+template <int S>
+struct HybridShard {
+  static_assert(S >= 2, "loom: HybridShard<s> needs s >= 2 (with s = 1 every rank would hold everything)");
+  static constexpr OptionFamily family = OptionFamily::shard;
+  static constexpr Axis owner = Axis::dp;
+  static constexpr int group = S;
 };
 
 //! TP option: activations outside the tensor-parallel regions are split along the sequence over the TP ranks.

@@ -183,6 +183,21 @@ struct Parallel {
                 "micro-batches' forwards before their backwards, and gathering every unit again for each would "
                 "multiply the all-gathers by the micro-batch count");
 
+  //! The ranks ZeRO shards over (HybridShard<s>: groups of s data-parallel ranks, replicated across the groups); the
+  //! data-parallel size when not given.
+  static constexpr int shard_group = [] {
+    using S = option_<OptionFamily::shard, Axis::dp>;
+    if constexpr (std::is_void_v<S>) {
+      return size<Axis::dp>;
+    } else {
+      return S::group;
+    }
+  }();
+  static_assert(shard_group == size<Axis::dp> || zero_stage > 0,
+                "loom: HybridShard<s> shards ZeRO's state over groups of s data-parallel ranks: it needs DP<n, ZeRO<k>>");
+  static_assert(size<Axis::dp> % shard_group == 0,
+                "loom: HybridShard<s> needs s to divide the data-parallel size n (groups of s ranks, replicated n / s times)");
+
   //! Whether TP has SequenceParallel.
   static constexpr bool sequence_parallel = !std::is_void_v<option_<OptionFamily::sequence_parallel, Axis::tp>>;
 

@@ -145,7 +145,9 @@ struct RankInLayout {
   Comm* tied;  //!< the first and last stages' pair, for the tied table; null when one stage holds both uses
   int dp_rank, stage, stages;
   Schedule schedule;
-  int chunks;  //!< model chunks per pipeline stage
+  int chunks;               //!< model chunks per pipeline stage
+  Comm* shard = nullptr;     //!< with HybridShard<s>: this rank's group of s data-parallel ranks, which ZeRO shards over
+  Comm* replicas = nullptr;  //!< with HybridShard<s>: the ranks at this rank's place in the other groups
 };
 
 //! Rank ctx's RankInLayout in layout Cfg. The first call for a context is collective over its groups.
@@ -161,6 +163,16 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
                                                                      nullptr, ctx.template coord<Axis::dp>(),
                                                                      ctx.template coord<Axis::pp>(), stages,
                                                                      Cfg::schedule, chunks};
+  if constexpr (Cfg::shard_group < Cfg::template size<Axis::dp>) {  // hybrid sharding: groups of s, replicated
+    constexpr int s = Cfg::shard_group, dp = Cfg::template size<Axis::dp>;
+    const auto all = Cfg::template group<Axis::dp>(ctx.rank());
+    const int d = at.dp_rank;
+    std::vector<int> group, replicas;
+    for (int i = 0; i < s; ++i) group.push_back(all[std::size_t(d / s * s + i)]);
+    for (int k = 0; k < dp / s; ++k) replicas.push_back(all[std::size_t(k * s + d % s)]);
+    at.shard = &ctx.get(comm::GroupInfo{"shard", group});
+    at.replicas = &ctx.get(comm::GroupInfo{"replicas", replicas});
+  }
   if constexpr (pipelined) {
     // The stages holding the first part (embedding) and the last (output layer) share the tied table.
     const int first = pipeline::stage_chunk(Cfg::schedule, stages, 0).stage;
@@ -186,8 +198,10 @@ class AnyRankInLayout {
   explicit AnyRankInLayout(const RankInLayout<Comm, Pipelined, Zero>& at)
       : tp_(*at.tp), dp_(*at.dp), pp_(*at.pp), world_(*at.world),
         tied_(at.tied ? std::make_unique<comm::AnyComm>(*at.tied) : nullptr),
-        at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_, tied_.get(),
-            at.dp_rank,       at.stage, at.stages, at.schedule, at.chunks} {}
+        shard_(at.shard ? std::make_unique<comm::AnyComm>(*at.shard) : nullptr),
+        replicas_(at.replicas ? std::make_unique<comm::AnyComm>(*at.replicas) : nullptr),
+        at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_,   tied_.get(),  at.dp_rank,
+            at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get()} {}
   AnyRankInLayout(const AnyRankInLayout&) = delete;
   AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
 
@@ -195,7 +209,7 @@ class AnyRankInLayout {
 
  private:
   comm::AnyComm tp_, dp_, pp_, world_;
-  std::unique_ptr<comm::AnyComm> tied_;
+  std::unique_ptr<comm::AnyComm> tied_, shard_, replicas_;
   RankInLayout<comm::AnyComm, Pipelined, Zero> at_;
 };
 
@@ -251,14 +265,16 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
       const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
       {  // what ZeRO accounts for itself is made uncounted
-        const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, dp)
+        const int shard = at.shard ? at.shard->size() : dp;
+        const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, shard)
                                                       : std::vector<MemoryUse>{});
         this->parts.push_back(make_part(part));
       }
       Model& m = *this->parts.back();
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
-            m, *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(), at.keep_gathered));
+            m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
+            at.keep_gathered, at.replicas));
         this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
       } else {
         this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
@@ -298,7 +314,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     if constexpr (Zero > 0) {  // each rank's shards; summed over the data- and tensor-parallel groups
       for (auto& z : zero_) sq += z->grad_square();
       s[0] = sq;
-      at_.dp->all_reduce(s, comm::Reduce::sum);
+      (at_.shard ? at_.shard : at_.dp)->all_reduce(s, comm::Reduce::sum);  // one copy of each shard
       at_.tp->all_reduce(s, comm::Reduce::sum);
     } else {
       for (auto& p : parts) sq += p->grad_square(/*skip_tied=*/!p->embedding());

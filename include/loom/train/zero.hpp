@@ -86,14 +86,17 @@ class ShardedDataParallel {
   using Buf = Tensor<T, Dev>;
 
   //! ZeRO stage `stage` (1, 2 or 3) of `model` over the data-parallel group `comm`; under ZeRO-3 `keep` keeps
-  //! gathered units until the step's last backward (KeepGathered). Under ZeRO-2 and 3 over several ranks the
+  //! gathered units until the step's last backward (KeepGathered). With hybrid sharding (HybridShard<s>) `comm` is the
+  //! rank's group of s and `replicas` the ranks holding the same shard in the other groups, over which each
+  //! reduced shard is averaged. Under ZeRO-2 and 3 over several ranks the
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
-                      bool keep = false)
+                      bool keep = false, Comm* replicas = nullptr)
       : model_(model), comm_(comm), buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T),
                                                                                               bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
-        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), ledger_(rank_memory_ledger()),
+        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), replicas_(replicas),
+        ledger_(rank_memory_ledger()),
         held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
@@ -494,14 +497,25 @@ class ShardedDataParallel {
     const std::size_t all = chunk * static_cast<std::size_t>(n);
     return comm_.reduce_scatter_async(std::span<const T>(s, all), std::span<T>(s + all, chunk), comm::Reduce::avg);
   }
-  //! Puts this rank's averages in place in the gradient buffer and frees what they were received into.
+  //! Puts this rank's averages in place in the gradient buffer (with hybrid sharding, averaged over the replicas
+  //! first) and frees what they were received into.
   void finish() {
     const int n = comm_.size();
     T* g = model_.grads().data();
-    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
-      const auto& p = plan_.pieces[b];
-      const T* avg = p.padded(n) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
-      model_.ops().copy(avg, g + p.own_lo, static_cast<std::size_t>(p.own()));
+    if (replicas_ && replicas_->size() > 1) {  // the shard, whole, then one average over the replicas
+      for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
+        if (const auto& p = plan_.pieces[b]; p.padded(n))
+          model_.ops().copy(staged_[b].data() + n * p.chunk, shard_.data() + p.at, static_cast<std::size_t>(p.own()));
+      model_.ops().synchronize();
+      replicas_->all_reduce(std::span<T>(shard_.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
+      for (const auto& p : plan_.pieces)
+        model_.ops().copy(shard_.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
+    } else {
+      for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+        const auto& p = plan_.pieces[b];
+        const T* avg = p.padded(n) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
+        model_.ops().copy(avg, g + p.own_lo, static_cast<std::size_t>(p.own()));
+      }
     }
     model_.ops().synchronize();
     shard_ = Buf();
@@ -520,6 +534,7 @@ class ShardedDataParallel {
   bool overlap_;
   bool shard_grads_;                           //!< ZeRO-2 over more than one rank
   bool keep_;                                  //!< ZeRO-3's KeepGathered
+  Comm* replicas_;                             //!< hybrid sharding: the ranks holding this rank's shard elsewhere
   std::unique_ptr<ShardedParameters<Model, Comm>> params_;  //!< ZeRO-3 over more than one rank
   std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
   std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)

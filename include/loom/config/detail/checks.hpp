@@ -31,6 +31,7 @@ struct RequireOptionOnItsAxis {
   static_assert(!option_is<O>(OptionFamily::zero) || P::axis == Axis::dp, "loom: ZeRO<k> is an option of DP");
   static_assert(!option_is<O>(OptionFamily::keep_gathered) || P::axis == Axis::dp,
                 "loom: KeepGathered is an option of DP");
+  static_assert(!option_is<O>(OptionFamily::shard) || P::axis == Axis::dp, "loom: HybridShard<s> is an option of DP");
   static_assert(!option_is<O>(OptionFamily::sequence_parallel) || P::axis == Axis::tp,
                 "loom: SequenceParallel is an option of TP");
   static_assert(!option_is<O>(OptionFamily::interleaved) || P::axis == Axis::pp,
@@ -44,7 +45,9 @@ struct RequireOptionOnItsAxis {
 
 template <class P, class... Os>
 struct RequireOneOptionPerFamily {
-  static_assert(count_family<OptionFamily::zero, Os...> <= 1 && count_family<OptionFamily::keep_gathered, Os...> <= 1 &&
+  static_assert(count_family<OptionFamily::zero, Os...> <= 1 &&
+                    count_family<OptionFamily::keep_gathered, Os...> <= 1 &&
+                    count_family<OptionFamily::shard, Os...> <= 1 &&
                     count_family<OptionFamily::sequence_parallel, Os...> <= 1 &&
                     count_family<OptionFamily::interleaved, Os...> <= 1 &&
                     count_family<OptionFamily::schedule, Os...> <= 1 &&

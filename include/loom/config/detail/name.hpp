@@ -51,6 +51,9 @@ constexpr void write_option(NameWriter& w) noexcept {
       w.put(O::stage);
     } else if constexpr (O::family == OptionFamily::keep_gathered) {
       w.put("keep");
+    } else if constexpr (O::family == OptionFamily::shard) {
+      w.put("shard");
+      w.put(O::group);
     } else if constexpr (O::family == OptionFamily::sequence_parallel) {
       w.put("sp");
     } else if constexpr (O::family == OptionFamily::interleaved) {
