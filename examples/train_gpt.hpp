@@ -62,7 +62,7 @@ void check_resume(const Args& a, const nlohmann::json& run);
 
 //! What each rank holds, in bytes (the largest over ranks: the vocabulary may split unevenly).
 struct Held {
-  double replicated = 0, sharded = 0, grads = 0, state = 0;
+  double replicated = 0, sharded = 0, grads = 0, state = 0, master = 0;
 };
 
 //! What train_gpt reads of a layout type: its name, sizes, sequence parallelism and, with pipeline parallelism, its
@@ -143,14 +143,16 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                   std::string(describe_schedule(layout.schedule)).c_str(), layout.chunks, split.c_str());
     }
   }
-  std::vector<double> bytes{held.replicated, held.sharded, held.grads, held.state};
+  std::vector<double> bytes{held.replicated, held.sharded, held.grads, held.state, held.master};
   world.all_reduce(bytes, comm::Reduce::max);
   constexpr double mib = 1 << 20;
+  char master[64] = "";  // bf16 parameters: the optimizer's fp32 copy
+  if (bytes[4] > 0) std::snprintf(master, sizeof master, ", fp32 master weights %.3f MiB", bytes[4] / mib);
   if (lead)
     std::printf("train_gpt: per rank: parameters %.3f MiB (%.3f replicated + %.3f sharded over tp%d), gradients "
-                "%.3f MiB, optimizer state %.3f MiB\n",
-                (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp,
-                bytes[2] / mib, bytes[3] / mib);
+                "%.3f MiB, optimizer state %.3f MiB%s\n",
+                (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp, bytes[2] / mib,
+                bytes[3] / mib, master);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
   double first_loss = 0, loss = 0;
   int skipped = 0, in_a_row = 0;
@@ -220,11 +222,11 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 static_cast<double>(host_memory().peak()) / (1 << 20));
 }
 
+//! An optimizer's bytes: its state, and the fp32 master weights it keeps for bf16 parameters.
 template <class Opt>
-double state_bytes(const Opt& opt) {
-  std::size_t n = 0;
-  for (const auto& [name, t] : opt.state()) n += t.bytes();
-  return static_cast<double>(n);
+void add_state_bytes(const Opt& opt, Held& held) {
+  for (const auto& [name, t] : opt.state())
+    (name.ends_with(".master") ? held.master : held.state) += static_cast<double>(t.bytes());
 }
 
 //! What a rank does once its trainer is built, whatever the layout: weights from --init-from, the bytes it holds,
@@ -243,7 +245,7 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     held.replicated *= f, held.sharded *= f;
   }
   held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
-  for (const auto& o : trainer.optimizers()) held.state += state_bytes(o);
+  for (const auto& o : trainer.optimizers()) add_state_bytes(o, held);
   const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });
   if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups

@@ -367,6 +367,136 @@ TEST_CASE("a memory cap refuses plain data parallelism, naming the rank, the use
   CHECK(trained.size() == 8);
 }
 
+namespace {
+
+using Bf16Model = models::Gpt<shape, bf16>;
+using Bf16AdamW = optim::AdamW<bf16>;
+
+//! Bytes each rank of layout Cfg holds after a step of the bf16 model with fp32 master weights, by use: parameters,
+//! gradients, master weights, optimizer state.
+template <class Cfg>
+std::vector<std::array<std::size_t, 4>> bf16_held(std::size_t bucket_bytes = 2048) {
+  const auto d = data();
+  std::vector<std::array<std::size_t, 4>> held(Cfg::world_size);
+  run_local<Cfg>([&](auto& ctx) {
+    auto o = trainer_options();
+    o.step.bucket_bytes = bucket_bytes;
+    using M = models::Gpt<shape, bf16, models::ModelLayout<Cfg>>;
+    train::Trainer<Cfg, M, Bf16AdamW> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
+      return Bf16AdamW(specs, n);
+    });
+    trainer.step(0);
+    const auto& m = rank_memory();
+    held[ctx.rank()] = {m.in_use(MemoryUse::parameters), m.in_use(MemoryUse::gradients),
+                        m.in_use(MemoryUse::master_weights), m.in_use(MemoryUse::optimizer_state)};
+  });
+  return held;
+}
+
+template <int N>
+void check_bf16_formula() {
+  // bf16 parameters and gradients (2 bytes), fp32 master weights (4) and AdamW moments (2 x 4): plain data
+  // parallelism 2Psi + 2Psi + 4Psi + 8Psi; ZeRO-1 2Psi + 2Psi + 12Psi_r; ZeRO-2 2Psi + 2Psi_r + 12Psi_r; ZeRO-3
+  // 2Psi_r + 2Psi_r + 12Psi_r.
+  INFO("N = " << N);
+  const std::size_t psi = static_cast<std::size_t>(shape.params());
+  const auto buckets = train::make_buckets(Bf16Model::param_specs(), sizeof(bf16), 2048);
+  const auto units = train::unit_buckets_of(Bf16Model(3));
+  const auto plain = bf16_held<Parallel<DP<N>>>(), z1 = bf16_held<Parallel<DP<N, ZeRO<1>>>>();
+  const auto z2 = bf16_held<Parallel<DP<N, ZeRO<2>>>>(), z3 = bf16_held<Parallel<DP<N, ZeRO<3>>>>();
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r);
+    const auto own = static_cast<std::size_t>(shard_elements(buckets, N, r));
+    const auto own3 = static_cast<std::size_t>(shard_elements(units, N, r));
+    CHECK(plain[r] == std::array<std::size_t, 4>{2 * psi, 2 * psi, 4 * psi, 8 * psi});
+    CHECK(z1[r] == std::array<std::size_t, 4>{2 * psi, 2 * psi, 4 * own, 8 * own});
+    CHECK(z2[r] == std::array<std::size_t, 4>{2 * psi, 2 * own, 4 * own, 8 * own});
+    CHECK(z3[r] == std::array<std::size_t, 4>{2 * own3, 2 * own3, 4 * own3, 8 * own3});
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 with fp32 master weights: per-rank memory is ZeRO's formula, 2Psi + 2Psi + 12Psi/N for stage 1",
+          "[ddp][zero][memory][bf16]") {
+  check_bf16_formula<1>();
+  check_bf16_formula<2>();
+  check_bf16_formula<4>();
+  check_bf16_formula<8>();
+  // With tensor parallelism Psi is the rank's part.
+  using TpZero = Parallel<TP<2>, DP<2, ZeRO<1>>>;
+  const auto held = bf16_held<TpZero>();
+  using TpModel = models::Gpt<shape, bf16, models::ModelLayout<TpZero>>;
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const auto specs = TpModel::param_specs(TpZero::coords(r).tp);
+    const auto psi = static_cast<std::size_t>(specs.back().offset + numel_of(specs.back().shape));
+    const auto own = static_cast<std::size_t>(
+        shard_elements(train::make_buckets(specs, sizeof(bf16), 2048), 2, TpZero::coords(r).dp));
+    CHECK(held[r] == std::array<std::size_t, 4>{2 * psi, 2 * psi, 4 * own, 8 * own});
+  }
+}
+
+TEST_CASE("bf16 with fp32 master weights: updates below bf16's precision accumulate", "[ddp][zero][bf16]") {
+  // lr 1e-5 moves a weight of about 0.02 by about 1e-5 a step, well under half its bf16 spacing (about 6e-5 to
+  // 1.2e-4): rounded each step, the parameters would never move. The master weights keep the sum.
+  const auto d = data();
+  auto o = trainer_options();
+  o.step.lr = 1e-5;
+  o.step.grad_clip = 0;
+  std::size_t moved = 0, rounded = 0, total = 0;
+  std::string name;
+  run_local<Parallel<DP<2, ZeRO<1>>>>([&](auto& ctx) {
+    train::Trainer<Parallel<DP<2, ZeRO<1>>>, Bf16Model, Bf16AdamW> trainer(
+        ctx, d, o, [](const auto& specs, std::int64_t n) { return Bf16AdamW(specs, n, {0.9, 0.999, 1e-8, 0.0}); });
+    const auto before = trainer.params_of_part(0);
+    for (int s = 0; s < 40; ++s) trainer.step(s);
+    const auto after = trainer.params_of_part(0);
+    const auto state = trainer.optimizers().front().state();
+    const auto master = trainer.state_of_part(0, state.back().second.data());
+    if (ctx.rank() != 0) return;
+    name = state.back().first;
+    total = after.size();
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      moved += after[i] != before[i];
+      rounded += after[i] == static_cast<bf16>(master[i]);
+    }
+  });
+  CHECK(name == "adamw.master");
+  CHECK(moved > total / 4);  // most of the weights have moved
+  CHECK(rounded == total);   // and each is its master weight rounded
+}
+
+TEST_CASE("bf16 gradients are averaged in fp32: the bytes the communicator sends", "[ddp][zero][bf16]") {
+  // DP 4, one step: the gradient collectives carry fp32 (4 bytes an element), the parameters' all-gathers bf16 (2);
+  // the loss and the squared norm are doubles, the finite flag an int.
+  constexpr int n = 4;
+  const auto d = data();
+  auto bytes = [&]<class Cfg>(Cfg) {
+    std::vector<comm::Traffic> t(n);
+    run_local<Cfg>([&](auto& ctx) {
+      train::Trainer<Cfg, Bf16Model, Bf16AdamW> trainer(ctx, d, trainer_options(), [](const auto& s, std::int64_t k) {
+        return Bf16AdamW(s, k);
+      });
+      auto& dp = ctx.template comm<Axis::dp>();
+      dp.reset_traffic();
+      trainer.step(0);
+      t[ctx.rank()] = dp.traffic();
+    });
+    return t;
+  };
+  const double scalar = 2.0 * (n - 1) / n;
+  const auto buckets = train::make_buckets(Bf16Model::param_specs(), sizeof(bf16), std::size_t{25} << 20);
+  double plain = scalar * (8 + 4), zero = scalar * (8 + 8 + 4);
+  for (const auto& b : buckets) {
+    const double len = static_cast<double>(b.hi - b.lo), chunk = std::ceil(len / n);
+    plain += 4 * 2 * len * (n - 1) / n;
+    zero += 4 * chunk * (n - 1) + 2 * chunk * (n - 1);
+  }
+  for (const auto& t : bytes(Parallel<DP<n>>{})) CHECK(t.bytes == Approx(plain).epsilon(1e-12));
+  for (const auto& t : bytes(Parallel<DP<n, ZeRO<1>>>{})) CHECK(t.bytes == Approx(zero).epsilon(1e-12));
+}
+
 TEST_CASE("under a cap that only sharded parameters fit, ZeRO-3 trains on 8 ranks and ZeRO-1 and plain DP refuse",
           "[ddp][zero][memory]") {
   const auto plain = held_by_use<Parallel<DP<8>>>(), zero1 = held_by_use<Parallel<DP<8, ZeRO<1>>>>();

@@ -611,7 +611,7 @@ TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TY
     std::vector<double> pr = p.d, mr = m.d, vr = v.d;
     cpu::adamw_step(pr.data(), g.d.data(), mr.data(), vr.data(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t);
     Dev<T> dg(g.t);
-    gpu::adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t, stream());
+    gpu::adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t, nullptr, stream());
     const auto ph = dp.host();
     const auto mh = dm.host(), vh = dv.host();
     check_close(ph, pr, tol<T>(), "adamw param, step " + std::to_string(t));
@@ -620,6 +620,24 @@ TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TY
     p = rounded<T>(doubles(ph));
     m = rounded<A>(doubles(mh));
     v = rounded<A>(doubles(vh));
+  }
+
+  if constexpr (!std::is_same_v<T, A>) {  // fp32 master weights: the update is made on them, unrounded
+    const auto p0 = rng.values<T>(n);
+    std::vector<double> pr = p0.d, mr(n, 0.0), vr(n, 0.0);
+    Dev<T> dp2(p0.t);
+    Dev<A> dm2(n), dv2(n), dw(n);
+    LOOM_CUDA(cudaMemsetAsync(dm2.get(), 0, n * sizeof(A), stream()));
+    LOOM_CUDA(cudaMemsetAsync(dv2.get(), 0, n * sizeof(A), stream()));
+    for (int t = 1; t <= 3; ++t) {
+      const auto g = rng.values<T>(n);
+      cpu::adamw_step(pr.data(), g.d.data(), mr.data(), vr.data(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t);
+      Dev<T> dg(g.t);
+      gpu::adamw_step(dp2.get(), dg.get(), dm2.get(), dv2.get(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, t, dw.get(),
+                      stream());
+    }
+    check_close(dw.host(), pr, tol_acc<T>(), "adamw master weights after 3 steps");
+    check_close(dp2.host(), pr, tol<T>(), "adamw parameters: the master weights rounded");
   }
 
   for (const double momentum : {0.0, 0.9}) {
@@ -632,7 +650,7 @@ TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TY
       std::vector<double> qr = q.d, br = buf.d;
       cpu::sgd_step(qr.data(), g.d.data(), br.data(), n, 0.05, momentum, 0.01, step == 0);
       Dev<T> dg(g.t);
-      gpu::sgd_step(dq.get(), dg.get(), dbuf.get(), n, 0.05, momentum, 0.01, step == 0, stream());
+      gpu::sgd_step(dq.get(), dg.get(), dbuf.get(), n, 0.05, momentum, 0.01, step == 0, nullptr, stream());
       const auto qh = dq.host();
       const auto bh = dbuf.host();
       const std::string what = " momentum " + std::to_string(momentum) + ", step " + std::to_string(step);
@@ -647,7 +665,7 @@ TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TY
   std::vector<double> qr = q.d;
   cpu::sgd_step<double>(qr.data(), g.d.data(), nullptr, n, 0.05, 0.0, 0.0, true);
   Dev<T> dq(q.t), dg(g.t);
-  gpu::sgd_step(dq.get(), dg.get(), static_cast<A*>(nullptr), n, 0.05, 0.0, 0.0, true, stream());
+  gpu::sgd_step(dq.get(), dg.get(), static_cast<A*>(nullptr), n, 0.05, 0.0, 0.0, true, nullptr, stream());
   check_close(dq.host(), qr, tol<T>(), "sgd without a buffer");
 }
 

@@ -121,10 +121,19 @@ struct Op {
 struct Traffic {
   std::array<std::int64_t, 9> calls{};  //!< by Collective
   double elements = 0;
+  double bytes = 0;  //!< the same elements, each of its operation's element type
 
   std::int64_t count(Collective k) const { return calls[static_cast<std::size_t>(k)]; }
   //! Counts op, issued by rank `rank` of a group of n.
   void note(const Op& op, int n, int rank) {
+    const double before = elements;
+    count_elements(op, n, rank);
+    const DType t = op.kind == Collective::send_recv && !op.p2p.empty() ? op.p2p.front().dtype : op.dtype;
+    bytes += (elements - before) * static_cast<double>(size_of(t));
+  }
+
+ private:
+  void count_elements(const Op& op, int n, int rank) {
     ++calls[static_cast<std::size_t>(op.kind)];
     if (n == 1) return;
     const double c = static_cast<double>(op.count), m = n - 1;

@@ -147,15 +147,16 @@ struct Ops<Host> {
     cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s);
   }
 
+  //! The optimizers' updates; with `master`, on fp32 master weights of bf16 parameters (cpu::adamw_step).
   template <class T>
   void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, int t) const {
-    cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+                  double beta2, double eps, double weight_decay, int t, acc_t<T>* master = nullptr) const {
+    cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master);
   }
   template <class T>
   void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
-                double weight_decay, bool first) const {
-    cpu::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first);
+                double weight_decay, bool first, acc_t<T>* master = nullptr) const {
+    cpu::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, master);
   }
 
   //! dst = src, n elements on this device (the ranges may be the same, not otherwise overlap).
@@ -239,7 +240,9 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.attention_forward(c, c, c, p, a, s);
   o.attention_backward(c, c, c, c, c, ca, p, p, p, s);
   o.adamw_step(p, c, a, a, n, d, d, d, d, d, i);
+  o.adamw_step(p, c, a, a, n, d, d, d, d, d, i, a);
   o.sgd_step(p, c, a, n, d, d, d, b);
+  o.sgd_step(p, c, a, n, d, d, d, b, a);
   o.copy(c, p, n);
   o.fill(p, n, T{});
   o.scale(p, n, acc_t<T>{});

@@ -1,5 +1,5 @@
-// Optimizers over a model's flat parameter buffer: AdamW and SGD with momentum, as torch.optim defines them, with
-// weight decay on matrices and embeddings only; global-norm gradient clipping; a linear-warmup learning rate. On
+// Optimizers over a model's flat parameter buffer: AdamW and SGD with momentum, as torch.optim defines them (with
+// fp32 master weights for bf16 parameters), with weight decay on matrices and embeddings only; global-norm gradient clipping; a linear-warmup learning rate. On
 // the model's device: Dev = Host, or Cuda with <loom/kernels/cuda/device_ops.cuh> (state and buffers there).
 #pragma once
 
@@ -30,11 +30,18 @@ inline std::vector<Slice> slices_of(const std::vector<layers::ParamSpec>& specs)
 }
 
 namespace detail {
-//! n zeros of an optimizer's state, counted as such in the rank's memory ledger.
+//! n zeros of an optimizer's state, counted as such in the rank's memory ledger (`use`).
 template <class A, class Dev>
-Tensor<A, Dev> state(std::int64_t n) {
-  MemoryUseScope use(MemoryUse::optimizer_state);
+Tensor<A, Dev> state(std::int64_t n, MemoryUse use = MemoryUse::optimizer_state) {
+  MemoryUseScope scope(use);
   return Tensor<A, Dev>::zeros({n});
+}
+//! fp32 master weights for parameters of a narrower type T (bf16, fp16): n elements laid out as the optimizer's
+//! state, which its steps update and round into the parameters; none (empty) when T is its own accumulation type.
+template <class T, class Dev>
+Tensor<acc_t<T>, Dev> master_weights(std::int64_t n) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) return {};
+  else return state<acc_t<T>, Dev>(n, MemoryUse::master_weights);
 }
 }  // namespace detail
 
@@ -44,14 +51,17 @@ struct AdamWConfig {
 };
 
 //! AdamW over the parameters described by specs (decay where ParamSpec::decay), or by slices, with n elements of
-//! state, its moments on Dev.
+//! state, its moments on Dev. For bf16 (or fp16) parameters it keeps fp32 master weights beside the moments (laid out
+//! and sharded as they are): each step updates them and rounds them into the parameters, so that updates smaller
+//! than the parameters' precision accumulate. They are taken from the parameters on the first step.
 template <class T, class Dev = Host>
 class AdamW {
  public:
   using acc = loom::acc_t<T>;
   using device = Dev;
   AdamW(std::vector<Slice> slices, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(detail::state<acc, Dev>(n)), v_(detail::state<acc, Dev>(n)) {}
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(detail::state<acc, Dev>(n)), v_(detail::state<acc, Dev>(n)),
+        w_(detail::master_weights<T, Dev>(n)) {}
   AdamW(const std::vector<layers::ParamSpec>& specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : AdamW(slices_of(specs), n, cfg, ops) {}
 
@@ -61,24 +71,30 @@ class AdamW {
     for (const auto& s : slices_)
       ops_.adamw_step(params.data() + s.param, grads.data() + s.param, m_.data() + s.at, v_.data() + s.at,
                       static_cast<std::size_t>(s.n), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                      s.decay ? cfg_.weight_decay : 0.0, t_);
+                      s.decay ? cfg_.weight_decay : 0.0, t_, master(s));
   }
+  //! Whether it keeps fp32 master weights (bf16 or fp16 parameters).
+  static constexpr bool has_master = !std::is_same_v<T, acc>;
   int steps() const { return t_; }
   const Tensor<acc, Dev>& first_moment() const { return m_; }
   const Tensor<acc, Dev>& second_moment() const { return v_; }
-  //! Named state for checkpoints: the moments, and the step count.
+  //! Named state for checkpoints: the moments (and the master weights), and the step count.
   std::vector<std::pair<std::string, Tensor<acc, Dev>>> state() const {
-    return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}};
+    if constexpr (has_master) return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}, {"adamw.master", w_}};
+    else return {{"adamw.exp_avg", m_}, {"adamw.exp_avg_sq", v_}};
   }
   int counter() const { return t_; }
   void set_counter(int t) { t_ = t; }
   static constexpr const char* name = "adamw";
 
  private:
+  acc* master(const Slice& s) const { return has_master ? w_.data() + s.at : nullptr; }
+
   std::vector<Slice> slices_;
   AdamWConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> m_, v_;
+  Tensor<acc, Dev> w_;  //!< fp32 master weights, for bf16/fp16 parameters
   int t_ = 0;
 };
 
@@ -95,7 +111,8 @@ class Sgd {
   using acc = loom::acc_t<T>;
   using device = Dev;
   Sgd(std::vector<Slice> slices, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), buf_(detail::state<acc, Dev>(n)) {}
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), buf_(detail::state<acc, Dev>(n)),
+        w_(detail::master_weights<T, Dev>(n)) {}
   Sgd(const std::vector<layers::ParamSpec>& specs, std::int64_t n, SgdConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : Sgd(slices_of(specs), n, cfg, ops) {}
 
@@ -103,20 +120,27 @@ class Sgd {
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     for (const auto& s : slices_)
       ops_.sgd_step(params.data() + s.param, grads.data() + s.param, buf_.data() + s.at, static_cast<std::size_t>(s.n),
-                    lr, cfg_.momentum, s.decay ? cfg_.weight_decay : 0.0, first_);
+                    lr, cfg_.momentum, s.decay ? cfg_.weight_decay : 0.0, first_,
+                    has_master ? w_.data() + s.at : nullptr);
     first_ = false;
   }
+  //! Whether it keeps fp32 master weights (bf16 or fp16 parameters), as AdamW does.
+  static constexpr bool has_master = !std::is_same_v<T, acc>;
 
  private:
   std::vector<Slice> slices_;
   SgdConfig cfg_;
   kernels::Ops<Dev> ops_;
   Tensor<acc, Dev> buf_;
+  Tensor<acc, Dev> w_;  //!< fp32 master weights, for bf16/fp16 parameters
   bool first_ = true;
 
  public:
-  //! Named state for checkpoints: the momentum buffer, and whether a step was taken.
-  std::vector<std::pair<std::string, Tensor<acc, Dev>>> state() const { return {{"sgd.momentum_buffer", buf_}}; }
+  //! Named state for checkpoints: the momentum buffer (and the master weights), and whether a step was taken.
+  std::vector<std::pair<std::string, Tensor<acc, Dev>>> state() const {
+    if constexpr (has_master) return {{"sgd.momentum_buffer", buf_}, {"sgd.master", w_}};
+    else return {{"sgd.momentum_buffer", buf_}};
+  }
   int counter() const { return first_ ? 0 : 1; }
   void set_counter(int t) { first_ = t == 0; }
   static constexpr const char* name = "sgd";

@@ -1,17 +1,20 @@
 // Data parallelism: every rank of a data-parallel group holds the whole model and a slice of the global batch.
 // Gradients are grouped into buckets (by bytes, in reverse order of the parameters, which is the order backward
-// completes them); each bucket's average over the group starts as soon as backward has finished its last
-// parameter, on the Comm resource of a stage pipeline, while backward goes on on Compute. A bucket is a contiguous
-// range of the flat gradient buffer, so small tensors are fused into one collective without a copy.
+// completes them); each bucket's average over the group (of bf16 gradients, in fp32 from a widened copy, on the
+// host) starts as soon as backward has finished its last parameter, on the Comm resource of a stage pipeline,
+// while backward goes on on Compute. A bucket is a contiguous range of the flat gradient buffer, so small tensors
+// are fused into one collective without a copy.
 #pragma once
 
 #include <loom/comm/communicator.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/layers/param.hpp>
+#include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace loom::train {
@@ -126,29 +129,58 @@ class DataParallel {
       model_.backward(slot, scale);
       model_.ops().synchronize();
       if (comm_.size() > 1)
-        for (const auto& b : buckets_) reduce(b);
+        for (std::size_t b = 0; b < buckets_.size(); ++b) start(b).wait();
+      narrow_all();
       return;
     }
     backward_by_buckets(model_, buckets_, slot, scale, AllReduceBucket{this});
+    narrow_all();
   }
 
  private:
+  //! What gradients are averaged in: on the host acc_t<T> (bf16 gradients in fp32, from a widened copy), else T.
+  using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
+  using R = std::conditional_t<std::is_same_v<Dev, Host>, loom::acc_t<T>, T>;
+  static constexpr bool widened = !std::is_same_v<R, T>;
+
   struct AllReduceBucket {
     static constexpr const char* name = "all_reduce buckets";
     DataParallel* self;
-    comm::Handle operator()(std::size_t b) const { return self->start(self->buckets_[b]); }
+    comm::Handle operator()(std::size_t b) const { return self->start(b); }
   };
 
   std::span<T> grads_of(const Bucket& b) {
     return {model_.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)};
   }
-  void reduce(const Bucket& b) { comm_.all_reduce(grads_of(b), comm::Reduce::avg); }
-  comm::Handle start(const Bucket& b) { return comm_.all_reduce_async(grads_of(b), comm::Reduce::avg); }
+  //! Starts bucket b's average: in place, or over its widened copy.
+  comm::Handle start(std::size_t b) {
+    const auto g = grads_of(buckets_[b]);
+    if constexpr (!widened) {
+      return comm_.all_reduce_async(g, comm::Reduce::avg);
+    } else {
+      if (wide_.size() != buckets_.size()) wide_.resize(buckets_.size());
+      MemoryUseScope use(MemoryUse::communication);
+      wide_[b] = Tensor<R>({static_cast<std::int64_t>(g.size())});
+      std::transform(g.begin(), g.end(), wide_[b].data(), [](T x) { return static_cast<R>(x); });
+      return comm_.all_reduce_async(std::span<R>(wide_[b].data(), g.size()), comm::Reduce::avg);
+    }
+  }
+  //! After the averages: widened ones rounded back into the gradients.
+  void narrow_all() {
+    if constexpr (widened) {
+      for (std::size_t b = 0; b < wide_.size(); ++b) {
+        const auto g = grads_of(buckets_[b]);
+        std::transform(wide_[b].data(), wide_[b].data() + g.size(), g.begin(), [](R x) { return static_cast<T>(x); });
+        wide_[b] = {};
+      }
+    }
+  }
 
   Model& model_;
   Comm& comm_;
   std::vector<Bucket> buckets_;
   bool overlap_;
+  std::vector<Tensor<R>> wide_;  //!< per bucket, while it is averaged: its widened copy (bf16 in fp32)
 };
 
 }  // namespace loom::train

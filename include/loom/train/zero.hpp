@@ -84,6 +84,9 @@ class ShardedDataParallel {
   using T = typename Model::value_type;
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
   using Buf = Tensor<T, Dev>;
+  //! What gradients are reduced in: on the host acc_t<T> (bf16 gradients in fp32), else T.
+  using R = std::conditional_t<kernels::is_host_v<Dev>, loom::acc_t<T>, T>;
+  using RBuf = Tensor<R, Dev>;
 
   //! ZeRO stage `stage` (1, 2 or 3) of `model` over the data-parallel group `comm`; under ZeRO-3 `keep` keeps
   //! gathered units until the step's last backward (KeepGathered). With hybrid sharding (HybridShard<s>) `comm` is the
@@ -455,7 +458,17 @@ class ShardedDataParallel {
     return c;
   }
 
-  //! Makes what the reduce-scatters receive into: the shard and, for each padded bucket, its zero-padded copy.
+  //! Whether bucket b is reduced from a copy: when n does not divide it (zero-padded), or when gradients are reduced
+  //! in a wider type than they are held in (bf16 in fp32).
+  bool staged(std::size_t b) const { return plan_.pieces[b].padded(comm_.size()) || !std::is_same_v<R, T>; }
+  //! dst = src converted, n elements (on the host; elsewhere R is T).
+  template <class A, class B>
+  void convert(const A* src, B* dst, std::size_t n) const {
+    if constexpr (std::is_same_v<A, B>) model_.ops().copy(src, dst, n);
+    else std::transform(src, src + n, dst, [](A x) { return static_cast<B>(x); });
+  }
+
+  //! Makes what the reduce-scatters receive into: the shard and, for each bucket reduced from a copy, the copy.
   void begin() {
     if (shard_grads_) {
       std::lock_guard lock(mu_);
@@ -464,30 +477,32 @@ class ShardedDataParallel {
       reading_.resize(plan_.pieces.size());
     }
     MemoryUseScope use(MemoryUse::communication);
-    shard_ = Buf({std::max<std::int64_t>(1, plan_.numel)});
-    staged_.assign(plan_.pieces.size(), Buf());
+    shard_ = RBuf({std::max<std::int64_t>(1, plan_.numel)});
+    staged_.assign(plan_.pieces.size(), RBuf());
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
-      if (const auto& p = plan_.pieces[b]; p.padded(comm_.size())) staged_[b] = Buf({p.chunk * (comm_.size() + 1)});
+      if (staged(b)) staged_[b] = RBuf({plan_.pieces[b].chunk * (comm_.size() + 1)});
   }
-  //! Starts bucket b's reduce-scatter: into the shard, or, for a padded bucket, within its staging copy.
+  //! Starts bucket b's reduce-scatter: into the shard, or within its staging copy (zero-padded, widened).
   comm::Handle start(std::size_t b) {
     const auto& p = plan_.pieces[b];
     const int n = comm_.size();
     const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
     const T* g = model_.grads().data() + p.lo;
-    if (!p.padded(n)) {
-      comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
-                                                  std::span<T>(shard_.data() + p.at, chunk), comm::Reduce::avg);
-      if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
-        std::lock_guard lock(mu_);
-        static_cast<void>(reading_[b] = h.share());
-        started_[b] = 1;
+    if constexpr (std::is_same_v<R, T>) {
+      if (!p.padded(n)) {
+        comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
+                                                    std::span<T>(shard_.data() + p.at, chunk), comm::Reduce::avg);
+        if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
+          std::lock_guard lock(mu_);
+          static_cast<void>(reading_[b] = h.share());
+          started_[b] = 1;
+        }
+        return h;
       }
-      return h;
     }
-    T* s = staged_[b].data();
-    model_.ops().copy(g, s, len);
-    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, T(0));
+    R* s = staged_[b].data();
+    convert(g, s, len);
+    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, R(0));
     model_.ops().synchronize();
     if (shard_grads_) {
       std::lock_guard lock(mu_);
@@ -495,30 +510,32 @@ class ShardedDataParallel {
     }
     // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
-    return comm_.reduce_scatter_async(std::span<const T>(s, all), std::span<T>(s + all, chunk), comm::Reduce::avg);
+    return comm_.reduce_scatter_async(std::span<const R>(s, all), std::span<R>(s + all, chunk), comm::Reduce::avg);
   }
   //! Puts this rank's averages in place in the gradient buffer (with hybrid sharding, averaged over the replicas
-  //! first) and frees what they were received into.
+  //! first; reduced in a wider type, rounded) and frees what they were received into.
   void finish() {
     const int n = comm_.size();
     T* g = model_.grads().data();
+    auto averages = [&](std::size_t b) -> const R* {
+      const auto& p = plan_.pieces[b];
+      return staged(b) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
+    };
     if (replicas_ && replicas_->size() > 1) {  // the shard, whole, then one average over the replicas
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
-        if (const auto& p = plan_.pieces[b]; p.padded(n))
-          model_.ops().copy(staged_[b].data() + n * p.chunk, shard_.data() + p.at, static_cast<std::size_t>(p.own()));
+        if (staged(b))
+          convert(averages(b), shard_.data() + plan_.pieces[b].at, static_cast<std::size_t>(plan_.pieces[b].own()));
       model_.ops().synchronize();
-      replicas_->all_reduce(std::span<T>(shard_.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
-      for (const auto& p : plan_.pieces)
-        model_.ops().copy(shard_.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
+      replicas_->all_reduce(std::span<R>(shard_.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
+      for (const auto& p : plan_.pieces) convert(shard_.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
     } else {
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
         const auto& p = plan_.pieces[b];
-        const T* avg = p.padded(n) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
-        model_.ops().copy(avg, g + p.own_lo, static_cast<std::size_t>(p.own()));
+        convert(averages(b), g + p.own_lo, static_cast<std::size_t>(p.own()));
       }
     }
     model_.ops().synchronize();
-    shard_ = Buf();
+    shard_ = RBuf();
     staged_.clear();
     if (shard_grads_) {
       std::lock_guard lock(mu_);
@@ -542,8 +559,8 @@ class ShardedDataParallel {
   std::mutex mu_;                      //!< guards started_ and reading_ (set on Comm, read on Compute)
   std::vector<char> started_;          //!< during a reduction, per bucket: its reduce-scatter has started
   std::vector<comm::Handle> reading_;  //!< during a reduction, per bucket: its reduce-scatter, while it reads it
-  Buf shard_;                //!< during a reduction: this rank's averages, as plan().pieces lay them out
-  std::vector<Buf> staged_;  //!< during a reduction, per bucket: empty, or a padded bucket's copy and the rank's chunk
+  RBuf shard_;                //!< during a reduction: this rank's averages, as plan().pieces lay them out
+  std::vector<RBuf> staged_;  //!< during a reduction, per bucket: empty, or its copy and the rank's chunk (staged)
 };
 
 }  // namespace loom::train

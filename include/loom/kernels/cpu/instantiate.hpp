@@ -41,8 +41,8 @@
   prefix template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const acc_t<T>*, T*, \
                                              T*, T*, const AttentionShape&);                                        \
   prefix template void adamw_step<T>(T*, const T*, acc_t<T>*, acc_t<T>*, std::size_t, double, double, double,      \
-                                     double, double, int);                                                          \
-  prefix template void sgd_step<T>(T*, const T*, acc_t<T>*, std::size_t, double, double, double, bool);
+                                     double, double, int, acc_t<T>*);                                               \
+  prefix template void sgd_step<T>(T*, const T*, acc_t<T>*, std::size_t, double, double, double, bool, acc_t<T>*);
 
 #define LOOM_CPU_KERNELS(prefix)             \
   LOOM_CPU_KERNELS_FOR(prefix, float)        \

@@ -128,15 +128,18 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
 //! torch.optim.AdamW's update for step t (1-based): p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //! p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). m and v in acc_t<T>.
 //! The hyperparameters are double, as torch's Python scalars: it computes the bias corrections and step size in
-//! double and casts them to the parameters' type.
+//! double and casts them to the parameters' type. With `master` (n elements of acc_t<T>, for bf16/fp16 parameters;
+//! null otherwise) the update is made on these fp32 master weights, taken from param at t = 1, and param is set to
+//! them rounded.
 template <class T>
 void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int t);
+                double beta2, double eps, double weight_decay, int t, acc_t<T>* master = nullptr);
 //! torch.optim.SGD with momentum (dampening 0, no Nesterov): g += wd*p; buf = first ? g : momentum*buf + g;
-//! p -= lr*buf. With momentum 0 torch keeps no buffer: buf may be null, and is otherwise set to g.
+//! p -= lr*buf. With momentum 0 torch keeps no buffer: buf may be null, and is otherwise set to g. `master` as for
+//! adamw_step, taken from param on the first step.
 template <class T>
 void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
-              bool first);
+              bool first, acc_t<T>* master = nullptr);
 
 }  // namespace loom::kernels::cpu
 

@@ -198,13 +198,13 @@ struct Ops<Cuda> {
 
   template <class T>
   void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, int t) const {
-    cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream);
+                  double beta2, double eps, double weight_decay, int t, acc_t<T>* master = nullptr) const {
+    cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master, stream);
   }
   template <class T>
   void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
-                double weight_decay, bool first) const {
-    cuda::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, stream);
+                double weight_decay, bool first, acc_t<T>* master = nullptr) const {
+    cuda::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, master, stream);
   }
 
   template <class T>

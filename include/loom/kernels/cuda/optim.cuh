@@ -20,24 +20,30 @@ struct AdamW {
   A* m;
   A* v;
   A decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, step, eps;
+  A* master;  // null, or fp32 master weights (read from param when init)
+  bool init;
   template <int N>
   __device__ void apply(std::size_t i) const {
     auto p = load_pack<N>(param + i);
     const auto g = load_pack<N>(grad + i);
     auto mm = load_pack<N>(m + i);
     auto vv = load_pack<N>(v + i);
+    Pack<A, N> w;
+    if (master != nullptr && !init) w = load_pack<N>(master + i);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const A G = widen(g.v[j]);
-      A P = widen(p.v[j]) * decay;
+      A P = (master != nullptr && !init ? w.v[j] : widen(p.v[j])) * decay;
       const A M = mm.v[j] * b1 + G * one_minus_b1;
       const A V = vv.v[j] * b2 + one_minus_b2 * G * G;
       P += step * M / (sqrt_(V) / bc2_sqrt + eps);
       mm.v[j] = M;
       vv.v[j] = V;
+      w.v[j] = P;
       p.v[j] = narrow<T>(P);
     }
     store_pack(param + i, p);
+    if (master != nullptr) store_pack(master + i, w);
     store_pack(m + i, mm);
     store_pack(v + i, vv);
   }
@@ -52,32 +58,37 @@ struct Sgd {
   A* buf;  // null when momentum is 0 and the caller keeps none
   A wd, mom, step;
   bool use_wd, use_momentum, first;
+  A* master;  // null, or fp32 master weights (read from param on the first step)
   template <int N>
   __device__ void apply(std::size_t i) const {
     auto p = load_pack<N>(param + i);
     const auto g = load_pack<N>(grad + i);
-    Pack<A, N> b;
+    Pack<A, N> b, w;
     if (buf != nullptr) b = load_pack<N>(buf + i);
+    if (master != nullptr && !first) w = load_pack<N>(master + i);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const A P = widen(p.v[j]);
+      const A P = master != nullptr && !first ? w.v[j] : widen(p.v[j]);
       A G = use_wd ? widen(g.v[j]) + wd * P : widen(g.v[j]);
       if (use_momentum && !first) G = b.v[j] * mom + G;
       b.v[j] = G;
-      p.v[j] = narrow<T>(P + step * G);
+      w.v[j] = P + step * G;
+      p.v[j] = narrow<T>(w.v[j]);
     }
     store_pack(param + i, p);
     if (buf != nullptr) store_pack(buf + i, b);
+    if (master != nullptr) store_pack(master + i, w);
   }
 };
 
 }  // namespace detail
 
 //! torch.optim.AdamW's update for step t (1-based): p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-//! p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). m and v in acc_t<T>.
+//! p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). m and v in acc_t<T>; with `master` (or null), the
+//! update acts on these fp32 master weights, taken from param at t = 1, and param is them rounded.
 template <Floating T>
 void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int t, cudaStream_t stream) {
+                double beta2, double eps, double weight_decay, int t, acc_t<T>* master, cudaStream_t stream) {
   using D = device_t<T>;
   using A = acc_t<T>;
   const detail::AdamW<D> op{detail::dev(param),
@@ -91,24 +102,28 @@ void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n
                             A(1.0 - beta2),
                             A(std::sqrt(1.0 - std::pow(beta2, t))),
                             A(-lr / (1.0 - std::pow(beta1, t))),
-                            A(eps)};
+                            A(eps),
+                            master,
+                            t == 1};
   // m and v go in packs of as many elements as param's 16 bytes: 32 bytes of float for bf16/fp16.
   constexpr std::size_t acc_pack = detail::vec_width<D> * sizeof(A);
-  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(m, acc_pack) && detail::aligned(v, acc_pack);
+  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(m, acc_pack) && detail::aligned(v, acc_pack) &&
+                   detail::aligned(master, acc_pack);
   detail::launch_map(op, n, vec, stream, "adamw_step");
 }
 
 //! torch.optim.SGD with momentum (dampening 0, no Nesterov): g += wd*p; buf = first ? g : momentum*buf + g;
-//! p -= lr*buf. With momentum 0 the buffer is unused by the update (it may be null).
+//! p -= lr*buf. With momentum 0 the buffer is unused by the update (it may be null). `master` as for adamw_step,
+//! taken from param on the first step.
 template <Floating T>
 void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
-              bool first, cudaStream_t stream) {
+              bool first, acc_t<T>* master, cudaStream_t stream) {
   using D = device_t<T>;
   using A = acc_t<T>;
-  const detail::Sgd<D> op{detail::dev(param), detail::dev(grad), buf,           A(weight_decay), A(momentum),
-                          A(-lr),             weight_decay != 0.0, momentum != 0.0, first};
+  const detail::Sgd<D> op{detail::dev(param), detail::dev(grad), buf,   A(weight_decay), A(momentum), A(-lr),
+                          weight_decay != 0.0, momentum != 0.0,  first, master};
   constexpr std::size_t acc_pack = detail::vec_width<D> * sizeof(A);
-  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(buf, acc_pack);
+  const bool vec = detail::vec_ok({param, grad}) && detail::aligned(buf, acc_pack) && detail::aligned(master, acc_pack);
   detail::launch_map(op, n, vec, stream, "sgd_step");
 }
 

@@ -192,7 +192,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   void backward(int slot, double scale, const T* doutput = nullptr) {
     check_slot(slot);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
-    if (!head()) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
+    if (!head() && doutput != nullptr)
+      ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
     for (int c = 0; c < backward_chunks(); ++c) backward_chunk(slot, c, scale);
   }
   //! The backward of the whole model's forward(ids, targets, ...), in slot 0, scaled by `scale` (1/m when m
@@ -255,7 +256,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
     auto& sp = acts_.split(slot, activation_shape(), *block_);
     if (head()) head_input(st, scale, sp.dlnf.data());
-    else ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
+    else if (doutput != nullptr) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
     for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_input(st, l, sp.blocks[block_index(l)]);
     if (embedding()) ops_.copy(acts_.dx.data(), sp.dx.data(), static_cast<std::size_t>(sp.dx.numel()));
   }
