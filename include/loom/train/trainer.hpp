@@ -275,6 +275,9 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
             m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
             at.keep_gathered, at.replicas));
+        if constexpr (requires { m.initialise(o.seed, 0, 0); })
+          if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
+            for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
         this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
       } else {
         this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
@@ -590,11 +593,14 @@ class TrainerOf {
     constexpr int tp = Part::config::template size<Axis::tp>;
     LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
                "tensor-parallel group has ", at.tp->size());
+    // Under ZeRO-3 over several ranks each rank writes only its shard of the parameters (TrainerCore).
+    models::GptOptions model = options.model;
+    if constexpr (Zero >= 3) model.write_buffers = (at.shard ? at.shard : at.dp)->size() == 1;
     const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
       if constexpr (requires { Model::static_shape; })
-        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, part, options.model));
+        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, part, model));
       else
-        return std::make_unique<Model>(shape, options.seed, *at.tp, part, options.model);
+        return std::make_unique<Model>(shape, options.seed, *at.tp, part, model);
     };
     core_ = std::make_unique<detail::TrainerCore<Part, Optimizer, Comm, Pipelined, Zero>>(
         at, data, options, shape.layers, make_part, std::forward<MakeOptimizer>(make_optimizer));

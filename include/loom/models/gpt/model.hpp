@@ -287,7 +287,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     return layers::TpGroup<T, Tp>(tp);
   }
   GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::uint64_t seed, GptOptions opt, GptPart part)
-      : Weights(s, std::move(tp), seed, part), opt_(opt) {
+      : Weights(s, std::move(tp), seed, part, opt.write_buffers), opt_(opt) {
     slice_ = layers::vocab_slice(shape_.vocab, tp_size, tp_.rank());
     region_ = layers::Region<T, Dev, Tp>{nullptr, 0, shape_.d_model};
     acts_.slots.resize(1);

@@ -44,6 +44,10 @@ struct GptOptions {
   bool recompute = false;  //!< keep only each block's input; recompute the rest during backward
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
   float ln_eps = 1e-5f;
+  //! Whether building the model writes its buffers: the parameters initialised from the seed, the gradients zeroed.
+  //! A model whose buffers are held in shards (ZeRO-3) is built without, and whoever holds a shard writes it
+  //! (GptWeights::initialise for the parameters; the gradients it zeroes before they are written).
+  bool write_buffers = true;
 };
 
 //! The first rule of a GPT's dimensions that a shape breaks, or an empty view (Gpt<S> checks them at compile time,

@@ -102,6 +102,18 @@ class GptWeights {
     for (const auto& s : specs_) (s.replicated ? b.replicated : b.sharded) += numel_of(s.shape) * sizeof(T);
     return b;
   }
+  //! Sets elements [lo, hi) of the flat parameter buffer from seed, as building the model does (a shard's, when it
+  //! was built without writing its buffers: GptOptions::write_buffers).
+  void initialise(std::uint64_t seed, std::int64_t lo, std::int64_t hi) {
+    if (lo >= hi) return;
+    if constexpr (on_host) {
+      layers::initialise(specs_, params_.data(), seed, lo, hi);
+    } else {  // made on the host, element by element as there, then copied
+      const auto init = Tensor<T>::zeros({params_.numel()});
+      layers::initialise(specs_, init.data(), seed, lo, hi);
+      ops_.from_host(init.data() + lo, params_.data() + lo, static_cast<std::size_t>(hi - lo));
+    }
+  }
   //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments, U = acc) in the
   //! single-rank layout, in host memory on every rank (gather_params: a collective over the tensor-parallel
   //! group); local is in Dev's memory.
@@ -130,7 +142,8 @@ class GptWeights {
  protected:
   static constexpr bool on_host = kernels::is_host_v<Dev>;
 
-  GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part)
+  GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part,
+             bool write = true)
       : shape_(checked(s)), tp_(std::move(tp)), ix_(s.layers, part), specs_(param_specs(s, tp_.rank(), false, part)),
         shared_(specs_) {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
@@ -138,19 +151,13 @@ class GptWeights {
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
     {
       MemoryUseScope use(MemoryUse::parameters);
-      params_ = Buf::zeros({n});
+      params_ = write ? Buf::zeros({n}) : Buf({n});
     }
     {
       MemoryUseScope use(MemoryUse::gradients);
-      grads_ = Buf::zeros({n});
+      grads_ = write ? Buf::zeros({n}) : Buf({n});
     }
-    if constexpr (on_host) {
-      layers::initialise(specs_, params_.data(), seed);
-    } else {  // made on the host, element by element as there, then copied
-      const auto init = Tensor<T>::zeros({n});
-      layers::initialise(specs_, init.data(), seed);
-      ops_.from_host(init.data(), params_.data(), static_cast<std::size_t>(n));
-    }
+    if (write) initialise(seed, 0, n);
   }
   GptWeights(const GptWeights&) = delete;
   GptWeights& operator=(const GptWeights&) = delete;
