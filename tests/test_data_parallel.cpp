@@ -117,6 +117,36 @@ TEMPLATE_TEST_CASE("hybrid sharding (ZeRO over groups, replicated across them) e
   SECTION("DP 8 as 4 x 2, no overlap") { check_same(ref, data_parallel<8, Z, HybridShard<2>>(m, 2048, false)); }
 }
 
+TEST_CASE("hybrid sharding sends ZeRO-3's volume within a group and one shard's average across groups",
+          "[ddp][zero][hsdp]") {
+  // DP 4 as 2 groups of 2: within its group a rank all-gathers every unit twice and reduce-scatters it once (3 chunks
+  // of ceil(L/2), each sent once) and sums the squared norm; across groups it averages its shard, Psi_r elements
+  // (2 Psi_r (m-1)/m over m = 2 replicas).
+  using Cfg = Parallel<DP<4, ZeRO<3>, HybridShard<2>>>;
+  const auto d = data();
+  const auto units = train::unit_buckets_of(Model(3));
+  std::vector<comm::Traffic> within(4), across(4);
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, trainer_options(), adamw);
+    const int r = ctx.rank();
+    auto& group = ctx.get(comm::GroupInfo{"shard", {r / 2 * 2, r / 2 * 2 + 1}});
+    auto& replicas = ctx.get(comm::GroupInfo{"replicas", {r % 2, r % 2 + 2}});
+    trainer.step(0);
+    group.reset_traffic(), replicas.reset_traffic();
+    trainer.step(1);
+    within[std::size_t(r)] = group.traffic(), across[std::size_t(r)] = replicas.traffic();
+  });
+  double group_elements = 1;  // the squared norm
+  for (const auto& b : units) group_elements += 3.0 * static_cast<double>((b.hi - b.lo + 1) / 2);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(within[std::size_t(r)].count(comm::Collective::all_gather) == 2 * static_cast<std::int64_t>(units.size()));
+    CHECK(within[std::size_t(r)].elements == group_elements);
+    CHECK(across[std::size_t(r)].count(comm::Collective::all_reduce) == 1);
+    CHECK(across[std::size_t(r)].elements == static_cast<double>(shard_elements(units, 2, r % 2)));
+  }
+}
+
 TEST_CASE("ZeRO-1 shards the optimizer state: each rank holds its chunk of every bucket", "[ddp][zero]") {
   // Buckets of 2048 bytes hold 256 doubles or more; every one is split into N chunks, the last one short.
   const auto specs = Model::param_specs();
