@@ -2,9 +2,10 @@
 // parallelism against ZeRO-1, 2 and 3 on the same model, side by side in one run: each rank's parameters,
 // gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ, or 4Ψ_r under
 // ZeRO-3; 4Ψ, or 4Ψ_r under ZeRO-2 and 3; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication buffers and
-// of everything, and the median step time.
+// of everything, and the median step time. gpt2-medium (355M parameters) is a model whose replicated training state
+// (5.7 GB a rank in f32) 8 ranks of a 24 GiB machine cannot hold: run it with --stages 3.
 //
-//   zero [--model small|gpt2] [--dp 1,2,4,8] [--stages 0,1,2,3] [--batch 8] [--seq 64] [--steps 3]
+//   zero [--model small|gpt2|gpt2-medium] [--dp 1,2,4,8] [--stages 0,1,2,3] [--batch 8] [--seq 64] [--steps 3]
 //        [--bucket-mb 25] [--json FILE]
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
@@ -23,6 +24,9 @@
 namespace {
 
 using namespace loom;
+
+//! GPT-2 medium: 24 layers of width 1024, 16 heads, 355M parameters.
+constexpr models::GptShape gpt2_medium{24, 16, 16, 1024, 50257, 1024};
 
 struct ZeroOptions {
   std::string model = "small";
@@ -136,7 +140,7 @@ int main(int argc, char** argv) {
   return bench::guarded([&] {
     ZeroOptions o;
     bench::CommandLine cl(argc, argv);
-    const bool go = cl.parse("usage: zero [--model small|gpt2] [--dp 1,2,4,8] [--stages 0,1,2,3]\n"
+    const bool go = cl.parse("usage: zero [--model small|gpt2|gpt2-medium] [--dp 1,2,4,8] [--stages 0,1,2,3]\n"
                              "            [--batch B] [--seq T] [--steps N] [--bucket-mb MB] [--json FILE]\n",
                              [&](const std::string& a) {
                                if (a == "--model") o.model = cl.value();
@@ -153,13 +157,14 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     if (o.model == "small") measure_all<models::small>(o, rows);
     else if (o.model == "gpt2") measure_all<models::gpt2>(o, rows);
-    else throw Error("loom: unknown model '" + o.model + "' (small, gpt2)");
+    else if (o.model == "gpt2-medium") measure_all<gpt2_medium>(o, rows);
+    else throw Error("loom: unknown model '" + o.model + "' (small, gpt2, gpt2-medium)");
     constexpr double mib = 1 << 20;
-    std::printf("%-6s %-10s %3s %11s %11s %11s %11s %11s %11s %9s %9s %9s\n", "model", "layout", "dp", "params_MiB",
+    std::printf("%-11s %-10s %3s %11s %11s %11s %11s %11s %11s %9s %9s %9s\n", "model", "layout", "dp", "params_MiB",
                 "formula", "grads_MiB", "formula", "state_MiB", "formula", "comm_MiB", "peak_MiB", "step_ms");
     std::vector<nlohmann::json> records;
     for (const auto& r : rows) {
-      std::printf("%-6s %-10s %3d %11.3f %11.3f %11.3f %11.3f %11.3f %11.3f %9.3f %9.1f %9.1f\n", r.model.c_str(),
+      std::printf("%-11s %-10s %3d %11.3f %11.3f %11.3f %11.3f %11.3f %11.3f %9.3f %9.1f %9.1f\n", r.model.c_str(),
                   r.layout.c_str(), r.dp, r.params / mib, r.params_formula / mib, r.grads / mib,
                   r.grads_formula / mib, r.state / mib, r.state_formula / mib, r.comm_peak / mib, r.peak / mib,
                   r.step_ms);

@@ -1,5 +1,5 @@
 // Data parallelism under mpirun: every process is one rank of DP = the process count, plain and with ZeRO<1>, <2>
-// and <3>; each compares its run with the single-rank reference it computes itself (tests/data_parallel_cases.hpp),
+// and <3>, and hybrid sharding over two groups; each compares its run with the single-rank reference it computes itself (tests/data_parallel_cases.hpp),
 // for 1 and 4 micro-batches: losses, parameters and the optimizer's state, gathered.
 #include "data_parallel_cases.hpp"
 
@@ -40,6 +40,7 @@ int run(int argc, char** argv) {
     check<Parallel<DP<N, ZeRO<1>>>>(ctx.rank(), ref);
     check<Parallel<DP<N, ZeRO<2>>>>(ctx.rank(), ref);
     check<Parallel<DP<N, ZeRO<3>>>>(ctx.rank(), ref);
+    if constexpr (N >= 4) check<Parallel<DP<N, ZeRO<3>, HybridShard<N / 2>>>>(ctx.rank(), ref);  // 2 groups
   });
 }
 
