@@ -1,9 +1,9 @@
 // ZeRO benchmark: for N data-parallel ranks (threads of this process, Local backend, f32, AdamW), plain data
 // parallelism against ZeRO-1, 2 and 3 on the same model, side by side in one run: each rank's parameters,
-// gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ, or 4Ψ_r under
-// ZeRO-3; 4Ψ, or 4Ψ_r under ZeRO-2 and 3; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication buffers and
-// of everything, and the median step time. gpt2-medium (355M parameters) is a model whose replicated training state
-// (5.7 GB a rank in f32) 8 ranks of a 24 GiB machine cannot hold: run it with --stages 3.
+// gradients and optimizer state in use between steps (the largest over ranks) beside the formula (4Ψ, or 4Ψ_r
+// under ZeRO-3; 4Ψ, or 4Ψ_r under ZeRO-2 and 3; 8Ψ or 8Ψ_r: Ψ_r the largest shard), the peak of communication
+// buffers and of everything, and the median step time. gpt2-medium (355M parameters) is a model whose replicated
+// training state (5.7 GB a rank in f32) 8 ranks of a 24 GiB machine cannot hold: run it with --stages 3.
 //
 //   zero [--model small|gpt2|gpt2-medium] [--dp 1,2,4,8] [--stages 0,1,2,3] [--batch 8] [--seq 64] [--steps 3]
 //        [--bucket-mb 25] [--json FILE]
@@ -90,8 +90,9 @@ Row measure(const ZeroOptions& o) {
       own = 0;
       const int rank = ctx.template coord<Axis::dp>();
       const auto& m = trainer.model();
-      const auto buckets = Cfg::zero_stage == 3 ? train::unit_buckets_of(m)
-                                                : train::make_buckets(m.specs(), sizeof(float), options.step.bucket_bytes);
+      const auto buckets = Cfg::zero_stage == 3
+                               ? train::unit_buckets_of(m)
+                               : train::make_buckets(m.specs(), sizeof(float), options.step.bucket_bytes);
       for (const auto& b : buckets) {
         const std::int64_t c = (b.hi - b.lo + N - 1) / N;
         own += std::clamp<std::int64_t>(b.hi - b.lo - rank * c, 0, c);

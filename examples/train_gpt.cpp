@@ -15,7 +15,8 @@ const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB] [--max-bytes B (per rank)]\n"
+    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB]\n"
+    "                 [--max-bytes B (per rank)]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
@@ -187,7 +188,8 @@ std::string parse_parallel(const std::string& spec, Args& a) {
                                 starts(tok, "ep")))
       part = tok.substr(0, 2);
     else
-      throw Error("loom: --parallel " + spec + ": unknown part '" + tok + "' (tpN, sp, ppN, vN, dpN, zeroK, keep, shardS)");
+      throw Error("loom: --parallel " + spec + ": unknown part '" + tok +
+                  "' (tpN, sp, ppN, vN, dpN, zeroK, keep, shardS)");
     if (const auto it = given.find(part); it != given.end())
       throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
                   " and " + tok + ")");

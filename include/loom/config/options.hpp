@@ -1,5 +1,6 @@
 // loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, KeepGathered, HybridShard<s>,
-// SequenceParallel, Interleaved<v>, pipeline schedules, Ring/Ulysses), the Option concept that recognises them, and the Schedule and CpAlgorithm enums.
+// SequenceParallel, Interleaved<v>, pipeline schedules, Ring/Ulysses), the Option concept that recognises them, and
+// the Schedule and CpAlgorithm enums.
 #pragma once
 
 #include <concepts>

@@ -194,9 +194,11 @@ struct Parallel {
     }
   }();
   static_assert(shard_group == size<Axis::dp> || zero_stage > 0,
-                "loom: HybridShard<s> shards ZeRO's state over groups of s data-parallel ranks: it needs DP<n, ZeRO<k>>");
+                "loom: HybridShard<s> shards ZeRO's state over groups of s data-parallel ranks: it needs "
+                "DP<n, ZeRO<k>>");
   static_assert(size<Axis::dp> % shard_group == 0,
-                "loom: HybridShard<s> needs s to divide the data-parallel size n (groups of s ranks, replicated n / s times)");
+                "loom: HybridShard<s> needs s to divide the data-parallel size n (groups of s ranks, replicated n / s "
+                "times)");
 
   //! Whether TP has SequenceParallel.
   static constexpr bool sequence_parallel = !std::is_void_v<option_<OptionFamily::sequence_parallel, Axis::tp>>;

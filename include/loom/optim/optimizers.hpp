@@ -1,5 +1,6 @@
 // Optimizers over a model's flat parameter buffer: AdamW and SGD with momentum, as torch.optim defines them (with
-// fp32 master weights for bf16 parameters), with weight decay on matrices and embeddings only; global-norm gradient clipping; a linear-warmup learning rate. On
+// fp32 master weights for bf16 parameters), with weight decay on matrices and embeddings only; global-norm gradient
+// clipping; a linear-warmup learning rate. On
 // the model's device: Dev = Host, or Cuda with <loom/kernels/cuda/device_ops.cuh> (state and buffers there).
 #pragma once
 
@@ -60,8 +61,8 @@ class AdamW {
   using acc = loom::acc_t<T>;
   using device = Dev;
   AdamW(std::vector<Slice> slices, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
-      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(detail::state<acc, Dev>(n)), v_(detail::state<acc, Dev>(n)),
-        w_(detail::master_weights<T, Dev>(n)) {}
+      : slices_(std::move(slices)), cfg_(cfg), ops_(ops), m_(detail::state<acc, Dev>(n)),
+        v_(detail::state<acc, Dev>(n)), w_(detail::master_weights<T, Dev>(n)) {}
   AdamW(const std::vector<layers::ParamSpec>& specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : AdamW(slices_of(specs), n, cfg, ops) {}
 

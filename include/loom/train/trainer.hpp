@@ -146,7 +146,7 @@ struct RankInLayout {
   int dp_rank, stage, stages;
   Schedule schedule;
   int chunks;               //!< model chunks per pipeline stage
-  Comm* shard = nullptr;     //!< with HybridShard<s>: this rank's group of s data-parallel ranks, which ZeRO shards over
+  Comm* shard = nullptr;     //!< with HybridShard<s>: this rank's group of s data-parallel ranks (ZeRO's group)
   Comm* replicas = nullptr;  //!< with HybridShard<s>: the ranks at this rank's place in the other groups
 };
 
@@ -588,8 +588,8 @@ class TrainerOf {
     static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
                   "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
     static_assert(Zero < 3 || UnitModel<Part>,
-                  "loom: DP<n, ZeRO<3>> needs a model that runs in units (train::UnitModel: param_units, forward_units, "
-                  "forward_unit, ...)");
+                  "loom: DP<n, ZeRO<3>> needs a model that runs in units (train::UnitModel: param_units, "
+                  "forward_units, forward_unit, ...)");
     constexpr int tp = Part::config::template size<Axis::tp>;
     LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
                "tensor-parallel group has ", at.tp->size());

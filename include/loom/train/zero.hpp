@@ -95,8 +95,8 @@ class ShardedDataParallel {
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
                       bool keep = false, Comm* replicas = nullptr)
-      : model_(model), comm_(comm), buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T),
-                                                                                              bucket_bytes)),
+      : model_(model), comm_(comm),
+        buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T), bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
         overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), replicas_(replicas),
         ledger_(rank_memory_ledger()),
