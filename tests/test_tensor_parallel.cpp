@@ -182,38 +182,50 @@ TEMPLATE_TEST_CASE("per-rank parameter bytes are the replicated bytes plus a TP-
   CHECK(total == sharded + (S.kv_heads < t ? kv * (t / S.kv_heads - 1) : 0));
 }
 
-TEMPLATE_TEST_CASE("with tensor parallelism, ZeRO-1 shards each rank's part of the optimizer state",
-                   "[tp][zero][memory]", LOOM_TP_SHAPES) {
+TEMPLATE_TEST_CASE("with tensor parallelism, ZeRO-1 and ZeRO-3 shard each rank's part", "[tp][zero][memory]",
+                   LOOM_TP_SHAPES) {
   constexpr models::GptShape S = TestType::shape;
-  // Per rank, f64 and AdamW: its part of the parameters and of the gradients (Psi_t elements each), and the state of
-  // its chunk of each bucket of its part: 8 Psi_t + 8 Psi_t + 16 Psi_r bytes.
-  using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
-  using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+  // Per rank, f64 and AdamW, after a step. ZeRO-1: its part of the parameters and of the gradients (Psi_t elements
+  // each), and the state of its chunk of each bucket of its part: 8 Psi_t + 8 Psi_t + 16 Psi_r bytes. ZeRO-3: its
+  // chunk of each unit of its part, for all three: 8 Psi_r + 8 Psi_r + 16 Psi_r.
   const auto d = data<S>();
-  std::vector<std::array<std::size_t, 3>> held(Cfg::world_size);
-  std::vector<std::int64_t> psi_t(Cfg::world_size), psi_r(Cfg::world_size);
-  run_local<Cfg>([&](auto& ctx) {
-    train::TrainerOptions o;
-    o.seed = 3, o.model = options();
-    o.step.batch = batch, o.step.seq = seq;
-    train::Trainer<Cfg, Model, optim::AdamW<double>> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
-      return optim::AdamW<double>(specs, n);
+  auto measure = [&]<class Cfg>(Cfg) {
+    using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+    std::vector<std::array<std::size_t, 3>> held(Cfg::world_size);
+    std::vector<std::int64_t> psi_t(Cfg::world_size), psi_r(Cfg::world_size);
+    run_local<Cfg>([&](auto& ctx) {
+      train::TrainerOptions o;
+      o.seed = 3, o.model = options();
+      o.step.batch = batch, o.step.seq = seq;
+      train::Trainer<Cfg, Model, optim::AdamW<double>> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
+        return optim::AdamW<double>(specs, n);
+      });
+      trainer.step(0);
+      const auto& m = rank_memory();
+      held[ctx.rank()] = {m.in_use(MemoryUse::parameters), m.in_use(MemoryUse::gradients),
+                          m.in_use(MemoryUse::optimizer_state)};
+      const auto& part = trainer.model();
+      psi_t[ctx.rank()] = part.params().numel();
+      const auto buckets = Cfg::zero_stage == 3
+                               ? train::unit_buckets_of(part)
+                               : train::make_buckets(part.specs(), sizeof(double), o.step.bucket_bytes);
+      psi_r[ctx.rank()] = test::shard_elements(buckets, 2, ctx.template coord<Axis::dp>());
     });
-    trainer.step(0);
-    const auto& m = rank_memory();
-    held[ctx.rank()] = {m.in_use(MemoryUse::parameters), m.in_use(MemoryUse::gradients),
-                        m.in_use(MemoryUse::optimizer_state)};
-    const auto& part = trainer.model();
-    psi_t[ctx.rank()] = part.params().numel();
-    psi_r[ctx.rank()] = test::shard_elements(train::make_buckets(part.specs(), sizeof(double), o.step.bucket_bytes), 2,
-                                       ctx.template coord<Axis::dp>());
-  });
-  for (int r = 0; r < Cfg::world_size; ++r) {
+    return std::tuple(held, psi_t, psi_r);
+  };
+  const auto [held, psi_t, psi_r] = measure(Parallel<TP<2>, DP<2, ZeRO<1>>>{});
+  const auto [held3, psi_t3, psi_r3] = measure(Parallel<TP<2>, DP<2, ZeRO<3>>>{});
+  for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
     CHECK(held[r][0] == 8 * static_cast<std::size_t>(psi_t[r]));
     CHECK(held[r][1] == 8 * static_cast<std::size_t>(psi_t[r]));
     CHECK(held[r][2] == 16 * static_cast<std::size_t>(psi_r[r]));
     CHECK(2 * psi_r[r] - psi_t[r] <= 1);  // half of the part, up to the rounding of its one bucket
+    CHECK(held3[r][0] == 8 * static_cast<std::size_t>(psi_r3[r]));
+    CHECK(held3[r][1] == 8 * static_cast<std::size_t>(psi_r3[r]));
+    CHECK(held3[r][2] == 16 * static_cast<std::size_t>(psi_r3[r]));
+    CHECK(psi_t3[r] == psi_t[r]);
+    CHECK(2 * psi_r3[r] - psi_t3[r] <= static_cast<std::int64_t>(S.layers + 2));  // a rounding per unit
   }
 }
 
