@@ -497,7 +497,7 @@ TEST_CASE("bf16 with fp32 master weights: updates below bf16's precision accumul
   CHECK(rounded == total);   // and each is its master weight rounded
 }
 
-TEST_CASE("bf16 gradients are averaged in fp32: the bytes the communicator sends", "[ddp][zero][bf16]") {
+TEST_CASE("bf16 gradients are averaged in fp32, or in bf16 with ReduceIn<bf16>: the bytes sent", "[ddp][zero][bf16]") {
   // DP 4, one step: the gradient collectives carry fp32 (4 bytes an element), the parameters' all-gathers bf16 (2);
   // the loss and the squared norm are doubles, the finite flag an int.
   constexpr int n = 4;
@@ -525,6 +525,48 @@ TEST_CASE("bf16 gradients are averaged in fp32: the bytes the communicator sends
   }
   for (const auto& t : bytes(Parallel<DP<n>>{})) CHECK(t.bytes == Approx(plain).epsilon(1e-12));
   for (const auto& t : bytes(Parallel<DP<n, ZeRO<1>>>{})) CHECK(t.bytes == Approx(zero).epsilon(1e-12));
+  // ReduceIn<bf16>: the gradients' collectives in bf16, half the bytes.
+  double plain_bf16 = scalar * (8 + 4), zero_bf16 = scalar * (8 + 8 + 4);
+  for (const auto& b : buckets) {
+    const double len = static_cast<double>(b.hi - b.lo), chunk = std::ceil(len / n);
+    plain_bf16 += 2 * 2 * len * (n - 1) / n;
+    zero_bf16 += 2 * chunk * (n - 1) + 2 * chunk * (n - 1);
+  }
+  for (const auto& t : bytes(Parallel<DP<n, ReduceIn<bf16>>>{}))
+    CHECK(t.bytes == Approx(plain_bf16).epsilon(1e-12));
+  for (const auto& t : bytes(Parallel<DP<n, ZeRO<1>, ReduceIn<bf16>>>{}))
+    CHECK(t.bytes == Approx(zero_bf16).epsilon(1e-12));
+  double zero3_bf16 = scalar * (8 + 8 + 4);  // every unit gathered twice and reduce-scattered once, all in bf16
+  for (const auto& u : train::unit_buckets_of(Bf16Model(3)))
+    zero3_bf16 += 3 * 2 * std::ceil(static_cast<double>(u.hi - u.lo) / n) * (n - 1);
+  for (const auto& t : bytes(Parallel<DP<n, ZeRO<3>, ReduceIn<bf16>>>{}))
+    CHECK(t.bytes == Approx(zero3_bf16).epsilon(1e-12));
+}
+
+TEST_CASE("bf16 gradients averaged in bf16 (ReduceIn<bf16>) train close to the fp32 average", "[ddp][zero][bf16]") {
+  // The same 5 steps averaged in fp32 and in bf16: the losses agree to bf16's precision, not exactly (the bf16 sums
+  // round), on every ZeRO stage.
+  const auto d = data();
+  auto losses = [&]<class Cfg>(Cfg) {
+    std::vector<double> l;
+    run_local<Cfg>([&](auto& ctx) {
+      train::Trainer<Cfg, Bf16Model, Bf16AdamW> trainer(ctx, d, trainer_options(), [](const auto& s, std::int64_t k) {
+        return Bf16AdamW(s, k);
+      });
+      for (int s = 0; s < 5; ++s) {
+        const double x = trainer.step(s).loss;
+        if (ctx.rank() == 0) l.push_back(x);
+      }
+    });
+    return l;
+  };
+  const auto wide = losses(Parallel<DP<4, ZeRO<1>>>{});
+  for (const auto& narrow : {losses(Parallel<DP<4, ReduceIn<bf16>>>{}),
+                             losses(Parallel<DP<4, ZeRO<1>, ReduceIn<bf16>>>{}),
+                             losses(Parallel<DP<4, ZeRO<3>, ReduceIn<bf16>>>{})}) {
+    REQUIRE(narrow.size() == wide.size());
+    for (std::size_t i = 0; i < wide.size(); ++i) CHECK(std::abs(narrow[i] - wide[i]) < 0.05);
+  }
 }
 
 TEST_CASE("under a cap that only sharded parameters fit, ZeRO-3 trains on 8 ranks and ZeRO-1 and plain DP refuse",

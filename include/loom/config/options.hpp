@@ -1,6 +1,6 @@
 // loom/config/options.hpp: the options an axis policy accepts (ZeRO<k>, KeepGathered, HybridShard<s>,
-// SequenceParallel, Interleaved<v>, pipeline schedules, Ring/Ulysses), the Option concept that recognises them, and
-// the Schedule and CpAlgorithm enums.
+// ReduceIn<T>, SequenceParallel, Interleaved<v>, pipeline schedules, Ring/Ulysses), the Option concept that
+// recognises them, and the Schedule and CpAlgorithm enums.
 #pragma once
 
 #include <concepts>
@@ -8,11 +8,14 @@
 #include <type_traits>
 
 #include <loom/config/axis.hpp>
+#include <loom/core/dtype.hpp>
 
 namespace loom {
 
 //! Options come in families; an axis takes at most one option of each family.
-enum class OptionFamily { zero, keep_gathered, shard, sequence_parallel, interleaved, schedule, cp_algorithm };
+enum class OptionFamily {
+  zero, keep_gathered, shard, reduce_in, sequence_parallel, interleaved, schedule, cp_algorithm
+};
 
 //! The pipeline schedule of a layout (Parallel<...>::schedule).
 enum class Schedule { gpipe, one_f_one_b, interleaved, zero_bubble_h1, zero_bubble_v };
@@ -47,6 +50,17 @@ struct HybridShard {
   static constexpr OptionFamily family = OptionFamily::shard;
   static constexpr Axis owner = Axis::dp;
   static constexpr int group = S;
+};
+
+//! DP option: the type gradients are averaged in over data parallelism. By default acc_t of the model's type (bf16
+//! gradients in fp32, from a widened copy); ReduceIn<bf16> averages bf16 gradients as they are, for half the bytes.
+template <class T>
+struct ReduceIn {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                "loom: ReduceIn<T> takes float (the default for bf16 gradients) or bf16");
+  static constexpr OptionFamily family = OptionFamily::reduce_in;
+  static constexpr Axis owner = Axis::dp;
+  using type = T;
 };
 
 //! TP option: activations outside the tensor-parallel regions are split along the sequence over the TP ranks.

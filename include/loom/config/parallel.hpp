@@ -200,6 +200,16 @@ struct Parallel {
                 "loom: HybridShard<s> needs s to divide the data-parallel size n (groups of s ranks, replicated n / s "
                 "times)");
 
+  //! Whether data parallelism averages gradients in their own type (ReduceIn<bf16>) rather than in acc_t of it.
+  static constexpr bool reduce_in_storage_type = [] {
+    using R = option_<OptionFamily::reduce_in, Axis::dp>;
+    if constexpr (std::is_void_v<R>) {
+      return false;
+    } else {
+      return std::is_same_v<typename R::type, bf16>;
+    }
+  }();
+
   //! Whether TP has SequenceParallel.
   static constexpr bool sequence_parallel = !std::is_void_v<option_<OptionFamily::sequence_parallel, Axis::tp>>;
 

@@ -116,9 +116,11 @@ class DataParallel {
  public:
   using T = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::value_type;
 
-  DataParallel(Model& model, Comm& comm, std::size_t bucket_bytes = std::size_t{25} << 20, bool overlap = true)
+  //! `in_storage`: average gradients in their own type even where it is narrower than acc_t (ReduceIn<bf16>).
+  DataParallel(Model& model, Comm& comm, std::size_t bucket_bytes = std::size_t{25} << 20, bool overlap = true,
+               bool in_storage = false)
       : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        overlap_(overlap) {}
+        overlap_(overlap), widen_(widened && !in_storage) {}
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -155,7 +157,7 @@ class DataParallel {
   //! Starts bucket b's average: in place, or over its widened copy.
   comm::Handle start(std::size_t b) {
     const auto g = grads_of(buckets_[b]);
-    if constexpr (!widened) {
+    if (!widen_) {
       return comm_.all_reduce_async(g, comm::Reduce::avg);
     } else {
       if (wide_.size() != buckets_.size()) wide_.resize(buckets_.size());
@@ -180,6 +182,7 @@ class DataParallel {
   Comm& comm_;
   std::vector<Bucket> buckets_;
   bool overlap_;
+  bool widen_;  //!< gradients are averaged in R, not T
   std::vector<Tensor<R>> wide_;  //!< per bucket, while it is averaged: its widened copy (bf16 in fp32)
 };
 

@@ -148,6 +148,7 @@ struct RankInLayout {
   int chunks;               //!< model chunks per pipeline stage
   Comm* shard = nullptr;     //!< with HybridShard<s>: this rank's group of s data-parallel ranks (ZeRO's group)
   Comm* replicas = nullptr;  //!< with HybridShard<s>: the ranks at this rank's place in the other groups
+  bool reduce_in_storage = false;  //!< ReduceIn<bf16>: gradients averaged in their own type, not widened
 };
 
 //! Rank ctx's RankInLayout in layout Cfg. The first call for a context is collective over its groups.
@@ -163,6 +164,7 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
                                                                      nullptr, ctx.template coord<Axis::dp>(),
                                                                      ctx.template coord<Axis::pp>(), stages,
                                                                      Cfg::schedule, chunks};
+  at.reduce_in_storage = Cfg::reduce_in_storage_type;
   if constexpr (Cfg::shard_group < Cfg::template size<Axis::dp>) {  // hybrid sharding: groups of s, replicated
     constexpr int s = Cfg::shard_group, dp = Cfg::template size<Axis::dp>;
     const auto all = Cfg::template group<Axis::dp>(ctx.rank());
@@ -201,7 +203,7 @@ class AnyRankInLayout {
         shard_(at.shard ? std::make_unique<comm::AnyComm>(*at.shard) : nullptr),
         replicas_(at.replicas ? std::make_unique<comm::AnyComm>(*at.replicas) : nullptr),
         at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_,   tied_.get(),  at.dp_rank,
-            at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get()} {}
+            at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get(), at.reduce_in_storage} {}
   AnyRankInLayout(const AnyRankInLayout&) = delete;
   AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
 
@@ -274,7 +276,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
             m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
-            at.keep_gathered, at.replicas));
+            at.keep_gathered, at.replicas, at.reduce_in_storage));
         if constexpr (requires { m.initialise(o.seed, 0, 0); })
           if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
             for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
@@ -294,7 +296,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     } else {
       if constexpr (Zero == 0)
         ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
-                                                            cfg.overlap);
+                                                            cfg.overlap, at.reduce_in_storage);
       in_.resize(1);
       tg_.resize(1);
     }
@@ -458,7 +460,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   //! Starts part c's average over data parallelism (after its last backward, on the pipeline's Comm resource).
   comm::Handle average(std::size_t c) {
     auto g = this->parts[c]->grads().span();
-    if constexpr (!widened) {
+    if (!widened || at_.reduce_in_storage) {
       return at_.dp->all_reduce_async(g, comm::Reduce::avg);
     } else {
       MemoryUseScope use(MemoryUse::communication);

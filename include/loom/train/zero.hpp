@@ -86,21 +86,21 @@ class ShardedDataParallel {
   using Buf = Tensor<T, Dev>;
   //! What gradients are reduced in: on the host acc_t<T> (bf16 gradients in fp32), else T.
   using R = std::conditional_t<kernels::is_host_v<Dev>, loom::acc_t<T>, T>;
-  using RBuf = Tensor<R, Dev>;
 
   //! ZeRO stage `stage` (1, 2 or 3) of `model` over the data-parallel group `comm`; under ZeRO-3 `keep` keeps
   //! gathered units until the step's last backward (KeepGathered). With hybrid sharding (HybridShard<s>) `comm` is the
   //! rank's group of s and `replicas` the ranks holding the same shard in the other groups, over which each
-  //! reduced shard is averaged. Under ZeRO-2 and 3 over several ranks the
+  //! reduced shard is averaged. `in_storage`: gradients reduced in their own type even where it is narrower than
+  //! acc_t (ReduceIn<bf16>). Under ZeRO-2 and 3 over several ranks the
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
-                      bool keep = false, Comm* replicas = nullptr)
+                      bool keep = false, Comm* replicas = nullptr, bool in_storage = false)
       : model_(model), comm_(comm),
         buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T), bucket_bytes)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
         overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), replicas_(replicas),
-        ledger_(rank_memory_ledger()),
-        held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0) {
+        ledger_(rank_memory_ledger()), held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0),
+        widen_(!std::is_same_v<R, T> && !in_storage) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
     if constexpr (UnitModel<Model>)
@@ -458,9 +458,19 @@ class ShardedDataParallel {
     return c;
   }
 
-  //! Whether bucket b is reduced from a copy: when n does not divide it (zero-padded), or when gradients are reduced
-  //! in a wider type than they are held in (bf16 in fp32).
-  bool staged(std::size_t b) const { return plan_.pieces[b].padded(comm_.size()) || !std::is_same_v<R, T>; }
+  //! What a reduction of gradients in type U receives into: the shard and, for each bucket reduced from a copy,
+  //! the copy.
+  template <class U>
+  struct Reduction {
+    Tensor<U, Dev> shard;                //!< this rank's averages, as plan().pieces lay them out
+    std::vector<Tensor<U, Dev>> staged;  //!< per bucket: empty, or its copy and the rank's chunk after it
+  };
+  //! Whether bucket b is reduced (in U) from a copy: when n does not divide it (zero-padded), or when U is wider
+  //! than the gradients (bf16 in fp32).
+  template <class U>
+  bool staged(std::size_t b) const {
+    return plan_.pieces[b].padded(comm_.size()) || !std::is_same_v<U, T>;
+  }
   //! dst = src converted, n elements (on the host; elsewhere R is T).
   template <class A, class B>
   void convert(const A* src, B* dst, std::size_t n) const {
@@ -468,7 +478,7 @@ class ShardedDataParallel {
     else std::transform(src, src + n, dst, [](A x) { return static_cast<B>(x); });
   }
 
-  //! Makes what the reduce-scatters receive into: the shard and, for each bucket reduced from a copy, the copy.
+  //! Makes what the reduce-scatters receive into.
   void begin() {
     if (shard_grads_) {
       std::lock_guard lock(mu_);
@@ -476,22 +486,29 @@ class ShardedDataParallel {
       reading_.clear();
       reading_.resize(plan_.pieces.size());
     }
+    if (widen_) begin_in(wide_);
+    else begin_in(own_);
+  }
+  template <class U>
+  void begin_in(Reduction<U>& red) {
     MemoryUseScope use(MemoryUse::communication);
-    shard_ = RBuf({std::max<std::int64_t>(1, plan_.numel)});
-    staged_.assign(plan_.pieces.size(), RBuf());
+    red.shard = Tensor<U, Dev>({std::max<std::int64_t>(1, plan_.numel)});
+    red.staged.assign(plan_.pieces.size(), Tensor<U, Dev>());
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
-      if (staged(b)) staged_[b] = RBuf({plan_.pieces[b].chunk * (comm_.size() + 1)});
+      if (staged<U>(b)) red.staged[b] = Tensor<U, Dev>({plan_.pieces[b].chunk * (comm_.size() + 1)});
   }
   //! Starts bucket b's reduce-scatter: into the shard, or within its staging copy (zero-padded, widened).
-  comm::Handle start(std::size_t b) {
+  comm::Handle start(std::size_t b) { return widen_ ? start_in(b, wide_) : start_in(b, own_); }
+  template <class U>
+  comm::Handle start_in(std::size_t b, Reduction<U>& red) {
     const auto& p = plan_.pieces[b];
     const int n = comm_.size();
     const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
     const T* g = model_.grads().data() + p.lo;
-    if constexpr (std::is_same_v<R, T>) {
+    if constexpr (std::is_same_v<U, T>) {
       if (!p.padded(n)) {
         comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
-                                                    std::span<T>(shard_.data() + p.at, chunk), comm::Reduce::avg);
+                                                    std::span<T>(red.shard.data() + p.at, chunk), comm::Reduce::avg);
         if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
           std::lock_guard lock(mu_);
           static_cast<void>(reading_[b] = h.share());
@@ -500,9 +517,9 @@ class ShardedDataParallel {
         return h;
       }
     }
-    R* s = staged_[b].data();
+    U* s = red.staged[b].data();
     convert(g, s, len);
-    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, R(0));
+    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, U(0));
     model_.ops().synchronize();
     if (shard_grads_) {
       std::lock_guard lock(mu_);
@@ -510,24 +527,35 @@ class ShardedDataParallel {
     }
     // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
-    return comm_.reduce_scatter_async(std::span<const R>(s, all), std::span<R>(s + all, chunk), comm::Reduce::avg);
+    return comm_.reduce_scatter_async(std::span<const U>(s, all), std::span<U>(s + all, chunk), comm::Reduce::avg);
   }
   //! Puts this rank's averages in place in the gradient buffer (with hybrid sharding, averaged over the replicas
   //! first; reduced in a wider type, rounded) and frees what they were received into.
   void finish() {
+    if (widen_) finish_in(wide_);
+    else finish_in(own_);
+    if (shard_grads_) {
+      std::lock_guard lock(mu_);
+      reading_.clear();
+      release();
+    }
+  }
+  template <class U>
+  void finish_in(Reduction<U>& red) {
     const int n = comm_.size();
     T* g = model_.grads().data();
-    auto averages = [&](std::size_t b) -> const R* {
+    auto averages = [&](std::size_t b) -> const U* {
       const auto& p = plan_.pieces[b];
-      return staged(b) ? staged_[b].data() + n * p.chunk : shard_.data() + p.at;
+      return staged<U>(b) ? red.staged[b].data() + n * p.chunk : red.shard.data() + p.at;
     };
     if (replicas_ && replicas_->size() > 1) {  // the shard, whole, then one average over the replicas
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
-        if (staged(b))
-          convert(averages(b), shard_.data() + plan_.pieces[b].at, static_cast<std::size_t>(plan_.pieces[b].own()));
+        if (staged<U>(b))
+          convert(averages(b), red.shard.data() + plan_.pieces[b].at, static_cast<std::size_t>(plan_.pieces[b].own()));
       model_.ops().synchronize();
-      replicas_->all_reduce(std::span<R>(shard_.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
-      for (const auto& p : plan_.pieces) convert(shard_.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
+      replicas_->all_reduce(std::span<U>(red.shard.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
+      for (const auto& p : plan_.pieces)
+        convert(red.shard.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
     } else {
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
         const auto& p = plan_.pieces[b];
@@ -535,13 +563,7 @@ class ShardedDataParallel {
       }
     }
     model_.ops().synchronize();
-    shard_ = RBuf();
-    staged_.clear();
-    if (shard_grads_) {
-      std::lock_guard lock(mu_);
-      reading_.clear();
-      release();
-    }
+    red = Reduction<U>();
   }
 
   Model& model_;
@@ -559,8 +581,9 @@ class ShardedDataParallel {
   std::mutex mu_;                      //!< guards started_ and reading_ (set on Comm, read on Compute)
   std::vector<char> started_;          //!< during a reduction, per bucket: its reduce-scatter has started
   std::vector<comm::Handle> reading_;  //!< during a reduction, per bucket: its reduce-scatter, while it reads it
-  RBuf shard_;                //!< during a reduction: this rank's averages, as plan().pieces lay them out
-  std::vector<RBuf> staged_;  //!< during a reduction, per bucket: empty, or its copy and the rank's chunk (staged)
+  bool widen_;           //!< gradients are reduce-scattered in R (wider than T), not in T (ReduceIn<bf16>)
+  Reduction<R> wide_;    //!< during a reduction in R
+  Reduction<T> own_;     //!< during a reduction in T
 };
 
 }  // namespace loom::train

@@ -32,6 +32,7 @@ struct RequireOptionOnItsAxis {
   static_assert(!option_is<O>(OptionFamily::keep_gathered) || P::axis == Axis::dp,
                 "loom: KeepGathered is an option of DP");
   static_assert(!option_is<O>(OptionFamily::shard) || P::axis == Axis::dp, "loom: HybridShard<s> is an option of DP");
+  static_assert(!option_is<O>(OptionFamily::reduce_in) || P::axis == Axis::dp, "loom: ReduceIn<T> is an option of DP");
   static_assert(!option_is<O>(OptionFamily::sequence_parallel) || P::axis == Axis::tp,
                 "loom: SequenceParallel is an option of TP");
   static_assert(!option_is<O>(OptionFamily::interleaved) || P::axis == Axis::pp,
@@ -48,6 +49,7 @@ struct RequireOneOptionPerFamily {
   static_assert(count_family<OptionFamily::zero, Os...> <= 1 &&
                     count_family<OptionFamily::keep_gathered, Os...> <= 1 &&
                     count_family<OptionFamily::shard, Os...> <= 1 &&
+                    count_family<OptionFamily::reduce_in, Os...> <= 1 &&
                     count_family<OptionFamily::sequence_parallel, Os...> <= 1 &&
                     count_family<OptionFamily::interleaved, Os...> <= 1 &&
                     count_family<OptionFamily::schedule, Os...> <= 1 &&

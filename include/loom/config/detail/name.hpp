@@ -51,6 +51,8 @@ constexpr void write_option(NameWriter& w) noexcept {
       w.put(O::stage);
     } else if constexpr (O::family == OptionFamily::keep_gathered) {
       w.put("keep");
+    } else if constexpr (O::family == OptionFamily::reduce_in) {
+      w.put(std::is_same_v<typename O::type, float> ? "reduce-f32" : "reduce-bf16");
     } else if constexpr (O::family == OptionFamily::shard) {
       w.put("shard");
       w.put(O::group);
