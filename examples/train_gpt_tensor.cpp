@@ -3,8 +3,9 @@
 
 namespace train_gpt {
 
-using Layouts = Family<Parallel<TP<2>>, Parallel<TP<4>>, Parallel<TP<8>>, Parallel<TP<2>, DP<2>>, Parallel<TP<2>, DP<4>>,
-                    Parallel<TP<4>, DP<2>>, Parallel<TP<2>, DP<2, ZeRO<1>>>>;
+using Layouts = Family<Parallel<TP<2>>, Parallel<TP<4>>, Parallel<TP<8>>, Parallel<TP<2>, DP<2>>,
+                       Parallel<TP<2>, DP<4>>, Parallel<TP<4>, DP<2>>, Parallel<TP<2>, DP<2, ZeRO<1>>>,
+                       Parallel<TP<2>, DP<4, ZeRO<1>>>>;
 
 std::optional<int> run_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv) {
   return Layouts::run(layout, a, argc, argv);
