@@ -22,6 +22,10 @@
 // (one exec::Graph per forward and per backward: gathers and reduce-scatters are issued on Comm in one order, the
 // same on every rank). With KeepGathered a unit stays gathered from its forward to the step's last backward. After
 // the optimizer step a rank holds its chunks alone: nothing is all-gathered until the next forward.
+//
+// Every stage reduces bf16 gradients in fp32 on the host (from a widened copy, rounded back into the rank's chunk),
+// or in bf16 with ReduceIn<bf16>; HybridShard<s> shards over a group of s ranks and averages each reduced shard
+// over the ranks that hold it in the other groups.
 #pragma once
 
 #include <loom/comm/communicator.hpp>
