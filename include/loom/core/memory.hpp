@@ -75,13 +75,6 @@ class MemoryLedger {
     auto& s = by_use_[static_cast<std::size_t>(u)];
     raise(s.peak, s.in_use.fetch_add(b) + b);
   }
-  //! Records b bytes for u again without the cap: memory a rank held, released in the ledger alone, that it takes
-  //! back before the allocation is freed (whose credit counts it).
-  void restore(MemoryUse u, std::size_t b) noexcept {
-    raise(total_peak_, total_.fetch_add(b) + b);
-    auto& s = by_use_[static_cast<std::size_t>(u)];
-    raise(s.peak, s.in_use.fetch_add(b) + b);
-  }
   void credit(MemoryUse u, std::size_t b) {
     total_.fetch_sub(b);
     by_use_[static_cast<std::size_t>(u)].in_use.fetch_sub(b);

@@ -63,6 +63,20 @@ struct BackwardChunk {
     return {done, m->ops().mark()};
   }
 };
+//! Records the parameters r a backward chunk completed (r.also too) in `complete`, and calls start(b) for every
+//! bucket from `next` on that is now complete, in bucket order, so that every rank issues the same collectives.
+template <class Model, class Range, class Start>
+comm::Handles start_completed(const Range& r, const std::vector<Bucket>& buckets, std::vector<char>& complete,
+                              std::size_t& next, Start& start) {
+  for (std::size_t p = r.first; p < r.last; ++p) complete[p] = 1;
+  if (r.also != Model::no_param) complete[r.also] = 1;
+  comm::Handles started;
+  while (next < buckets.size() &&
+         std::all_of(complete.begin() + static_cast<std::ptrdiff_t>(buckets[next].first),
+                     complete.begin() + static_cast<std::ptrdiff_t>(buckets[next].last), [](char x) { return x; }))
+    started.all.push_back(start(next++));
+  return started;
+}
 //! backward_by_buckets' stage 1, on Comm: starts the collective of every bucket that is now complete.
 template <class Model, class Start, class Chunk>
 struct StartReady {
@@ -72,16 +86,7 @@ struct StartReady {
   std::vector<char>* complete;
   std::size_t* next;
   comm::Handles operator()(exec::Pending<typename Chunk::Range, typename Chunk::Mark>& chunk) const {
-    const auto r = chunk.value;
-    for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
-    if (r.also != Model::no_param) (*complete)[r.also] = 1;
-    const auto& bs = *buckets;
-    comm::Handles started;
-    while (*next < bs.size() &&
-           std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
-                       complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last), [](char x) { return x; }))
-      started.all.push_back((*start)((*next)++));
-    return started;
+    return start_completed<Model>(chunk.value, *buckets, *complete, *next, *start);
   }
 };
 //! Nothing to do before a chunk.
@@ -110,6 +115,43 @@ void backward_by_buckets(Model& model, const std::vector<Bucket>& buckets, int s
              " gradient buckets were never complete");
 }
 
+//! Averages over a group of gradient buffers, each started as soon as it is complete and all finished together: in
+//! place, or, for bf16 gradients on the host, in fp32 from a widened copy (a communication buffer) that finish()
+//! rounds back; in their own type with `in_storage` (ReduceIn<bf16>). Starts come from one thread at a time (the
+//! Comm resource, or the rank's).
+template <class T, class Dev>
+class GradientAverage {
+ public:
+  //! What gradients are averaged in: on the host acc_t<T>, else T.
+  using R = std::conditional_t<std::is_same_v<Dev, Host>, loom::acc_t<T>, T>;
+
+  explicit GradientAverage(bool in_storage) : widen_(!std::is_same_v<R, T> && !in_storage) {}
+
+  //! Starts the average of g over comm.
+  template <class Comm>
+  comm::Handle start(Comm& comm, std::span<T> g) {
+    if constexpr (!std::is_same_v<R, T>) {
+      if (widen_) {
+        MemoryUseScope use(MemoryUse::communication);
+        auto& [to, copy] = wide_.emplace_back(g, Tensor<R>({static_cast<std::int64_t>(g.size())}));
+        std::transform(to.begin(), to.end(), copy.data(), [](T x) { return static_cast<R>(x); });
+        return comm.all_reduce_async(std::span<R>(copy.data(), to.size()), comm::Reduce::avg);
+      }
+    }
+    return comm.all_reduce_async(g, comm::Reduce::avg);
+  }
+  //! Once every average started has completed: the widened ones rounded back into their buffers.
+  void finish() {
+    for (auto& [to, copy] : wide_)
+      std::transform(copy.data(), copy.data() + to.size(), to.begin(), [](R x) { return static_cast<T>(x); });
+    wide_.clear();
+  }
+
+ private:
+  bool widen_;
+  std::vector<std::pair<std::span<T>, Tensor<R>>> wide_;  //!< while averaged: each widened buffer and its copy
+};
+
 //! Averages a model's gradients over a data-parallel communicator, bucket by bucket, overlapped with backward.
 template <class Model, class Comm>
 class DataParallel {
@@ -120,7 +162,7 @@ class DataParallel {
   DataParallel(Model& model, Comm& comm, std::size_t bucket_bytes = std::size_t{25} << 20, bool overlap = true,
                bool in_storage = false)
       : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        overlap_(overlap), widen_(widened && !in_storage) {}
+        overlap_(overlap), average_(in_storage) {}
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -132,18 +174,15 @@ class DataParallel {
       model_.ops().synchronize();
       if (comm_.size() > 1)
         for (std::size_t b = 0; b < buckets_.size(); ++b) start(b).wait();
-      narrow_all();
+      average_.finish();
       return;
     }
     backward_by_buckets(model_, buckets_, slot, scale, AllReduceBucket{this});
-    narrow_all();
+    average_.finish();
   }
 
  private:
-  //! What gradients are averaged in: on the host acc_t<T> (bf16 gradients in fp32, from a widened copy), else T.
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
-  using R = std::conditional_t<std::is_same_v<Dev, Host>, loom::acc_t<T>, T>;
-  static constexpr bool widened = !std::is_same_v<R, T>;
 
   struct AllReduceBucket {
     static constexpr const char* name = "all_reduce buckets";
@@ -154,36 +193,13 @@ class DataParallel {
   std::span<T> grads_of(const Bucket& b) {
     return {model_.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)};
   }
-  //! Starts bucket b's average: in place, or over its widened copy.
-  comm::Handle start(std::size_t b) {
-    const auto g = grads_of(buckets_[b]);
-    if (!widen_) {
-      return comm_.all_reduce_async(g, comm::Reduce::avg);
-    } else {
-      if (wide_.size() != buckets_.size()) wide_.resize(buckets_.size());
-      MemoryUseScope use(MemoryUse::communication);
-      wide_[b] = Tensor<R>({static_cast<std::int64_t>(g.size())});
-      std::transform(g.begin(), g.end(), wide_[b].data(), [](T x) { return static_cast<R>(x); });
-      return comm_.all_reduce_async(std::span<R>(wide_[b].data(), g.size()), comm::Reduce::avg);
-    }
-  }
-  //! After the averages: widened ones rounded back into the gradients.
-  void narrow_all() {
-    if constexpr (widened) {
-      for (std::size_t b = 0; b < wide_.size(); ++b) {
-        const auto g = grads_of(buckets_[b]);
-        std::transform(wide_[b].data(), wide_[b].data() + g.size(), g.begin(), [](R x) { return static_cast<T>(x); });
-        wide_[b] = {};
-      }
-    }
-  }
+  comm::Handle start(std::size_t b) { return average_.start(comm_, grads_of(buckets_[b])); }
 
   Model& model_;
   Comm& comm_;
   std::vector<Bucket> buckets_;
   bool overlap_;
-  bool widen_;  //!< gradients are averaged in R, not T
-  std::vector<Tensor<R>> wide_;  //!< per bucket, while it is averaged: its widened copy (bf16 in fp32)
+  GradientAverage<T, Dev> average_;
 };
 
 }  // namespace loom::train

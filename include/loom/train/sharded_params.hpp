@@ -27,8 +27,8 @@ class ShardedParameters {
 
   //! The parameters of `model` over the data-parallel group `comm`, sharded as plan's pieces (the part's units, in
   //! the order of unit_of's indices: unit_of[p] is parameter p's piece).
-  ShardedParameters(Model& model, Comm& comm, const ShardPlan& plan, std::vector<std::size_t> unit_of)
-      : model_(model), comm_(comm), plan_(plan), unit_of_(std::move(unit_of)), ledger_(rank_memory_ledger()),
+  ShardedParameters(Model& model, Comm& comm, const ShardPlan& plan, const std::vector<std::size_t>& unit_of)
+      : model_(model), comm_(comm), plan_(plan), unit_of_(unit_of), ledger_(rank_memory_ledger()),
         gathered_(plan.pieces.size(), 0), send_(plan.pieces.size()), staged_(plan.pieces.size()) {
     ledger_->debit(MemoryUse::parameters, own_bytes());
     for (std::size_t u = 0; u < plan_.pieces.size(); ++u) release_pages(u);
@@ -116,22 +116,6 @@ class ShardedParameters {
     for (std::size_t u = 0; u < units(); ++u) release(u);
   }
 
-  //! The part's whole parameters in host memory, gathered from every rank's chunks without holding them (a
-  //! collective over the data-parallel group).
-  std::vector<T> whole() {
-    const int n = comm_.size();
-    std::vector<T> out(static_cast<std::size_t>(model_.params().numel()), T(0)), own, all;
-    const T* params = model_.params().data();
-    for (const auto& p : plan_.pieces) {
-      own.assign(static_cast<std::size_t>(p.chunk), T(0));
-      std::copy_n(params + p.own_lo, p.own(), own.begin());
-      all.resize(own.size() * static_cast<std::size_t>(n));
-      comm_.all_gather(own, all);
-      std::copy_n(all.begin(), p.hi - p.lo, out.begin() + p.lo);
-    }
-    return out;
-  }
-
  private:
   std::size_t own_bytes() const {
     std::size_t b = 0;
@@ -154,7 +138,7 @@ class ShardedParameters {
   Model& model_;
   Comm& comm_;
   const ShardPlan& plan_;
-  std::vector<std::size_t> unit_of_;
+  const std::vector<std::size_t>& unit_of_;  //!< the owner's, as plan_
   std::shared_ptr<MemoryLedger> ledger_;
   std::vector<char> gathered_;  //!< per unit: held whole (set on Comm, cleared on Compute, after it was read)
   std::vector<Buf> send_, staged_;  //!< per unit being gathered: the chunk sent, and a padded unit's whole copy

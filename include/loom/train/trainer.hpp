@@ -250,7 +250,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   template <class MakeOptimizer>
   TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& o, int layers,
               const std::function<std::unique_ptr<Model>(models::GptPart)>& make_part, MakeOptimizer&& make_optimizer)
-      : at_(at), data_(data), cfg_(o.step) {
+      : at_(at), data_(data), cfg_(o.step), average_(at.reduce_in_storage) {
     const StepConfig& cfg = o.step;
     const int dp = at.dp->size();
     LOOM_CHECK(cfg.micro_batches >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ",
@@ -290,7 +290,6 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       for (auto& p : this->parts) raw.push_back(p.get());
       exec_ = std::make_unique<pipeline::Executor<Model, Comm>>(raw, *at.pp, at.schedule);
       exec_->prepare(table_);  // verified here, once, not at every step
-      wide_.resize(this->parts.size());
       in_.resize(std::size_t(cfg.micro_batches));
       tg_.resize(in_.size());
     } else {
@@ -439,35 +438,16 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
           return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
                                             micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
         },
-        [&](int chunk) { return dp.size() > 1 && Zero == 0 ? average(std::size_t(chunk)) : comm::Handle(); });
-    if constexpr (widened)  // the averages, rounded back
-      for (std::size_t c = 0; c < wide_.size(); ++c)
-        if (wide_[c].numel() > 0 && wide_[c].data() != nullptr) {
-          auto g = parts[c]->grads().span();
-          std::transform(wide_[c].data(), wide_[c].data() + g.size(), g.begin(), [](R x) { return T(x); });
-          wide_[c] = Tensor<R>();
-        }
+        [&](int chunk) {
+          return dp.size() > 1 && Zero == 0 ? average_.start(dp, parts[std::size_t(chunk)]->grads().span())
+                                            : comm::Handle();
+        });
+    average_.finish();
     reduce_tied();
     // Under ZeRO the tied table's two holders sum their gradients first: their shards do not line up.
     if constexpr (Zero > 0)
       for (auto& z : zero_) z->reduce_all(), z->release_units();
     return loss;
-  }
-
-  //! What data parallelism averages gradients in: on the host acc_t<T> (bf16 in fp32, from a widened copy), else T.
-  using R = std::conditional_t<kernels::is_host_v<typename Model::device>, acc, T>;
-  static constexpr bool widened = !std::is_same_v<R, T>;
-  //! Starts part c's average over data parallelism (after its last backward, on the pipeline's Comm resource).
-  comm::Handle average(std::size_t c) {
-    auto g = this->parts[c]->grads().span();
-    if (!widened || at_.reduce_in_storage) {
-      return at_.dp->all_reduce_async(g, comm::Reduce::avg);
-    } else {
-      MemoryUseScope use(MemoryUse::communication);
-      wide_[c] = Tensor<R>({static_cast<std::int64_t>(g.size())});
-      std::transform(g.begin(), g.end(), wide_[c].data(), [](T x) { return R(x); });
-      return at_.dp->all_reduce_async(std::span<R>(wide_[c].data(), g.size()), comm::Reduce::avg);
-    }
   }
 
   //! Sums the tied table's gradient over its two holders: two chunks of one stage, or the first and last stages.
@@ -494,7 +474,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
   std::unique_ptr<DataParallel<Model, Comm>> ddp_;
   std::vector<std::unique_ptr<ShardedDataParallel<Model, Comm>>> zero_;  //!< per part, under ZeRO
-  std::vector<Tensor<R>> wide_;  //!< per part, while its gradients are averaged in a wider type: their copy
+  GradientAverage<T, typename Model::device> average_;  //!< each part's, after the schedule's last backward of it
   std::vector<std::vector<std::int32_t>> in_, tg_;
 };
 

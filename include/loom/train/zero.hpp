@@ -238,11 +238,14 @@ class ShardedDataParallel {
   //! The part's whole parameters in host memory; under ZeRO-3 gathered from every rank's chunks (a collective over
   //! the data-parallel group), else a copy.
   std::vector<T> whole_params() {
-    if (params_) return params_->whole();
+    if (params_) {  // every rank's chunks, gathered as a shard is
+      std::vector<T> own(static_cast<std::size_t>(std::max<std::int64_t>(1, plan_.numel)));
+      take_shard(model_.params().data(), own.data());
+      return gather_shard(own.data());
+    }
     const auto& w = model_.params();
     std::vector<T> out(static_cast<std::size_t>(w.numel()));
-    if constexpr (kernels::is_host_v<Dev>) std::copy_n(w.data(), out.size(), out.begin());
-    else model_.ops().to_host(w.data(), out.data(), out.size());
+    model_.ops().to_host(w.data(), out.data(), out.size());
     return out;
   }
 
@@ -393,16 +396,8 @@ class ShardedDataParallel {
     std::vector<char>* complete;
     std::size_t* next;
     comm::Handles operator()(std::size_t c) const {
-      const auto r = (*done)[c];
-      for (std::size_t p = r.first; p < r.last; ++p) (*complete)[p] = 1;
-      if (r.also != Model::no_param) (*complete)[r.also] = 1;
-      const auto& bs = self->buckets_;
-      comm::Handles started;
-      while (*next < bs.size() && std::all_of(complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].first),
-                                              complete->begin() + static_cast<std::ptrdiff_t>(bs[*next].last),
-                                              [](char x) { return x; }))
-        started.all.push_back(self->start((*next)++));
-      return started;
+      auto start = [this](std::size_t b) { return self->start(b); };
+      return detail::start_completed<Model>((*done)[c], self->buckets_, *complete, *next, start);
     }
   };
 
