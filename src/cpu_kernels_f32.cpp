@@ -2,6 +2,7 @@
 // parallel), for programs built with LOOM_EXTERN_KERNELS, which declares them extern in <loom/kernels/cpu/ops.hpp>.
 // Linking loom::cpu_kernels sets that definition; loom stays header-only without it.
 #undef LOOM_EXTERN_KERNELS
+#define LOOM_BUILDING_KERNELS 1
 #include <loom/kernels/cpu/instantiate.hpp>
 #include <loom/kernels/cpu/ops.hpp>
 
