@@ -215,6 +215,17 @@ class AnyRankInLayout {
   RankInLayout<comm::AnyComm, Pipelined, Zero> at_;
 };
 
+//! What a rank holds of a model part's flat buffers, as ranges [lo, hi) of the part's flat parameters, each with
+//! `at`, where element lo sits in the optimizer's state (the parameters sit at lo in the part's buffer): `params`
+//! and `state`, what it holds (under ZeRO its shard, else all); `written`, what it writes to a sharded checkpoint
+//! (its shard once over the replicas, or an even share of what data parallelism replicates).
+struct Holding {
+  struct Range {
+    std::int64_t lo, hi, at;
+  };
+  std::vector<Range> params, state, written;
+};
+
 namespace detail {
 
 //! A trainer as Trainer<Cfg, ...> holds it, whatever its backend.
@@ -235,6 +246,12 @@ class TrainerBase {
   //! data parallelism); and the shard of a buffer so laid out.
   virtual std::vector<acc> gather_state(std::size_t c, const acc* shard) = 0;
   virtual void take_state(std::size_t c, const acc* whole, acc* shard) const = 0;
+  //! What this rank holds of part c, for sharded checkpoints (Holding).
+  virtual Holding holding(std::size_t c) const = 0;
+  //! The world's size and this rank's place in it; a barrier over the world.
+  virtual int world_rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual void barrier() = 0;
   std::vector<std::unique_ptr<Model>> parts;
   std::vector<Optimizer> optimizers;
 };
@@ -370,6 +387,32 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     if constexpr (Zero > 0) zero_[c]->take_shard(whole, shard);
     else std::copy_n(whole, this->parts[c]->params().numel(), shard);
   }
+
+  Holding holding(std::size_t c) const override {
+    const std::int64_t n = this->parts[c]->params().numel();
+    Holding h;
+    if constexpr (Zero > 0) {
+      const auto& pieces = zero_[c]->plan().pieces;
+      const bool first_replica = !at_.replicas || at_.replicas->rank() == 0;
+      for (const auto& p : pieces) {
+        if (p.own() == 0) continue;
+        h.state.push_back({p.own_lo, p.own_hi, p.at});
+        if (first_replica) h.written.push_back({p.own_lo, p.own_hi, p.at});
+      }
+      if (Zero >= 3 && (at_.shard ? at_.shard : at_.dp)->size() > 1) h.params = h.state;
+      else h.params.push_back({0, n, 0});
+    } else {  // replicated over data parallelism: each rank writes an even share
+      const int d = at_.dp->size(), r = at_.dp_rank;
+      h.state.push_back({0, n, 0});
+      h.params = h.state;
+      const std::int64_t lo = n * r / d, hi = n * (r + 1) / d;
+      if (lo < hi) h.written.push_back({lo, hi, lo});
+    }
+    return h;
+  }
+  int world_rank() const override { return at_.world->rank(); }
+  int world_size() const override { return at_.world->size(); }
+  void barrier() override { at_.world->barrier(); }
 
   const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
 
@@ -539,6 +582,12 @@ class TrainerOf {
   //! Sets optimizer state of part c from a buffer laid out as the part's flat parameters (this rank's shard of it
   //! under ZeRO).
   void set_state_of_part(std::size_t c, const acc* whole, acc* state) const { core_->take_state(c, whole, state); }
+  //! What this rank holds of part c and writes of it to a sharded checkpoint (no communication).
+  Holding holding(std::size_t c) const { return core_->holding(c); }
+  //! This rank in the world, the world's size, and a barrier over it.
+  int world_rank() const { return core_->world_rank(); }
+  int world_size() const { return core_->world_size(); }
+  void barrier() { core_->barrier(); }
 
   //! A buffer laid out as the whole model's parameters, put together from every stage's parts: gather(c) gives part
   //! c's (zero where it holds nothing); the tied table is taken from the part with the embedding. A collective over

@@ -1,0 +1,271 @@
+// Sharded checkpoints: boxes cut and meet as their elements say; a run resumed from a checkpoint on another layout
+// (tensor, pipeline, data parallelism, ZeRO, one rank) gives the losses of the uninterrupted run (f64, 1e-9), the
+// same layout bit for bit (f32 too); nothing is written twice; bad checkpoints are refused with the file and tensor.
+#include "catch.hpp"
+
+#include <loom/checkpoint/sharded.hpp>
+#include <loom/comm/local.hpp>
+#include <loom/config.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+
+#include "temp_dir.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+using namespace loom;
+using loom::checkpoint::Box;
+
+namespace {
+
+// -- boxes ---------------------------------------------------------------------------------------------------------
+
+//! Every element of box b as global coordinates, in b's row-major order.
+std::vector<std::vector<std::int64_t>> elements(const Box& b) {
+  std::vector<std::vector<std::int64_t>> out;
+  checkpoint::for_each_row(b, [&](const std::vector<std::int64_t>& at, std::int64_t len) {
+    for (std::int64_t i = 0; i < len; ++i) {
+      auto e = at;
+      e.back() += i;
+      out.push_back(e);
+    }
+  });
+  if (b.sizes.empty()) out.assign(1, {});
+  return out;
+}
+
+TEST_CASE("a window of a box is cut into boxes that hold exactly its elements, in order", "[checkpoint][sharded]") {
+  for (const Box& b : {Box{{2, 1, 0}, {3, 4, 5}}, Box{{0, 3}, {4, 6}}, Box{{7}, {9}}}) {
+    const auto all = elements(b);
+    REQUIRE(all.size() == static_cast<std::size_t>(b.numel()));
+    for (std::int64_t lo = 0; lo <= b.numel(); ++lo)
+      for (std::int64_t hi = lo; hi <= b.numel(); ++hi) {
+        std::vector<std::vector<std::int64_t>> got;
+        int boxes = 0;
+        checkpoint::split_window(b, lo, hi, [&](const Box& part) {
+          ++boxes;
+          for (auto& e : elements(part)) got.push_back(e);
+        });
+        INFO("window [" << lo << ", " << hi << ") of a box of " << b.numel());
+        REQUIRE(got == std::vector<std::vector<std::int64_t>>(all.begin() + lo, all.begin() + hi));
+        CHECK(boxes <= 2 * static_cast<int>(b.sizes.size()) - 1);
+      }
+  }
+}
+
+TEST_CASE("boxes meet in the elements both hold", "[checkpoint][sharded]") {
+  const Box a{{0, 2}, {4, 5}}, b{{3, 0}, {3, 4}};
+  const auto m = checkpoint::intersect(a, b);
+  REQUIRE(m);
+  CHECK(*m == Box{{3, 2}, {1, 2}});
+  CHECK_FALSE(checkpoint::intersect(a, Box{{4, 0}, {1, 9}}));
+  CHECK(checkpoint::flat_in(a, {1, 3}) == 6);
+}
+
+TEST_CASE("a layout's runs as boxes place every element where the layout puts it", "[checkpoint][sharded]") {
+  // A [6, 8] weight split by columns into q, k, v segments over 2 ranks, and a replicated [5] bias.
+  for (int r = 0; r < 2; ++r) {
+    const Layout l({6, 8}, 1, {{1, 2}, {2, 3}}, 2, r);  // 1 unit of 2 columns (shared), 2 units of 3 (split)
+    std::vector<double> global(48), local(static_cast<std::size_t>(l.local_numel()), -1);
+    for (std::size_t i = 0; i < global.size(); ++i) global[i] = double(i);
+    l.scatter(global.data(), local.data());
+    for (const auto& run : checkpoint::run_boxes(l)) {
+      std::int64_t k = 0;
+      for (const auto& e : elements(run.box)) {
+        CHECK(local[std::size_t(run.local(k))] == global[std::size_t(e[0] * 8 + e[1])]);
+        ++k;
+      }
+      CHECK(checkpoint::first_holder(l, run, r) == (run.replicas == 1 || r == 0));
+    }
+  }
+}
+
+// -- resuming on another layout ------------------------------------------------------------------------------------
+
+constexpr models::GptShape shape{8, 4, 2, 16, 37, 8};
+constexpr int batch = 16, seq = 8;
+
+train::Batches data() {
+  std::vector<std::int32_t> tok(3000);
+  for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 3 * i) % shape.vocab);
+  return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 11);
+}
+
+template <class T>
+train::TrainerOptions options(int micro_batches) {
+  train::TrainerOptions o;
+  o.seed = 3;
+  o.model.dropout = 0.1f;
+  o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
+  o.step.grad_clip = 1.0;
+  return o;
+}
+
+//! Trains steps [from, to) on layout Cfg, first loading `load` (a checkpoint root) when given and saving into `save`
+//! at the end when given; the losses.
+template <class Cfg, class T = double>
+std::vector<double> train_on(int from, int to, int micro_batches, const std::string& load, const std::string& save) {
+  using Model = models::Gpt<shape, T, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<T>;
+  const auto d = data();
+  std::vector<double> losses;
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options<T>(micro_batches), [](const auto& specs, auto n) {
+      return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+    });
+    if (!load.empty()) {
+      const int next = checkpoint::load_sharded(load, trainer);
+      if (next != from) throw Error(loom::detail::cat("the checkpoint continues at step ", next, ", not ", from));
+    }
+    for (int s = from; s < to; ++s) {
+      const auto r = trainer.step(s);
+      if (ctx.rank() == 0) losses.push_back(r.loss);
+    }
+    if (!save.empty()) checkpoint::save_sharded(save, trainer, to, "test", {{"seed", 3}});
+  });
+  return losses;
+}
+
+//! 10 steps on X straight, against 5 on X, a checkpoint, and 5 on Y resumed from it.
+template <class X, class Y, class T = double>
+void check_resume(int micro_x, int micro_y, double tolerance) {
+  test::TempDir dir("sharded");
+  const auto straight = train_on<X, T>(0, 10, micro_x, "", "");
+  const auto first = train_on<X, T>(0, 5, micro_x, "", dir.path().string());
+  const auto resumed = train_on<Y, T>(5, 10, micro_y, dir.path().string(), "");
+  REQUIRE(straight.size() == 10);
+  REQUIRE(resumed.size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    INFO("step " << i << ": " << first[std::size_t(i)] << " against " << straight[std::size_t(i)]);
+    CHECK(first[std::size_t(i)] == straight[std::size_t(i)]);
+  }
+  for (int i = 0; i < 5; ++i) {
+    const double a = straight[std::size_t(i + 5)], b = resumed[std::size_t(i)];
+    INFO("step " << i + 5 << ": straight " << a << ", resumed " << b);
+    if (tolerance == 0) CHECK(a == b);
+    else CHECK(std::abs(a - b) <= tolerance * std::abs(a));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("resuming on the same layout repeats the run bit for bit, f32 and f64", "[checkpoint][sharded]") {
+  using L = Parallel<TP<2>, PP<2>, DP<2>>;
+  check_resume<L, L, float>(2, 2, 0);
+  using Z = Parallel<DP<4, ZeRO<3>>>;
+  check_resume<Z, Z, double>(1, 1, 0);
+}
+
+TEST_CASE("tp2 pp2 dp2 resumes as dp4 with ZeRO-3", "[checkpoint][sharded]") {
+  check_resume<Parallel<TP<2>, PP<2>, DP<2>>, Parallel<DP<4, ZeRO<3>>>>(2, 1, 1e-9);
+}
+
+TEST_CASE("dp8 with ZeRO-1 resumes as tp4 dp2", "[checkpoint][sharded]") {
+  check_resume<Parallel<DP<8, ZeRO<1>>>, Parallel<TP<4>, DP<2>>>(1, 1, 1e-9);
+}
+
+TEST_CASE("pp4 with the ZB-V schedule resumes on one rank", "[checkpoint][sharded]") {
+  check_resume<Parallel<PP<4, ZeroBubbleV>>, Parallel<>>(4, 1, 1e-9);
+}
+
+TEST_CASE("one rank resumes as tp2 with sequence parallelism, pp2, dp2", "[checkpoint][sharded]") {
+  check_resume<Parallel<>, Parallel<TP<2, SequenceParallel>, PP<2>, DP<2>>>(1, 2, 1e-9);
+}
+
+TEST_CASE("a checkpoint holds each element once and its files hold nothing else", "[checkpoint][sharded]") {
+  test::TempDir dir("sharded");
+  using L = Parallel<TP<2>, PP<2>, DP<2, ZeRO<1>>>;
+  train_on<L>(0, 1, 2, "", dir.path().string());
+  const auto ckpt = checkpoint::resolve_checkpoint(dir.path().string());
+  const auto ix = checkpoint::read_index(ckpt);
+  CHECK(ix.next_step == 1);
+  CHECK(ix.optimizer == "adamw");
+  // Parameters, two moments: the whole model's elements three times, in f64.
+  std::uint64_t elements = 0, bytes = 0;
+  for (const auto& [name, t] : ix.tensors) {
+    std::int64_t n = 0;
+    for (const auto& c : t.chunks) n += c.box.numel();
+    INFO(name);
+    CHECK(n == numel_of(t.shape));  // with no chunk twice: the chunks hold the tensor exactly
+    elements += static_cast<std::uint64_t>(n);
+  }
+  CHECK(elements == 3 * static_cast<std::uint64_t>(shape.params()));
+  std::uint64_t data = 0;
+  for (const auto& [file, size] : ix.files) {
+    bytes += size;
+    CHECK(std::filesystem::file_size(ckpt + "/" + file) == size);
+  }
+  for (const auto& [name, t] : ix.tensors)
+    for (const auto& c : t.chunks) data += c.bytes;
+  CHECK(data == elements * sizeof(double));
+  CHECK(bytes > data);  // and the files' safetensors headers
+  CHECK(bytes < data + 8 * 64 * 1024);
+}
+
+TEST_CASE("a corrupt, truncated or missing shard, a newer format, another model are refused", "[checkpoint][sharded]") {
+  test::TempDir dir("sharded");
+  using L = Parallel<TP<2>, DP<2>>;
+  train_on<L>(0, 1, 1, "", dir.path().string());
+  const auto ckpt = checkpoint::resolve_checkpoint(dir.path().string());
+  const std::string file = ckpt + "/rank-00001.safetensors";
+  auto load_error = [&] {
+    try {
+      train_on<L>(1, 1, 1, dir.path().string(), "");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  REQUIRE(load_error().empty());
+  const auto original = [&] {
+    std::ifstream f(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }();
+  auto write = [&](const std::string& bytes) {
+    std::ofstream f(file, std::ios::binary | std::ios::trunc);
+    f << bytes;
+  };
+  {  // one flipped byte in the last tensor's data
+    std::string bad = original;
+    bad[bad.size() - 3] ^= 0x5a;
+    write(bad);
+    const auto e = load_error();
+    CHECK_THAT(e, Catch::Contains("rank-00001.safetensors") && Catch::Contains("is corrupt") &&
+                      Catch::Contains("tensor '"));
+  }
+  {
+    write(original.substr(0, original.size() - 100));
+    const auto e = load_error();
+    CHECK_THAT(e, Catch::Contains("rank-00001.safetensors is truncated") && Catch::Contains("tensor '"));
+  }
+  {
+    std::filesystem::remove(file);
+    const auto e = load_error();
+    CHECK_THAT(e, Catch::Contains("rank-00001.safetensors is missing"));
+  }
+  write(original);
+  REQUIRE(load_error().empty());
+  const std::string index = ckpt + "/index.json";
+  const auto text = [&] {
+    std::ifstream f(index);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }();
+  auto edit = [&](auto&& change) {
+    auto j = nlohmann::json::parse(text);
+    change(j);
+    std::ofstream(index, std::ios::trunc) << j.dump();
+  };
+  edit([](auto& j) { j["version"] = 7; });
+  CHECK_THAT(load_error(), Catch::Contains("format version 7, newer than this build reads (1)"));
+  edit([](auto& j) { j["model"]["n_embd"] = 32; });
+  CHECK_THAT(load_error(), Catch::Contains("holds a model with n_embd = 32, this run's has 16"));
+  edit([](auto& j) {  // a chunk said to lie beyond the end of its file
+    auto& c = j["tensors"]["wpe.weight"]["chunks"][0];
+    c["offset"] = j["files"][c["file"].template get<std::string>()].template get<std::uint64_t>() - 8;
+  });
+  CHECK_THAT(load_error(), Catch::Contains("tensor 'wpe.weight'") && Catch::Contains("which holds"));
+  edit([](auto& j) { j["tensors"]["ln_f.bias"]["chunks"] = nlohmann::json::array(); });
+  CHECK_THAT(load_error(), Catch::Contains("tensor 'ln_f.bias' holds 0 of the 16 elements"));
+}
