@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <loom/checkpoint/sharded.hpp>
+#include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
@@ -268,4 +269,47 @@ TEST_CASE("a corrupt, truncated or missing shard, a newer format, another model 
   CHECK_THAT(load_error(), Catch::Contains("tensor 'wpe.weight'") && Catch::Contains("which holds"));
   edit([](auto& j) { j["tensors"]["ln_f.bias"]["chunks"] = nlohmann::json::array(); });
   CHECK_THAT(load_error(), Catch::Contains("tensor 'ln_f.bias' holds 0 of the 16 elements"));
+}
+
+TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model writes, and verifies", "[checkpoint][sharded]") {
+  test::TempDir dir("sharded");
+  using Cfg = Parallel<TP<2>, PP<2>, DP<2, ZeRO<1>>>;
+  using Model = models::Gpt<shape, double, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<double>;
+  const auto d = data();
+  const std::string sharded = dir / "sharded", whole = dir / "whole", hf = dir / "hf";
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options<double>(2), [](const auto& specs, auto n) {
+      return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+    });
+    trainer.step(0);
+    checkpoint::save_sharded(sharded, trainer, 1, "tp2.pp2.dp2.zero1");
+    checkpoint::save_training(whole, trainer, 1, ctx.rank() == 0);
+  });
+  checkpoint::export_hf(sharded, hf);
+  const auto want = checkpoint::read_safetensors(whole + "/model.safetensors");
+  const auto got = checkpoint::read_safetensors(hf + "/model.safetensors");
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, t] : want) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(got.at(name).shape == t.shape);
+    CHECK(got.at(name).bytes == t.bytes);
+  }
+  CHECK(std::filesystem::exists(hf + "/config.json"));
+  const auto ckpt = checkpoint::resolve_checkpoint(sharded);
+  CHECK(checkpoint::verify_sharded(ckpt) == 3 * static_cast<std::uint64_t>(shape.params()) * sizeof(double));
+  {  // a flipped byte in the middle of rank 3's file
+    const std::string file = ckpt + "/rank-00003.safetensors";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(std::filesystem::file_size(file));
+    f.seekg(size - 40);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x21);
+    f.seekp(size - 40);
+    f.write(&c, 1);
+  }
+  CHECK_THROWS_WITH(checkpoint::verify_sharded(ckpt),
+                    Catch::Contains("rank-00003.safetensors: tensor '") && Catch::Contains("is corrupt"));
 }

@@ -490,6 +490,90 @@ inline void read_segments(const std::string& dir, std::vector<Segment>& segs, st
 
 }  // namespace detail
 
+//! Reads the whole of tensor `name` of checkpoint directory `dir` into out (its elements, row-major), verifying
+//! every block it reads.
+inline void read_tensor(const std::string& dir, const ShardedIndex& ix, const std::string& name, char* out) {
+  const auto it = ix.tensors.find(name);
+  if (it == ix.tensors.end()) throw Error("loom: " + dir + " holds no tensor '" + name + "'");
+  const TensorIndex& t = it->second;
+  const Box whole = whole_box(t.shape);
+  const std::size_t es = size_of(t.dtype);
+  std::vector<detail::Segment> segs;
+  std::int64_t covered = 0;
+  for (const Chunk& k : t.chunks) {
+    covered += k.box.numel();
+    for_each_row(k.box, [&](const std::vector<std::int64_t>& row, std::int64_t len) {
+      segs.push_back({&k, &it->first, static_cast<std::uint64_t>(flat_in(k.box, row)) * es,
+                      static_cast<std::uint64_t>(len) * es, out + static_cast<std::size_t>(flat_in(whole, row)) * es});
+    });
+  }
+  if (covered != whole.numel())
+    throw Error(loom::detail::cat("loom: ", dir, ": the chunks of tensor '", name, "' hold ", covered, " elements, ",
+                                  "the tensor ", whole.numel()));
+  detail::read_segments(dir, segs, ix.block);
+}
+
+//! Reads every chunk of checkpoint directory `dir` and checks every block's checksum; returns the bytes verified.
+inline std::uint64_t verify_sharded(const std::string& dir) {
+  const ShardedIndex ix = read_index(dir);
+  std::uint64_t bytes = 0;
+  for (const auto& [name, t] : ix.tensors) {
+    std::vector<char> buf(static_cast<std::size_t>(numel_of(t.shape)) * size_of(t.dtype));
+    read_tensor(dir, ix, name, buf.data());
+    bytes += buf.size();
+  }
+  return bytes;
+}
+
+//! Writes the model of checkpoint `dir` (ROOT or a checkpoint directory) as Hugging Face writes GPT-2: OUT/
+//! model.safetensors (the parameters, by name, in their stored dtype) and OUT/config.json, tensor by tensor, one
+//! tensor in memory at a time; each file under a temporary name that is then renamed.
+inline void export_hf(const std::string& path, const std::string& out) {
+  namespace fs = std::filesystem;
+  const std::string dir = resolve_checkpoint(path);
+  const ShardedIndex ix = read_index(dir);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw Error("loom: cannot create the directory " + out + ": " + ec.message());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : ix.tensors)
+    if (name.find('/') == std::string::npos) names.push_back(name);
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  std::uint64_t at = 0;
+  for (const auto& name : names) {
+    const auto& t = ix.tensors.at(name);
+    const std::uint64_t n = static_cast<std::uint64_t>(numel_of(t.shape)) * size_of(t.dtype);
+    header[name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + n}}};
+    at += n;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const std::string file = out + "/model.safetensors", tmp = file + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error("loom: cannot write " + tmp);
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(std::uint64_t(h.size()) >> (8 * i));
+    f.write(len, 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    std::vector<char> buf;
+    for (const auto& name : names) {
+      const auto& t = ix.tensors.at(name);
+      buf.assign(static_cast<std::size_t>(numel_of(t.shape)) * size_of(t.dtype), 0);
+      read_tensor(dir, ix, name, buf.data());
+      f.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    }
+    f.flush();
+    if (!f) throw Error("loom: writing " + tmp + " failed (disk full?)");
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) throw Error("loom: cannot rename " + tmp + " to " + file + ": " + ec.message());
+  detail::write_synced(out + "/config.json.tmp", ix.model.dump(2) + "\n");
+  fs::rename(out + "/config.json.tmp", out + "/config.json", ec);
+  if (ec) throw Error("loom: cannot rename " + out + "/config.json.tmp: " + ec.message());
+}
+
 //! Loads a sharded checkpoint (ROOT, whose `latest` names it, or its directory) into `trainer`, whatever layout it
 //! was written on: each rank reads its own part of the parameters and of the optimizer state. Returns the next step.
 //! A collective over the world (it ends with a barrier, so that a rank that fails stops the others).
