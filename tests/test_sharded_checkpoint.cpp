@@ -94,7 +94,6 @@ train::Batches data() {
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 11);
 }
 
-template <class T>
 train::TrainerOptions options(int micro_batches) {
   train::TrainerOptions o;
   o.seed = 3;
@@ -113,7 +112,7 @@ std::vector<double> train_on(int from, int to, int micro_batches, const std::str
   const auto d = data();
   std::vector<double> losses;
   run_local<Cfg>([&](auto& ctx) {
-    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options<T>(micro_batches), [](const auto& specs, auto n) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options(micro_batches), [](const auto& specs, auto n) {
       return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
     });
     if (!load.empty()) {
@@ -279,7 +278,7 @@ TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model wr
   const auto d = data();
   const std::string sharded = dir / "sharded", whole = dir / "whole", hf = dir / "hf";
   run_local<Cfg>([&](auto& ctx) {
-    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options<double>(2), [](const auto& specs, auto n) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options(2), [](const auto& specs, auto n) {
       return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
     });
     trainer.step(0);

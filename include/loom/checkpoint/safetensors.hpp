@@ -56,29 +56,43 @@ struct StoredTensor {
   std::size_t byte_count = 0;
 };
 
-//! Writes file atomically (file.tmp, then rename) with tensors in the order given.
-inline void write_safetensors(const std::string& file, const std::vector<std::pair<std::string, StoredTensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata = {}) {
+//! What a safetensors header says of one tensor: its name, dtype, shape and bytes.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::size_t bytes;
+};
+
+//! The bytes a safetensors file starts with: the header's length (8 bytes, little-endian) and the header, padded to
+//! 8 bytes, for tensors whose data follows in the order given.
+inline std::string safetensors_prefix(const std::vector<SafetensorsEntry>& tensors,
+                                      const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t at = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
-                    {"shape", t.shape},
-                    {"data_offsets", {at, at + t.size_bytes()}}};
-    at += t.size_bytes();
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes}}};
+    at += t.bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data to 8 bytes
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[std::size_t(i)] = static_cast<char>(std::uint64_t(h.size()) >> (8 * i));
+  return out + h;
+}
+
+//! Writes file atomically (file.tmp, then rename) with tensors in the order given.
+inline void write_safetensors(const std::string& file, const std::vector<std::pair<std::string, StoredTensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.dtype, t.shape, t.size_bytes()});
+  const std::string prefix = safetensors_prefix(entries, metadata);
   const std::string tmp = file + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw Error("loom: cannot write " + tmp);
-    const std::uint64_t n = h.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    f.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     for (const auto& [name, t] : tensors)
       f.write(t.data ? static_cast<const char*>(t.data) : t.bytes.data(), static_cast<std::streamsize>(t.size_bytes()));
     f.flush();

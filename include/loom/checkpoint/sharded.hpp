@@ -333,20 +333,13 @@ std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimi
   nlohmann::json manifest = nlohmann::json::array();
   if (!chunks.empty()) {
     const std::string file = detail::rank_file(rank, "safetensors");
-    nlohmann::ordered_json header;
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      header[chunks[i].tensor + "#" + std::to_string(i)] = {{"dtype", safetensors_dtype(chunks[i].dtype)},
-                                                             {"shape", chunks[i].box.sizes},
-                                                             {"data_offsets", {at, at + chunks[i].data.size()}}};
-      at += chunks[i].data.size();
-    }
-    std::string h = header.dump();
-    h.append((8 - h.size() % 8) % 8, ' ');
-    std::string len(8, '\0');
-    for (int i = 0; i < 8; ++i) len[std::size_t(i)] = static_cast<char>(std::uint64_t(h.size()) >> (8 * i));
-    std::vector<const std::string*> pieces{&len, &h};
-    std::uint64_t offset = 8 + h.size();
+    std::vector<SafetensorsEntry> entries;
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      entries.push_back({chunks[i].tensor + "#" + std::to_string(i), chunks[i].dtype, chunks[i].box.sizes,
+                         chunks[i].data.size()});
+    const std::string prefix = safetensors_prefix(entries);
+    std::vector<const std::string*> pieces{&prefix};
+    std::uint64_t offset = prefix.size();
     for (const auto& w : chunks) {
       pieces.push_back(&w.data);
       manifest.push_back({{"tensor", w.tensor},
@@ -538,25 +531,17 @@ inline void export_hf(const std::string& path, const std::string& out) {
   std::vector<std::string> names;
   for (const auto& [name, t] : ix.tensors)
     if (name.find('/') == std::string::npos) names.push_back(name);
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}};
-  std::uint64_t at = 0;
+  std::vector<SafetensorsEntry> entries;
   for (const auto& name : names) {
     const auto& t = ix.tensors.at(name);
-    const std::uint64_t n = static_cast<std::uint64_t>(numel_of(t.shape)) * size_of(t.dtype);
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + n}}};
-    at += n;
+    entries.push_back({name, t.dtype, t.shape, static_cast<std::size_t>(numel_of(t.shape)) * size_of(t.dtype)});
   }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');
+  const std::string prefix = safetensors_prefix(entries, {{"format", "pt"}});
   const std::string file = out + "/model.safetensors", tmp = file + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw Error("loom: cannot write " + tmp);
-    char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(std::uint64_t(h.size()) >> (8 * i));
-    f.write(len, 8);
-    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    f.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     std::vector<char> buf;
     for (const auto& name : names) {
       const auto& t = ix.tensors.at(name);

@@ -195,6 +195,10 @@ class LocalComm : public Frontend<LocalComm> {
   void wait(Lock& lk, detail::Clock::time_point deadline, Pred pred, Describe describe, bool spin = false);
   std::string timeout_text() const;
   std::string where(std::uint64_t seq, const Op& op) const;
+  //! Waits until every member's `field` has reached seq; a timeout names the ranks still `waiting` (then `also`).
+  void wait_all(Lock& lk, std::uint64_t seq, const Op& op, detail::Clock::time_point deadline,
+                std::atomic<std::uint64_t> detail::LocalGroup::Member::*field, const char* waiting,
+                const std::string& also);
   //! Ranks whose counter `field` is below `target`, for messages.
   std::string laggards(std::atomic<std::uint64_t> detail::LocalGroup::Member::*field, std::uint64_t target,
                        bool steps) const;

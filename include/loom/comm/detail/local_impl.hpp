@@ -113,6 +113,19 @@ LOOM_COMPILED AbortedError LocalComm::abandoned(const std::string& what) const {
   return AbortedError(loom::detail::cat("loom: ", what, " was abandoned because ", g_->world->abort_message()));
 }
 
+LOOM_COMPILED void LocalComm::wait_all(Lock& lk, std::uint64_t seq, const Op& op, detail::Clock::time_point deadline,
+                                       std::atomic<std::uint64_t> detail::LocalGroup::Member::*field,
+                                       const char* waiting, const std::string& also) {
+  auto& g = *g_;
+  wait(lk, deadline,
+       [&] { return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return (x.*field) >= seq; }); },
+       [&](bool timed_out) {
+         return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(), " waiting for ranks ",
+                                              waiting, ": ", laggards(field, seq, false), also)
+                          : where(seq, op);
+       }, true);
+}
+
 LOOM_COMPILED std::string LocalComm::collective(std::uint64_t seq, Op& op, detail::Clock::time_point deadline) {
   auto& g = *g_;
   const Algorithm algo = op.kind == Collective::all_reduce ? algorithm_for(op.count * size_of(op.dtype))
@@ -127,17 +140,8 @@ LOOM_COMPILED std::string LocalComm::collective(std::uint64_t seq, Op& op, detai
     g.mem[me_].arrived = seq;
     g.mem[me_].progress = detail::step_key(seq, 0);
     g.cv.notify_all();
-    auto all_arrived = [&] {
-      return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.arrived >= seq; });
-    };
-    wait(lk, deadline, all_arrived,
-         [&](bool timed_out) {
-           return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
-                                          " waiting for ranks that have not entered it: ",
-                                          laggards(&detail::LocalGroup::Member::arrived, seq, false),
-                                          "; this rank called ", describe(op))
-                            : where(seq, op);
-         }, true);
+    wait_all(lk, seq, op, deadline, &detail::LocalGroup::Member::arrived, "that have not entered it",
+             "; this rank called " + describe(op));
     // Decided under the lock that every member holds it: from here on a member that fails waits for this one
     // to be done with its buffers before it frees them (leave()).
     g.mem[me_].passed = seq;
@@ -151,16 +155,7 @@ LOOM_COMPILED std::string LocalComm::collective(std::uint64_t seq, Op& op, detai
     Lock lk(g.m);
     g.mem[me_].done = seq;
     g.cv.notify_all();
-    auto all_done = [&] {
-      return std::all_of(g.mem.begin(), g.mem.end(), [&](auto& x) { return x.done >= seq; });
-    };
-    wait(lk, deadline, all_done,
-         [&](bool timed_out) {
-           return timed_out ? loom::detail::cat(where(seq, op), " timed out after ", timeout_text(),
-                                          " waiting for ranks to finish it: ",
-                                          laggards(&detail::LocalGroup::Member::done, seq, false))
-                            : where(seq, op);
-         }, true);
+    wait_all(lk, seq, op, deadline, &detail::LocalGroup::Member::done, "to finish it", "");
   }
   return mismatch;
 }
