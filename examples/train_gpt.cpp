@@ -18,7 +18,8 @@ const char* usage =
     "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB]\n"
     "                 [--max-bytes B (per rank)]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
-    "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE] [--save DIR]\n"
+    "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE]\n"
+    "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
 //! v, all of it, as a number of type N: a floating-point value must be finite, an unsigned one not negative.
@@ -60,6 +61,10 @@ Args parse(int argc, char** argv) {
       a.allow_changed_run = true;
       continue;
     }
+    if (f == "--async-save") {
+      a.async_save = true;
+      continue;
+    }
     if (f.rfind("--", 0) != 0) throw Error("loom: unexpected argument '" + f + "'\n" + usage);
     if (i + 1 >= argc) throw Error("loom: " + f + " needs a value");
     const std::string v = argv[++i];
@@ -88,6 +93,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--batch-order") a.batch_order = v;
     else if (f == "--log-json") a.log_json = v;
     else if (f == "--save") a.save = v;
+    else if (f == "--save-every") a.save_every = number<int>(f, v);
+    else if (f == "--keep") a.keep = number<int>(f, v);
     else if (f == "--init-from") a.init_from = v;
     else if (f == "--resume") a.resume = v;
     else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
@@ -126,6 +133,11 @@ Args parse(int argc, char** argv) {
   else
     LOOM_CHECK(a.dtype == "f32" || a.dtype == "bf16" || a.dtype == "f64", "--dtype ", a.dtype,
                ": CUDA trains in f32, bf16 or f64");
+  LOOM_CHECK(a.save_every >= 0, "--save-every must not be negative, got ", a.save_every);
+  LOOM_CHECK(a.keep >= 0, "--keep must not be negative, got ", a.keep);
+  for (const auto& [given, flag] : {std::pair{a.save_every > 0, "--save-every"}, std::pair{a.keep > 0, "--keep"},
+                                    std::pair{a.async_save, "--async-save"}})
+    LOOM_CHECK(!given || !a.save.empty(), flag, " says how --save saves, but no --save DIR is given");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
@@ -313,18 +325,17 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const std::v
 }
 
 void check_resume(const Args& a, const nlohmann::json& run) {
-  const std::string file = a.resume + "/trainer.json";
-  const nlohmann::json j = checkpoint::read_trainer_json(a.resume);
-  const checkpoint::TrainerState state = checkpoint::read_trainer_state(j, file);
-  LOOM_CHECK(a.steps > state.next_step, "--steps ", a.steps, " leaves nothing to train: --resume ", a.resume,
-             " continues at step ", state.next_step, " and --steps counts every step of the run (give more than ",
-             state.next_step, ")");
-  if (!j.contains("run")) {
-    LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": ", file, " records no run settings (an older "
-               "train_gpt saved it), so this run cannot be checked against it: --allow-changed-run resumes it "
-               "unchecked");
+  const std::string dir = checkpoint::resolve_checkpoint(a.resume), file = dir + "/index.json";
+  const checkpoint::ShardedIndex ix = checkpoint::read_index(dir);
+  LOOM_CHECK(a.steps > ix.next_step, "--steps ", a.steps, " leaves nothing to train: --resume ", a.resume,
+             " continues at step ", ix.next_step, " and --steps counts every step of the run (give more than ",
+             ix.next_step, ")");
+  if (ix.run.is_null()) {
+    LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": ", file, " records no run settings (it was saved "
+               "without them), so this run cannot be checked against it: --allow-changed-run resumes it unchecked");
     return;
   }
+  const nlohmann::json j = {{"run", ix.run}};
   auto saved = [&](const char* key, auto given) {
     return checkpoint::json_value<decltype(given)>(j, file, std::string("run.") + key);
   };

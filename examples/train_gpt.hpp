@@ -4,8 +4,8 @@
 #pragma once
 
 #include <loom/checkpoint/gpt.hpp>
+#include <loom/checkpoint/sharded.hpp>
 #include <loom/checkpoint/trainer.hpp>
-#include <loom/checkpoint/training.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
@@ -44,6 +44,9 @@ struct Args {
   bool progress = true;
   bool schedule_given = false;     //!< --schedule was on the command line
   bool allow_changed_run = false;  //!< --allow-changed-run: --resume may continue with other settings
+  int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
+  int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
+  bool async_save = false;         //!< --async-save: checkpoints are written in the background
 };
 
 //! Skipped steps in a row (the loss or the gradient norm not finite) after which a run stops.
@@ -52,8 +55,8 @@ inline constexpr int max_skipped_in_a_row = 10;
 //! x in the fewest digits that read back as x ("0.003", "1e+30"); every NaN is "nan", whatever its sign bit.
 std::string show(double x);
 
-//! What trainer.json records of a run (under "run"): the settings that make it the run it is, and the data's size
-//! and FNV-1a hash. `layout` is the layout's name.
+//! What a checkpoint's index records of a run (under "run"): the settings that make it the run it is, and the data's
+//! size and FNV-1a hash. `layout` is the layout's name.
 nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens);
 
 //! For --resume: refuses a checkpoint that stands at or beyond --steps, and one saved by a run with other settings
@@ -229,14 +232,25 @@ void add_state_bytes(const Opt& opt, Held& held) {
     (name.ends_with(".master") ? held.master : held.state) += static_cast<double>(t.bytes());
 }
 
+//! Whether DIR is a Hugging Face model directory (config.json and model.safetensors), not a loom checkpoint.
+inline bool hugging_face_dir(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir + "/config.json", ec) && std::filesystem::exists(dir + "/model.safetensors", ec);
+}
+
 //! What a rank does once its trainer is built, whatever the layout: weights from --init-from, the bytes it holds,
-//! --resume, the training loop, --save. Compiled once per model, optimizer and backend.
+//! --resume, the training loop, --save (sharded checkpoints). Compiled once per model, optimizer and backend.
 template <class Model, class Opt, class Comm>
 void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& world, const LayoutFacts& layout,
                  std::size_t data_tokens, const nlohmann::json& run) {
+  if (!a.init_from.empty()) {
+    if (hugging_face_dir(a.init_from))
+      for (const auto& p : trainer.parts()) checkpoint::load_gpt(a.init_from, *p);
+    else
+      checkpoint::load_sharded(a.init_from, trainer, checkpoint::LoadWhat::parameters);
+  }
   Held held;
   for (const auto& p : trainer.parts()) {
-    if (!a.init_from.empty()) checkpoint::load_gpt(a.init_from, *p);
     const auto pb = p->param_bytes();
     held.replicated += double(pb.replicated), held.sharded += double(pb.sharded);
   }
@@ -246,14 +260,27 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   }
   held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
   for (const auto& o : trainer.optimizers()) add_state_bytes(o, held);
-  const int start = a.resume.empty() ? 0 : checkpoint::load_training(a.resume, trainer);
-  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) { return trainer.step(i); });
-  if (!a.save.empty()) {  // every rank: the parts are put together over the tensor and pipeline groups
-    checkpoint::save_training(a.save, trainer, std::max(a.steps, start), world.rank() == 0, run);
-    if (world.rank() == 0)
-      std::printf("train_gpt: saved %s (model.safetensors, config.json, optimizer.safetensors, trainer.json)\n",
-                  a.save.c_str());
-  }
+  const int start = a.resume.empty() ? 0 : checkpoint::load_sharded(a.resume, trainer);
+  // Every rank writes its own part (checkpoint::CheckpointWriter): every --save-every steps, and at the end.
+  std::optional<checkpoint::CheckpointWriter> saver;
+  if (!a.save.empty()) saver.emplace(a.save, checkpoint::SaveOptions{a.async_save, a.keep});
+  int saved_at = -1;
+  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) {
+    const train::StepResult r = trainer.step(i);
+    if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0)
+      saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
+    return r;
+  });
+  if (!saver) return;
+  const int end = std::max(a.steps, start);
+  if (saved_at != end) saver->save(trainer, end, layout.name, run);
+  saver->finish(trainer);
+  std::vector<double> waited{saver->blocked_seconds(), saver->finish_seconds()};
+  world.all_reduce(waited, comm::Reduce::max);
+  if (world.rank() == 0)
+    std::printf("train_gpt: saved %s (%d checkpoint%s, %s: training waited %.3f s in all, the end %.3f s more)\n",
+                saver->last().c_str(), saver->saves(), saver->saves() == 1 ? "" : "s",
+                a.async_save ? "written in the background" : "written in place", waited[0], waited[1]);
 }
 
 //! The trainer's options from the command line: what the layout type does not say.
@@ -319,6 +346,8 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   // Checked here, before any rank starts: a refusal is one message and exit status 1 on every backend.
   const nlohmann::json run = run_record(a, f.name, tokens);
   if (!a.resume.empty()) check_resume(a, run);
+  if (!a.init_from.empty() && !hugging_face_dir(a.init_from))
+    checkpoint::read_index(checkpoint::resolve_checkpoint(a.init_from));  // the shape is checked as it loads
   if (a.backend == "mpi") {
     if constexpr (std::is_same_v<Dev, Host>)
       return layout.mpi(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, tokens, run); });

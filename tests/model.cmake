@@ -89,8 +89,12 @@ if(TARGET train_gpt)
       "split_does_not_add_up|--parallel^pp2^--model^small^--layer-split^1,2|loom: the layer split adds up to 3 layers but the model has 4"
       "split_without_pp|--parallel^dp2^--layer-split^1,1|loom: --layer-split splits the layers over pipeline stages, but the layout dp2 has none (add ppN to --parallel)"
       "interleaved_needs_chunks|--parallel^pp2^--schedule^interleaved^--micro-batches^2|loom: the interleaved schedule needs v >= 2 chunks per stage, got v = 1"
+      "save_every_without_save|--save-every^2|loom: --save-every says how --save saves, but no --save DIR is given"
+      "async_save_without_save|--async-save|loom: --async-save says how --save saves, but no --save DIR is given"
+      "keep_negative|--save^x^--keep^-1|loom: --keep must not be negative, got -1"
+      "init_from_missing|--init-from^/nonexistent/weights|loom: no checkpoint at /nonexistent/weights: it does not exist"
       "resume_and_init_from|--resume^a^--init-from^b|loom: --resume and --init-from exclude each other: --resume continues a run (weights, optimizer state, step), --init-from starts a new one from weights"
-      "resume_without_checkpoint|--resume^/nonexistent/run|loom: cannot open /nonexistent/run/trainer.json: /nonexistent/run is not a training checkpoint (--init-from loads weights alone)"
+      "resume_without_checkpoint|--resume^/nonexistent/run|loom: no checkpoint at /nonexistent/run: it does not exist"
       # From the checkpoints of train_gpt_resume_fixture.cmake (3 steps on a.txt at batch 4 x 16); every case adds
       # --data a.txt --batch 4 --seq 16 --steps 5.
       "resume_steps_not_beyond|--resume^${_rs}/ckpt^--steps^3|loom: --steps 3 leaves nothing to train: --resume ${_rs}/ckpt continues at step 3 and --steps counts every step of the run (give more than 3)"
@@ -100,10 +104,10 @@ if(TARGET train_gpt)
       "resume_changed_data|--resume^${_rs}/ckpt^--data^${_rs}/b.txt|loom: --resume ${_rs}/ckpt: --data '${_rs}/b.txt' (480 tokens, FNV-1a cbfea07147f72425) differs from the checkpoint's '${_rs}/a.txt' (520 tokens, FNV-1a d174a44584c66b65) ${_changed}"
       "resume_changed_optimizer|--resume^${_rs}/ckpt^--optimizer^sgd^--allow-changed-run|loom: --resume ${_rs}/ckpt: --optimizer sgd differs from the checkpoint's adamw, whose state it holds (--init-from starts a new run from its weights)"
       "resume_changed_model|--resume^${_rs}/ckpt^--model^small|loom: --resume ${_rs}/ckpt: --model small differs from the checkpoint's tiny (a checkpoint loads into the shape it was saved from)"
-      "resume_old_checkpoint|--resume^${_rs}/old|loom: --resume ${_rs}/old: ${_rs}/old/trainer.json records no run settings (an older train_gpt saved it), so this run cannot be checked against it: --allow-changed-run resumes it unchecked"
-      "resume_missing_key|--resume^${_rs}/no_seed|loom: ${_rs}/no_seed/trainer.json has no key 'run.seed'"
-      "resume_mistyped_key|--resume^${_rs}/bad_step|loom: ${_rs}/bad_step/trainer.json: 'next_step' must be an integer from -2147483648 to 2147483647, got true"
-      "resume_not_json|--resume^${_rs}/not_json|loom: ${_rs}/not_json/trainer.json is not valid JSON")
+      "resume_old_checkpoint|--resume^${_rs}/old|loom: --resume ${_rs}/old: ${_rs}/old/index.json records no run settings (it was saved without them), so this run cannot be checked against it: --allow-changed-run resumes it unchecked"
+      "resume_missing_key|--resume^${_rs}/no_seed|loom: ${_rs}/no_seed/index.json has no key 'run.seed'"
+      "resume_mistyped_key|--resume^${_rs}/bad_step|loom: ${_rs}/bad_step/index.json: 'next_step' must be an integer from -2147483648 to 2147483647, got true"
+      "resume_not_json|--resume^${_rs}/not_json|loom: ${_rs}/not_json/index.json is not a JSON object")
     string(REPLACE "|" ";" parts "${case}")
     list(GET parts 0 name)
     list(GET parts 1 args)
@@ -167,8 +171,14 @@ if(TARGET train_gpt)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_help.cmake)
   set_tests_properties(train_gpt_help_in_docs PROPERTIES LABELS model)
   add_test(NAME train_gpt_save_and_init_from
-    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ckpt
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DCKPT=$<TARGET_FILE:loom-ckpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ckpt
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_checkpoint.cmake)
+  # A job killed (SIGKILL) at three points of a save, written in place and in the background: the previous
+  # checkpoint stays the latest, verifies, and resumes the run exactly.
+  add_test(NAME train_gpt_checkpoint_crash
+    COMMAND ${CMAKE_COMMAND} -DTG=${_tg} -DCKPT=$<TARGET_FILE:loom-ckpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_crash
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_crash.cmake)
+  set_tests_properties(train_gpt_checkpoint_crash PROPERTIES LABELS "model;failure")
   set_tests_properties(train_gpt_save_and_init_from PROPERTIES LABELS model)
 endif()
 
@@ -190,6 +200,10 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
     set_tests_properties(train_gpt_mpi_${id} PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}")
   endforeach()
   set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp")
+  add_test(NAME train_gpt_mpi_resume
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_resume
+            -DMPIEXEC=${MPIEXEC_EXECUTABLE} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume_mpi.cmake)
+  set_tests_properties(train_gpt_mpi_resume PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}")
   add_test(NAME train_gpt_mpi_wrong_size
     COMMAND ${CMAKE_COMMAND} "-DCMD=${MPIEXEC_EXECUTABLE};--oversubscribe;-np;3;$<TARGET_FILE:train_gpt>;--backend;mpi;--parallel;dp2"
             "-DEXPECT=loom: the layout dp2 needs 2 ranks, but the job was launched with 3" -P ${_ef})

@@ -270,7 +270,8 @@ TEST_CASE("a corrupt, truncated or missing shard, a newer format, another model 
   CHECK_THAT(load_error(), Catch::Contains("tensor 'ln_f.bias' holds 0 of the 16 elements"));
 }
 
-TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model writes, and verifies", "[checkpoint][sharded]") {
+TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model writes, and verifies",
+          "[checkpoint][sharded]") {
   test::TempDir dir("sharded");
   using Cfg = Parallel<TP<2>, PP<2>, DP<2, ZeRO<1>>>;
   using Model = models::Gpt<shape, double, models::ModelLayout<Cfg>>;
@@ -311,4 +312,101 @@ TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model wr
   }
   CHECK_THROWS_WITH(checkpoint::verify_sharded(ckpt),
                     Catch::Contains("rank-00003.safetensors: tensor '") && Catch::Contains("is corrupt"));
+}
+
+TEST_CASE("checkpoints written in the background resume bit for bit; latest moves once one is whole",
+          "[checkpoint][sharded]") {
+  test::TempDir dir("sharded");
+  using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
+  using Model = models::Gpt<shape, float, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<float>;
+  const auto straight = train_on<Cfg, float>(0, 9, 1, "", "");
+  const auto d = data();
+  const std::string root = dir.path().string();
+  auto latest = [&] {
+    std::ifstream f(root + "/latest");
+    std::string s;
+    std::getline(f, s);
+    return s;
+  };
+  std::vector<std::string> seen;  // what `latest` named after each save, and after finish
+  int saves = 0;
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options(1), [](const auto& specs, auto n) {
+      return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+    });
+    checkpoint::CheckpointWriter writer(root, {.asynchronous = true, .keep = 2});
+    for (int s = 0; s < 6; ++s) {
+      trainer.step(s);
+      if ((s + 1) % 2) continue;
+      writer.save(trainer, s + 1, "tp2.dp2.zero1");
+      trainer.barrier();
+      if (ctx.rank() == 0) seen.push_back(latest());
+      trainer.barrier();
+    }
+    writer.finish(trainer);
+    if (ctx.rank() == 0) seen.push_back(latest()), saves = writer.saves();
+    CHECK(writer.blocked_seconds() >= 0);
+    CHECK(rank_memory().in_use(MemoryUse::checkpoint) == 0);  // the snapshot's host copy is freed once written
+    CHECK(rank_memory().peak(MemoryUse::checkpoint) > 0);
+  });
+  // A save puts the previous one in place as it begins; finish puts the last.
+  CHECK(seen == std::vector<std::string>{"", "step-00000002", "step-00000004", "step-00000006"});
+  CHECK(saves == 3);
+  CHECK_FALSE(std::filesystem::exists(root + "/step-00000002"));  // --keep 2
+  CHECK(std::filesystem::exists(root + "/step-00000004/index.json"));
+  const auto resumed = train_on<Cfg, float>(6, 9, 1, root, "");
+  REQUIRE(resumed.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(resumed[std::size_t(i)] == straight[std::size_t(i + 6)]);
+}
+
+TEST_CASE("a rank loading a checkpoint holds its own part and one checksum block of the files",
+          "[checkpoint][sharded]") {
+  // Saved in place with 4 KiB blocks by one rank, which copies one chunk at a time (at most a whole tensor); loaded
+  // by dp4 with ZeRO-3, whose ranks each hold a quarter of the model and of the optimizer state: a rank's peak over
+  // the load is what it held before plus at most one block.
+  test::TempDir dir("sharded");
+  using One = Parallel<>;
+  using Cfg = Parallel<DP<4, ZeRO<3>>>;
+  using AdamW = optim::AdamW<double>;
+  constexpr std::int64_t block = 4096;
+  std::size_t save_buffers = 0;
+  const auto d = data();
+  const std::string root = dir.path().string();
+  run_local<One>([&](auto& ctx) {
+    train::Trainer<One, models::Gpt<shape, double, models::ModelLayout<One>>, AdamW> trainer(
+        ctx, d, options(1), [](const auto& specs, auto n) { return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1}); });
+    trainer.step(0);
+    checkpoint::save_sharded(root, trainer, 1, "single", nullptr, {.block = block});
+    save_buffers = rank_memory().peak(MemoryUse::checkpoint);
+  });
+  const std::uint64_t model_bytes = 3 * static_cast<std::uint64_t>(shape.params()) * sizeof(double);
+  REQUIRE(model_bytes > 16 * block);  // the whole model would not fit in a rank's part and one block
+  std::size_t largest = 0;
+  for (const auto& [name, t] : checkpoint::read_index(checkpoint::resolve_checkpoint(root)).tensors)
+    largest = std::max(largest, static_cast<std::size_t>(numel_of(t.shape)) * sizeof(double));
+  INFO("saving held " << save_buffers << " bytes of checkpoint buffers; the largest tensor has " << largest);
+  CHECK(save_buffers > 0);
+  CHECK(save_buffers <= largest);
+  std::vector<std::size_t> before(4), peak_before(4), after(4), peak(4), buffers(4), own(4);
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, models::Gpt<shape, double, models::ModelLayout<Cfg>>, AdamW> trainer(
+        ctx, d, options(1), [](const auto& specs, auto n) { return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1}); });
+    const auto r = static_cast<std::size_t>(ctx.rank());
+    before[r] = rank_memory().in_use(), peak_before[r] = rank_memory().peak();
+    own[r] = rank_memory().in_use(MemoryUse::parameters) + rank_memory().in_use(MemoryUse::optimizer_state);
+    CHECK(checkpoint::load_sharded(root, trainer) == 1);
+    after[r] = rank_memory().in_use(), peak[r] = rank_memory().peak();
+    buffers[r] = rank_memory().peak(MemoryUse::checkpoint);
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": held " << before[r] << " bytes (" << own[r] << " of parameters and state), peak "
+                 << peak_before[r] << " before the load and " << peak[r] << " after; checkpoint buffers "
+                 << buffers[r]);
+    CHECK(own[r] < model_bytes / 2);
+    CHECK(after[r] == before[r]);
+    CHECK(buffers[r] > 0);
+    CHECK(buffers[r] <= static_cast<std::size_t>(block));
+    CHECK(peak[r] <= std::max(peak_before[r], before[r] + static_cast<std::size_t>(block)));
+  }
 }

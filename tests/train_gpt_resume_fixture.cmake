@@ -1,7 +1,8 @@
 # The checkpoints that the train_gpt_rejects_resume_* tests resume from, all from 3 steps of the tiny model on
-# DIR/a.txt at batch 4 x 16: DIR/ckpt as train_gpt saves it; DIR/old without the run settings in trainer.json (as an
-# older train_gpt wrote it); DIR/no_seed without run.seed; DIR/bad_step with next_step true; DIR/not_json with a
-# trainer.json that is not JSON. DIR/b.txt is other data.
+# DIR/a.txt at batch 4 x 16: DIR/ckpt as train_gpt saves it (a root whose `latest` names step-00000003); copies of
+# that checkpoint directory with an edited index.json: DIR/old without the run settings (as the library saves without
+# them), DIR/no_seed without run.seed, DIR/bad_step with next_step true, DIR/not_json not JSON. DIR/b.txt is other
+# data.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> -P this
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
@@ -11,20 +12,25 @@ file(WRITE ${DIR}/a.txt "${a}")
 file(WRITE ${DIR}/b.txt "${b}")
 execute_process(COMMAND ${TG} --no-progress --data ${DIR}/a.txt --batch 4 --seq 16 --steps 3 --save ${DIR}/ckpt
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc STREQUAL "0" OR NOT EXISTS ${DIR}/ckpt/trainer.json)
+set(saved ${DIR}/ckpt/step-00000003)
+if(NOT rc STREQUAL "0" OR NOT EXISTS ${saved}/index.json)
   message(FATAL_ERROR "train_gpt --save failed (exit ${rc}):\n${out}${err}")
 endif()
-file(READ ${DIR}/ckpt/trainer.json json)
+file(READ ${DIR}/ckpt/latest latest)
+if(NOT latest STREQUAL "step-00000003\n")
+  message(FATAL_ERROR "ckpt/latest names '${latest}', not step-00000003")
+endif()
+file(READ ${saved}/index.json json)
 string(JSON step GET "${json}" next_step)
 string(JSON seed GET "${json}" run seed)
 if(NOT step EQUAL 3 OR NOT seed EQUAL 1234)
-  message(FATAL_ERROR "trainer.json does not record step 3 and seed 1234:\n${json}")
+  message(FATAL_ERROR "index.json does not record step 3 and seed 1234:\n${json}")
 endif()
 function(variant name json)
   file(MAKE_DIRECTORY ${DIR}/${name})
-  file(GLOB files ${DIR}/ckpt/*)
+  file(GLOB files ${saved}/*)
   file(COPY ${files} DESTINATION ${DIR}/${name})
-  file(WRITE ${DIR}/${name}/trainer.json "${json}")
+  file(WRITE ${DIR}/${name}/index.json "${json}")
 endfunction()
 string(JSON old REMOVE "${json}" run)
 variant(old "${old}")

@@ -13,10 +13,11 @@
 // elements it writes over data parallelism (Holding::written: under ZeRO its shard, written once over hybrid
 // replicas; otherwise an even share of the replicated buffers). Nothing is written twice.
 //
-// Writing is atomic: every rank writes and fsyncs its file into ROOT/.step-NNNNNNNN.tmp; after a barrier rank 0
-// puts the ranks' manifests together into index.json, fsyncs it, renames the directory into place, and then points
-// ROOT/latest at it (written to a temporary name and renamed). A crash leaves the previous checkpoint and `latest`
-// as they were.
+// Writing is atomic: every rank copies its chunks to host memory (snapshot_sharded), writes and fsyncs its file into
+// ROOT/.step-NNNNNNNN.tmp (write_snapshot); once every rank has, rank 0 puts the ranks' manifests together into
+// index.json, fsyncs it, renames the directory into place, and then points ROOT/latest at it (commit_snapshot). A
+// crash leaves the previous checkpoint and `latest` as they were. save_sharded does it all in place; CheckpointWriter
+// can write in a background thread while training goes on.
 //
 // Reading: a rank computes the boxes it holds on its own layout and, for each, the chunks that meet it; it reads the
 // checksum blocks that hold those bytes (one block in memory at a time), verifies each, and copies the elements
@@ -34,11 +35,19 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace loom::checkpoint {
@@ -107,30 +116,42 @@ inline std::string rank_file(int rank, const char* ext) {
   return b;
 }
 
-//! Writes bytes to `file` and fsyncs it; an error names the file.
-inline void write_synced(const std::string& file, const std::vector<const std::string*>& pieces) {
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw Error("loom: cannot create " + file + ": " + std::strerror(errno));
-  for (const std::string* s : pieces) {
-    const char* p = s->data();
-    std::size_t n = s->size();
+//! A file written piece by piece and fsynced when closed; an error names the file.
+class SyncedFile {
+ public:
+  explicit SyncedFile(std::string file) : file_(std::move(file)) {
+    fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd_ < 0) throw Error("loom: cannot create " + file_ + ": " + std::strerror(errno));
+  }
+  SyncedFile(const SyncedFile&) = delete;
+  SyncedFile& operator=(const SyncedFile&) = delete;
+  ~SyncedFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const char* p, std::size_t n) {
     while (n) {
-      const ssize_t w = ::write(fd, p, n);
+      const ssize_t w = ::write(fd_, p, n);
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        throw Error("loom: writing " + file + " failed: " + why);
-      }
+      if (w <= 0) throw Error("loom: writing " + file_ + " failed: " + std::strerror(errno));
       p += w, n -= static_cast<std::size_t>(w);
     }
   }
-  if (::fsync(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw Error("loom: fsync of " + file + " failed: " + why);
+  //! fsyncs and closes the file.
+  void close() {
+    if (::fsync(fd_) != 0) throw Error("loom: fsync of " + file_ + " failed: " + std::strerror(errno));
+    ::close(std::exchange(fd_, -1));
   }
-  ::close(fd);
+
+ private:
+  std::string file_;
+  int fd_ = -1;
+};
+
+//! Writes bytes to `file` and fsyncs it; an error names the file.
+inline void write_synced(const std::string& file, const std::vector<const std::string*>& pieces) {
+  SyncedFile f(file);
+  for (const std::string* s : pieces) f.write(s->data(), s->size());
+  f.close();
 }
 inline void write_synced(const std::string& file, const std::string& text) { write_synced(file, {&text}); }
 
@@ -143,13 +164,16 @@ inline void sync_directory(const std::string& dir) {
 
 inline nlohmann::json box_json(const Box& b) { return {{"offsets", b.offsets}, {"sizes", b.sizes}}; }
 
-//! A chunk this rank writes: the tensor, its dtype and global shape, the box and its bytes.
+//! A chunk this rank writes: the tensor, its dtype and global shape, the box, and its bytes: copied (data), or
+//! copied from the trainer as they are written (fill, which writes `bytes` bytes; a save in place on the host).
 struct Written {
   std::string tensor;
   DType dtype;
   Shape shape;
   Box box;
+  std::size_t bytes = 0;
   std::string data;
+  std::function<void(char*)> fill;
 };
 
 //! Calls f(k, n) for the runs [k, k + n) of box-order elements [lo, hi) of `run` that are contiguous in the part.
@@ -256,28 +280,105 @@ inline ShardedIndex read_index(const std::string& dir) {
   return ix;
 }
 
-//! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it;
-//! `layout` names the layout (recorded), `run` is recorded under "run". A collective over the world: every rank
-//! calls it. Returns the checkpoint's directory.
-template <class Model, class Optimizer>
-std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
-                         const std::string& layout, const nlohmann::json& run = nullptr) {
+//! How checkpoints are saved.
+struct SaveOptions {
+  bool asynchronous = false;             //!< CheckpointWriter: written by a background thread
+  int keep = 0;                          //!< the newest `keep` checkpoints of the root stay (0: all)
+  std::int64_t block = checksum_block;   //!< bytes per checksum block: what a reader holds at most at a time
+};
+
+//! Bytes charged to a rank's ledger (MemoryUse::checkpoint) while this lives, credited to the same ledger when it
+//! dies, on whatever thread.
+class ChargedBytes {
+ public:
+  ChargedBytes() = default;
+  explicit ChargedBytes(std::size_t bytes) : ledger_(rank_memory_ledger()), bytes_(bytes) {
+    ledger_->debit(MemoryUse::checkpoint, bytes_);
+  }
+  ChargedBytes(ChargedBytes&& o) noexcept : ledger_(std::move(o.ledger_)), bytes_(std::exchange(o.bytes_, 0)) {}
+  ChargedBytes& operator=(ChargedBytes&& o) noexcept {
+    release();
+    ledger_ = std::move(o.ledger_), bytes_ = std::exchange(o.bytes_, 0);
+    return *this;
+  }
+  ~ChargedBytes() { release(); }
+  void release() {
+    if (ledger_ && bytes_) ledger_->credit(MemoryUse::checkpoint, bytes_);
+    bytes_ = 0;
+  }
+
+ private:
+  std::shared_ptr<MemoryLedger> ledger_;
+  std::size_t bytes_ = 0;
+};
+
+//! A rank's part of a checkpoint, copied to host memory (snapshot_sharded): what write_snapshot puts on disk and,
+//! on rank 0, what commit_snapshot records in the index.
+struct Snapshot {
+  std::string root, name;  //!< ROOT and step-NNNNNNNN
+  int rank = 0, world_size = 1, next_step = 0;
+  std::int64_t block = checksum_block;
+  nlohmann::ordered_json header;  //!< rank 0: the index but its files and tensors
+  std::vector<detail::Written> chunks;
+  ChargedBytes charge;  //!< the chunks' bytes, on the rank's ledger
+
+  std::string temporary_dir() const { return root + "/." + name + ".tmp"; }
+  std::string final_dir() const { return root + "/" + name; }
+};
+
+namespace detail {
+
+//! The fault-injection hook of the crash tests: LOOM_CHECKPOINT_FAULT=POINT or POINT@STEP kills the process
+//! (SIGKILL, as a job that is killed) when a save of that step (any step) reaches POINT: `write` (a rank's file is on
+//! disk, its manifest not), `index` (index.json is on disk in the temporary directory), `rename` (the checkpoint is
+//! in place, `latest` still names the previous one).
+inline void fault_point(const char* point, int step) {
+  const char* env = std::getenv("LOOM_CHECKPOINT_FAULT");
+  if (!env || !*env) return;
+  const std::string v = env;
+  const auto at = v.find('@');
+  if (v.substr(0, at) != point) return;
+  if (at != std::string::npos && v.substr(at + 1) != std::to_string(step)) return;
+  std::fprintf(stderr, "loom: LOOM_CHECKPOINT_FAULT=%s: killing the process at '%s' of the save of step %d\n", env,
+               point, step);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+}  // namespace detail
+
+//! Makes ROOT/.step-NNNNNNNN.tmp empty (rank 0: a crashed save may have left one); every rank calls it, and a
+//! barrier must follow before any rank writes there.
+inline void prepare_snapshot(const std::string& root, int next_step, int rank) {
   namespace fs = std::filesystem;
+  if (rank != 0) return;
+  const std::string tmp = root + "/." + detail::step_name(next_step) + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error("loom: cannot create " + tmp + ": " + ec.message());
+}
+
+//! Copies what this rank writes of `trainer` (its chunks of every parameter and optimizer state) to host memory,
+//! charged to its ledger as checkpoint buffers, into `snap`, whose buffers it reuses (a writer that saves again and
+//! again allocates them once). No communication: training may change the trainer once it returns. With copy = false
+//! (on the host) it records where the chunks are instead, and write_snapshot copies each as it writes it: the
+//! trainer must not change until then (a save in place holds one chunk at a time).
+template <class Model, class Optimizer>
+void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Model, Optimizer>& trainer,
+                   int next_step, const std::string& layout, const nlohmann::json& run = nullptr,
+                   std::int64_t block = checksum_block, bool copy = true) {
   using T = typename Model::value_type;
   using A = loom::acc_t<T>;
-  const int rank = trainer.world_rank();
-  const std::string name = detail::step_name(next_step);
-  const std::string tmp = root + "/." + name + ".tmp", final_dir = root + "/" + name;
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) throw Error("loom: cannot create " + tmp + ": " + ec.message());
-  }
-  trainer.barrier();
-
+  LOOM_CHECK(block > 0, "the checksum block must be positive, got ", block);
+  std::vector<detail::Written> before = std::move(snap.chunks);  // their buffers, to reuse in order
+  snap.chunks.clear();
+  snap.header = nlohmann::ordered_json();
+  snap.block = block;
+  snap.root = root, snap.name = detail::step_name(next_step), snap.next_step = next_step;
+  snap.rank = trainer.world_rank(), snap.world_size = trainer.world_size();
   // This rank's chunks: of each part, each parameter's runs it writes, within the ranges it writes.
-  std::vector<detail::Written> chunks;
+  std::vector<detail::Written>& chunks = snap.chunks;
   for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
     auto& part = *trainer.parts()[c];
     const train::Holding held = trainer.holding(c);
@@ -299,6 +400,12 @@ std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimi
         state[k] = state_host[k].data();
       }
     }
+    ChargedBytes staged;  // on a GPU: the host copy of the part, while its chunks are cut
+    if constexpr (!kernels::is_host_v<typename Model::device>) {
+      std::size_t b = host.size() * sizeof(T);
+      for (const auto& v : state_host) b += v.size() * sizeof(A);
+      staged = ChargedBytes(b);
+    }
     for (const auto& s : part.specs()) {
       if (s.index == 0 && !part.embedding()) continue;  // the tied table: written by the part with the embedding
       const std::int64_t n = numel_of(s.shape);
@@ -309,58 +416,42 @@ std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimi
           if (lo >= hi) continue;
           for (const auto& [box, at] : detail::boxes_in(run, lo - s.offset, hi - s.offset)) {
             const std::int64_t end = at + box.numel();
-            auto pack = [&](const std::string& tensor, DType dtype, std::size_t esize, auto&& source) {
-              detail::Written out{tensor, dtype, s.layout.global_shape(), box, {}};
-              out.data.resize(static_cast<std::size_t>(box.numel()) * esize);
-              char* dst = out.data.data();
-              detail::each_contiguous(run, at, end, [&](std::int64_t k, std::int64_t len) {
-                std::memcpy(dst, source(s.offset + run.local(k)), static_cast<std::size_t>(len) * esize);
-                dst += len * static_cast<std::int64_t>(esize);
-              });
+            // The chunk's bytes from `base` (its element x of the part's flat buffer is base + x).
+            auto pack = [&](const std::string& tensor, DType dtype, std::size_t esize, const char* base) {
+              detail::Written out{tensor, dtype, s.layout.global_shape(), box,
+                                  static_cast<std::size_t>(box.numel()) * esize, {}, {}};
+              out.fill = [run, at, end, esize, base, offset = s.offset](char* dst) {
+                detail::each_contiguous(run, at, end, [&](std::int64_t k, std::int64_t len) {
+                  const auto x = static_cast<std::size_t>(offset + run.local(k));
+                  std::memcpy(dst, base + x * esize, static_cast<std::size_t>(len) * esize);
+                  dst += len * static_cast<std::int64_t>(esize);
+                });
+              };
+              if (copy || !kernels::is_host_v<typename Model::device>) {  // a GPU's part is in `host` for now
+                if (chunks.size() < before.size()) out.data = std::move(before[chunks.size()].data);
+                out.data.resize(out.bytes);
+                out.fill(out.data.data());
+                out.fill = nullptr;
+              }
               chunks.push_back(std::move(out));
             };
-            pack(s.name, dtype_of<T>, sizeof(T), [&](std::int64_t x) { return params + x; });
-            for (std::size_t k = 0; k < states.size(); ++k)
+            pack(s.name, dtype_of<T>, sizeof(T), reinterpret_cast<const char*>(params));
+            for (std::size_t k = 0; k < states.size(); ++k)  // the state of range w starts at w.at, element w.lo
               pack(states[k].first + "/" + s.name, dtype_of<A>, sizeof(A),
-                   [&](std::int64_t x) { return state[k] + w.at + (x - w.lo); });
+                   reinterpret_cast<const char*>(state[k] + w.at) - w.lo * static_cast<std::int64_t>(sizeof(A)));
           }
         }
       }
     }
   }
-
-  // The rank's file (safetensors) and its manifest, each fsynced.
-  nlohmann::json manifest = nlohmann::json::array();
-  if (!chunks.empty()) {
-    const std::string file = detail::rank_file(rank, "safetensors");
-    std::vector<SafetensorsEntry> entries;
-    for (std::size_t i = 0; i < chunks.size(); ++i)
-      entries.push_back({chunks[i].tensor + "#" + std::to_string(i), chunks[i].dtype, chunks[i].box.sizes,
-                         chunks[i].data.size()});
-    const std::string prefix = safetensors_prefix(entries);
-    std::vector<const std::string*> pieces{&prefix};
-    std::uint64_t offset = prefix.size();
-    for (const auto& w : chunks) {
-      pieces.push_back(&w.data);
-      manifest.push_back({{"tensor", w.tensor},
-                          {"dtype", safetensors_dtype(w.dtype)},
-                          {"shape", w.shape},
-                          {"offsets", w.box.offsets},
-                          {"sizes", w.box.sizes},
-                          {"file", file},
-                          {"offset", offset},
-                          {"bytes", w.data.size()},
-                          {"crc32", detail::block_crcs(w.data.data(), w.data.size(), checksum_block)}});
-      offset += w.data.size();
-    }
-    detail::write_synced(tmp + "/" + file, pieces);
-    detail::write_synced(tmp + "/" + detail::rank_file(rank, "json"), manifest.dump());
-  }
-  chunks.clear();
-  trainer.barrier();  // every rank's file is on disk
-
-  if (rank == 0) {
-    nlohmann::ordered_json index;
+  std::size_t copied = 0;
+  for (const auto& w : chunks)
+    if (!w.fill) copied += w.data.capacity();
+  snap.charge = ChargedBytes();  // released before the new charge: the reused buffers are in both
+  before.clear();
+  snap.charge = ChargedBytes(copied);
+  if (snap.rank == 0) {
+    auto& index = snap.header;
     index["format"] = "loom-sharded";
     index["version"] = sharded_version;
     index["next_step"] = next_step;
@@ -368,44 +459,236 @@ std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimi
     index["counter"] = trainer.optimizers().front().counter();
     index["layout"] = layout;
     index["world_size"] = trainer.world_size();
-    index["block"] = checksum_block;
+    index["block"] = block;
     index["model"] = gpt_config(trainer.shape(), trainer.parts().front()->options().ln_eps);
     if (!run.is_null()) index["run"] = run;
-    nlohmann::ordered_json files = nlohmann::ordered_json::object(), tensors = nlohmann::ordered_json::object();
-    for (int r = 0; r < trainer.world_size(); ++r) {
-      const std::string mf = tmp + "/" + detail::rank_file(r, "json");
-      std::ifstream f(mf);
-      if (!f) continue;  // the rank wrote nothing
-      const auto m = nlohmann::json::parse(f);
-      const std::string file = detail::rank_file(r, "safetensors");
-      std::error_code ec;
-      files[file] = fs::file_size(tmp + "/" + file, ec);
-      if (ec) throw Error("loom: " + tmp + "/" + file + " is missing: " + ec.message());
-      for (const auto& c : m) {
-        const std::string t = c.at("tensor").get<std::string>();
-        if (!tensors.contains(t)) tensors[t] = {{"dtype", c["dtype"]}, {"shape", c["shape"]}, {"chunks", {}}};
-        tensors[t]["chunks"].push_back({{"offsets", c["offsets"]}, {"sizes", c["sizes"]}, {"file", c["file"]},
-                                        {"offset", c["offset"]}, {"bytes", c["bytes"]}, {"crc32", c["crc32"]}});
-      }
-      fs::remove(mf, ec);
-    }
-    index["files"] = files;
-    index["tensors"] = tensors;
-    detail::write_synced(tmp + "/index.json", index.dump(1));
-    detail::sync_directory(tmp);
-    std::error_code ec;
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp, final_dir, ec);
-    if (ec) throw Error("loom: cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
-    detail::sync_directory(root);
-    detail::write_synced(root + "/latest.tmp", name + "\n");
-    fs::rename(root + "/latest.tmp", root + "/latest", ec);
-    if (ec) throw Error("loom: cannot rename " + root + "/latest.tmp to " + root + "/latest: " + ec.message());
-    detail::sync_directory(root);
   }
-  trainer.barrier();  // the checkpoint is in place before any rank goes on (or reads it)
+}
+
+//! snapshot_into a new snapshot.
+template <class Model, class Optimizer>
+Snapshot snapshot_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
+                          const std::string& layout, const nlohmann::json& run = nullptr,
+                          std::int64_t block = checksum_block, bool copy = true) {
+  Snapshot snap;
+  snapshot_into(snap, root, trainer, next_step, layout, run, block, copy);
+  return snap;
+}
+
+//! Writes a snapshot's chunks as the rank's file in the temporary directory (safetensors, then its manifest), each
+//! fsynced, and frees them, unless keep_buffers (for the next snapshot_into); a chunk not copied yet is copied into
+//! a buffer of its size, one at a time. No communication: a background thread may run it.
+inline void write_snapshot(Snapshot& snap, bool keep_buffers = false) {
+  const std::string tmp = snap.temporary_dir();
+  nlohmann::json manifest = nlohmann::json::array();
+  if (!snap.chunks.empty()) {
+    const std::string file = detail::rank_file(snap.rank, "safetensors");
+    std::vector<SafetensorsEntry> entries;
+    std::size_t largest = 0;
+    for (std::size_t i = 0; i < snap.chunks.size(); ++i) {
+      const auto& w = snap.chunks[i];
+      entries.push_back({w.tensor + "#" + std::to_string(i), w.dtype, w.box.sizes, w.bytes});
+      if (w.fill) largest = std::max(largest, w.bytes);
+    }
+    const std::string prefix = safetensors_prefix(entries);
+    std::string buffer;  // the chunks copied as they are written
+    buffer.reserve(largest);
+    const ChargedBytes charge(buffer.capacity());
+    detail::SyncedFile out(tmp + "/" + file);
+    out.write(prefix.data(), prefix.size());
+    std::uint64_t offset = prefix.size();
+    for (auto& w : snap.chunks) {
+      const std::string* bytes = &w.data;
+      if (w.fill) {
+        buffer.resize(w.bytes);
+        w.fill(buffer.data());
+        bytes = &buffer;
+      }
+      out.write(bytes->data(), bytes->size());
+      manifest.push_back({{"tensor", w.tensor},
+                          {"dtype", safetensors_dtype(w.dtype)},
+                          {"shape", w.shape},
+                          {"offsets", w.box.offsets},
+                          {"sizes", w.box.sizes},
+                          {"file", file},
+                          {"offset", offset},
+                          {"bytes", w.bytes},
+                          {"crc32", detail::block_crcs(bytes->data(), bytes->size(), snap.block)}});
+      offset += w.bytes;
+      if (!keep_buffers) std::string().swap(w.data);
+    }
+    out.close();
+    detail::fault_point("write", snap.next_step);
+    detail::write_synced(tmp + "/" + detail::rank_file(snap.rank, "json"), manifest.dump());
+  }
+  if (keep_buffers) return;
+  snap.chunks.clear();
+  snap.chunks.shrink_to_fit();
+  snap.charge.release();
+}
+
+//! Rank 0, once every rank's write_snapshot has finished: puts the manifests together into index.json, renames the
+//! temporary directory into place, points ROOT/latest at it, and, with keep > 0, removes all but the `keep` newest
+//! checkpoints of ROOT. Returns the checkpoint's directory.
+inline std::string commit_snapshot(const Snapshot& snap, int keep = 0) {
+  namespace fs = std::filesystem;
+  const std::string tmp = snap.temporary_dir(), final_dir = snap.final_dir(), root = snap.root;
+  nlohmann::ordered_json index = snap.header;
+  nlohmann::ordered_json files = nlohmann::ordered_json::object(), tensors = nlohmann::ordered_json::object();
+  for (int r = 0; r < snap.world_size; ++r) {
+    const std::string mf = tmp + "/" + detail::rank_file(r, "json");
+    std::ifstream f(mf);
+    if (!f) continue;  // the rank wrote nothing
+    const auto m = nlohmann::json::parse(f);
+    const std::string file = detail::rank_file(r, "safetensors");
+    std::error_code ec;
+    files[file] = fs::file_size(tmp + "/" + file, ec);
+    if (ec) throw Error("loom: " + tmp + "/" + file + " is missing: " + ec.message());
+    for (const auto& c : m) {
+      const std::string t = c.at("tensor").get<std::string>();
+      if (!tensors.contains(t)) tensors[t] = {{"dtype", c["dtype"]}, {"shape", c["shape"]}, {"chunks", {}}};
+      tensors[t]["chunks"].push_back({{"offsets", c["offsets"]}, {"sizes", c["sizes"]}, {"file", c["file"]},
+                                      {"offset", c["offset"]}, {"bytes", c["bytes"]}, {"crc32", c["crc32"]}});
+    }
+    f.close();
+    fs::remove(mf, ec);
+  }
+  index["files"] = files;
+  index["tensors"] = tensors;
+  detail::write_synced(tmp + "/index.json", index.dump(1));
+  detail::sync_directory(tmp);
+  detail::fault_point("index", snap.next_step);
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw Error("loom: cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
+  detail::sync_directory(root);
+  detail::fault_point("rename", snap.next_step);
+  detail::write_synced(root + "/latest.tmp", snap.name + "\n");
+  fs::rename(root + "/latest.tmp", root + "/latest", ec);
+  if (ec) throw Error("loom: cannot rename " + root + "/latest.tmp to " + root + "/latest: " + ec.message());
+  detail::sync_directory(root);
+  if (keep > 0) {  // the names sort as the steps do (step-NNNNNNNN)
+    std::vector<std::string> steps;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("step-") && e.is_directory()) steps.push_back(n);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i)
+      if (steps[i] != snap.name) fs::remove_all(root + "/" + steps[i], ec);
+  }
   return final_dir;
 }
+
+//! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it;
+//! `layout` names the layout (recorded), `run` is recorded under "run"; `options` (keep, block; it is written in
+//! place whatever options.asynchronous says: CheckpointWriter writes in the background). A collective over the
+//! world: every rank calls it. Returns the checkpoint's directory.
+template <class Model, class Optimizer>
+std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
+                         const std::string& layout, const nlohmann::json& run = nullptr, SaveOptions options = {}) {
+  prepare_snapshot(root, next_step, trainer.world_rank());
+  trainer.barrier();
+  Snapshot snap = snapshot_sharded(root, trainer, next_step, layout, run, options.block, /*copy=*/false);
+  write_snapshot(snap);
+  trainer.barrier();  // every rank's file is on disk
+  if (snap.rank == 0) commit_snapshot(snap, options.keep);
+  trainer.barrier();  // the checkpoint is in place before any rank goes on (or reads it)
+  return snap.final_dir();
+}
+
+//! Saves a run's checkpoints into ROOT, synchronously or in the background. Each rank owns one; save() and finish()
+//! are collectives over the world.
+//! - synchronous: save() returns once the checkpoint is in place (as save_sharded).
+//! - asynchronous: save() copies the rank's part to host memory and returns; a background thread writes it while
+//!   training goes on. The checkpoint is put in place (index, rename, `latest`) when the next save() begins or at
+//!   finish(), once every rank's file is on disk: until then `latest` names the one before. Each save waits for the
+//!   previous one's writing. The host copy's buffers stay allocated from one save to the next (checkpoint buffers on
+//!   the rank's ledger), so that only the first save allocates them.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(std::string root, SaveOptions options = {}) : root_(std::move(root)), options_(options) {
+    LOOM_CHECK(options.keep >= 0, "the number of checkpoints to keep must not be negative, got ", options.keep);
+  }
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  //! Waits for the background writer; a snapshot it has not put in place stays a temporary directory.
+  ~CheckpointWriter() {
+    if (writer_.joinable()) writer_.join();
+  }
+
+  //! Saves `trainer` at `next_step` (see the class).
+  template <class Model, class Optimizer>
+  void save(train::TrainerOf<Model, Optimizer>& trainer, int next_step, const std::string& layout,
+            const nlohmann::json& run = nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    complete([&] { trainer.barrier(); });
+    prepare_snapshot(root_, next_step, trainer.world_rank());
+    trainer.barrier();
+    const bool async = options_.asynchronous;
+    snapshot_into(snap_, root_, trainer, next_step, layout, run, options_.block, /*copy=*/async);
+    pending_ = true;
+    if (async) {
+      writer_ = std::thread([this] {
+        try {
+          write_snapshot(snap_, /*keep_buffers=*/true);
+        } catch (...) {
+          failure_ = std::current_exception();
+        }
+      });
+    } else {
+      write_snapshot(snap_);
+      complete([&] { trainer.barrier(); });
+    }
+    blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++saves_;
+  }
+
+  //! Puts the last checkpoint in place (asynchronous: waits for its writing). Every rank calls it at the end.
+  template <class Model, class Optimizer>
+  void finish(train::TrainerOf<Model, Optimizer>& trainer) {
+    const auto t0 = std::chrono::steady_clock::now();
+    complete([&] { trainer.barrier(); });
+    snap_ = Snapshot();  // the host copy's buffers
+    finish_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  bool asynchronous() const { return options_.asynchronous; }
+  int saves() const { return saves_; }
+  //! Seconds save() held its caller, summed over the saves (asynchronous: the host copy and the wait for the
+  //! previous save's writing).
+  double blocked_seconds() const { return blocked_; }
+  //! Seconds finish() waited.
+  double finish_seconds() const { return finish_; }
+  //! The directory of the last checkpoint put in place (empty before the first).
+  const std::string& last() const { return last_; }
+
+ private:
+  //! Waits for the pending snapshot's writing, then (after a barrier: every rank's file is on disk) rank 0 puts it
+  //! in place; a barrier ends it.
+  template <class Barrier>
+  void complete(Barrier&& barrier) {
+    if (writer_.joinable()) writer_.join();
+    if (!pending_) return;
+    pending_ = false;
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    barrier();
+    if (snap_.rank == 0) commit_snapshot(snap_, options_.keep);
+    last_ = snap_.final_dir();
+    barrier();
+  }
+
+  std::string root_;
+  SaveOptions options_;
+  Snapshot snap_;  // the pending one, and then its buffers for the next
+  bool pending_ = false;
+  std::thread writer_;
+  std::exception_ptr failure_;
+  double blocked_ = 0, finish_ = 0;
+  int saves_ = 0;
+  std::string last_;
+};
 
 namespace detail {
 
@@ -425,7 +708,7 @@ inline void read_segments(const std::string& dir, std::vector<Segment>& segs, st
     if (a.chunk->file != b.chunk->file) return a.chunk->file < b.chunk->file;
     return a.chunk->offset + a.at < b.chunk->offset + b.at;
   });
-  std::string buf;
+  std::string buf;  // one checksum block at a time
   const Chunk* held = nullptr;
   std::uint64_t held_block = 0;
   int fd = -1;
@@ -434,6 +717,10 @@ inline void read_segments(const std::string& dir, std::vector<Segment>& segs, st
     if (fd >= 0) ::close(fd);
     fd = -1;
   };
+  std::uint64_t largest = 0;  // the largest block read: the buffer's one allocation
+  for (const auto& s : segs) largest = std::max(largest, std::min<std::uint64_t>(s.chunk->bytes, block));
+  buf.reserve(largest);
+  const ChargedBytes charge(segs.empty() ? 0 : buf.capacity());  // on the rank's ledger
   try {
     for (const auto& s : segs) {
       const std::string path = dir + "/" + s.chunk->file;
@@ -454,7 +741,8 @@ inline void read_segments(const std::string& dir, std::vector<Segment>& segs, st
           buf.resize(len);
           std::uint64_t got = 0;
           while (got < len) {
-            const ssize_t r = ::pread(fd, buf.data() + got, len - got, static_cast<off_t>(s.chunk->offset + from + got));
+            const auto at_byte = static_cast<off_t>(s.chunk->offset + from + got);
+            const ssize_t r = ::pread(fd, buf.data() + got, len - got, at_byte);
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0)
               throw Error(loom::detail::cat("loom: ", path, " is truncated: reading bytes [", s.chunk->offset + from,
@@ -559,23 +847,32 @@ inline void export_hf(const std::string& path, const std::string& out) {
   if (ec) throw Error("loom: cannot rename " + out + "/config.json.tmp: " + ec.message());
 }
 
+//! What load_sharded reads: the training state (parameters, optimizer state and counter: --resume) or the
+//! parameters alone (a new run from the weights: --init-from).
+enum class LoadWhat { training, parameters };
+
 //! Loads a sharded checkpoint (ROOT, whose `latest` names it, or its directory) into `trainer`, whatever layout it
 //! was written on: each rank reads its own part of the parameters and of the optimizer state. Returns the next step.
-//! A collective over the world (it ends with a barrier, so that a rank that fails stops the others).
+//! Besides what it holds, a rank holds one checksum block of the files at a time (charged to its ledger as
+//! checkpoint buffers) and, on a GPU, a host copy of its part. A collective over the world (it ends with a barrier,
+//! so that a rank that fails stops the others).
 template <class Model, class Optimizer>
-int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer) {
+int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer,
+                 LoadWhat what = LoadWhat::training) {
   using T = typename Model::value_type;
   using A = loom::acc_t<T>;
   const std::string dir = resolve_checkpoint(path);
   const ShardedIndex ix = read_index(dir);
   const auto& front = *trainer.parts().front();
-  const auto want = gpt_config(trainer.shape(), front.options().ln_eps);
+  // (as nlohmann::json, the index's own kind: comparing the two kinds is ambiguous to some compilers)
+  const auto want = nlohmann::json::parse(gpt_config(trainer.shape(), front.options().ln_eps).dump());
   for (const auto& [key, value] : want.items())
     if (!ix.model.contains(key) || ix.model[key] != value)
       throw Error("loom: " + dir + " holds a model with " + key + " = " +
                   (ix.model.contains(key) ? ix.model[key].dump() : std::string("(none)")) + ", this run's has " +
                   value.dump() + " (the checkpoint's model: " + ix.model.dump() + ")");
-  if (ix.optimizer != Optimizer::name)
+  const bool state_too = what == LoadWhat::training;
+  if (state_too && ix.optimizer != Optimizer::name)
     throw Error("loom: " + dir + " was saved with the optimizer " + ix.optimizer + ", not " + Optimizer::name);
 
   for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
@@ -583,7 +880,9 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
     const train::Holding held = trainer.holding(c);
     auto& opt = trainer.optimizers()[c];
     auto states = opt.state();
+    if (!state_too) states.clear();
     std::vector<T> host;
+    ChargedBytes staged;  // on a GPU: the host copy of the part
     T* params = const_cast<T*>(part.params().data());
     if constexpr (!kernels::is_host_v<typename Model::device>) {
       host.assign(static_cast<std::size_t>(part.params().numel()), T(0));
@@ -597,6 +896,11 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
         state_host[k].assign(static_cast<std::size_t>(states[k].second.numel()), A(0));
         state[k] = state_host[k].data();
       }
+    }
+    if constexpr (!kernels::is_host_v<typename Model::device>) {
+      std::size_t b = host.size() * sizeof(T);
+      for (const auto& v : state_host) b += v.size() * sizeof(A);
+      staged = ChargedBytes(b);
     }
     std::vector<detail::Segment> segs;
     // The segments of tensor `name` that fill elements `ranges` of part parameter s, through dst(x, range).
@@ -646,7 +950,7 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
       for (std::size_t k = 0; k < states.size(); ++k)
         part.ops().from_host(state_host[k].data(), const_cast<A*>(states[k].second.data()), state_host[k].size());
     }
-    opt.set_counter(ix.counter);
+    if (state_too) opt.set_counter(ix.counter);
   }
   trainer.barrier();
   return ix.next_step;

@@ -22,9 +22,9 @@ namespace loom {
 
 //! What memory is for.
 enum class MemoryUse : std::uint8_t {
-  parameters, gradients, optimizer_state, master_weights, activations, communication, other
+  parameters, gradients, optimizer_state, master_weights, activations, communication, checkpoint, other
 };
-inline constexpr std::size_t memory_uses = 7;
+inline constexpr std::size_t memory_uses = 8;
 
 constexpr std::string_view name_of(MemoryUse u) {
   switch (u) {
@@ -34,6 +34,7 @@ constexpr std::string_view name_of(MemoryUse u) {
     case MemoryUse::master_weights: return "master weights";
     case MemoryUse::activations: return "activations";
     case MemoryUse::communication: return "communication buffers";
+    case MemoryUse::checkpoint: return "checkpoint buffers";
     case MemoryUse::other: return "other";
   }
   return "?";
@@ -78,6 +79,12 @@ class MemoryLedger {
   void credit(MemoryUse u, std::size_t b) {
     total_.fetch_sub(b);
     by_use_[static_cast<std::size_t>(u)].in_use.fetch_sub(b);
+  }
+
+  //! Sets every peak to what is in use now: the peaks that follow are those of what comes next.
+  void reset_peaks() {
+    total_peak_.store(total_.load());
+    for (auto& u : by_use_) u.peak.store(u.in_use.load());
   }
 
   int rank() const { return rank_; }
