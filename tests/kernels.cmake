@@ -6,3 +6,6 @@ loom_add_test(test_kernels_cpu
   test_kernels_cpu_cross_entropy.cpp
   test_kernels_cpu_attention.cpp
   LABELS kernels)
+
+# Ring attention over cp ranks (threads) against the one-rank attention: forward, backward, traffic.
+loom_add_test(test_ring_attention test_ring_attention.cpp LABELS "kernels;cp")

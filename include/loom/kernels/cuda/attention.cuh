@@ -439,6 +439,8 @@ __global__ void __launch_bounds__(P::threads)
 
 inline void check_device_shape(const AttentionShape& s) {
   kernels::check_shape(s);  // the rules both devices share
+  LOOM_CHECK(s.self_causal(), "the CUDA attention kernels compute causal self-attention; a block of ring attention "
+             "(Tk=", s.keys(), ", causal=", s.causal, ") runs on the host");
   LOOM_CHECK(s.B <= 65535 && s.Hq <= 65535, "attention on the device takes at most 65535 sequences and heads (B=",
              s.B, " Hq=", s.Hq, ")");
 }

@@ -1,6 +1,7 @@
-// Causal self-attention in 64 x 64 tiles with an online softmax (FlashAttention-2 on the CPU): only tiles and
-// per-head T x D copies are held, never T x T. Backward recomputes each tile's probabilities from q, k and the
-// kept log-sum-exp. Include <loom/kernels/cpu/ops.hpp> instead.
+// Attention in 64 x 64 tiles with an online softmax (FlashAttention-2 on the CPU): only tiles and per-head T x D
+// copies are held, never T x T. Causal self-attention, or a block of ring attention (keys of their own count, all
+// visible, or the causal diagonal). Backward recomputes each tile's probabilities from q, k and the kept log-sum-exp.
+// Include <loom/kernels/cpu/ops.hpp> instead.
 #pragma once
 
 #include <loom/core/error.hpp>
@@ -50,14 +51,15 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse
   using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
   constexpr int qt = detail::attention_q_tile, kt = detail::attention_k_tile;
   constexpr A neg_inf = -std::numeric_limits<A>::infinity();
-  const int T_ = s.T, D = s.D, group = s.Hq / s.Hkv;
-  const int rows = std::min(qt, std::max(T_, 1)), cols = std::min(kt, std::max(T_, 1));
-  Mat K(T_, D), V(T_, D), Q(T_, D), O(rows, D), S(rows, cols);
+  const int T_ = s.T, Tk = s.keys(), D = s.D, group = s.Hq / s.Hkv;
+  const bool causal = s.causal;
+  const int rows = std::min(qt, std::max(T_, 1)), cols = std::min(kt, std::max(Tk, 1));
+  Mat K(Tk, D), V(Tk, D), Q(T_, D), O(rows, D), S(rows, cols);
   Vec m(rows), l(rows), m_new(rows), corr(rows);
   for (int b = 0; b < s.B; ++b) {
     for (int kh = 0; kh < s.Hkv; ++kh) {
-      detail::gather_rows(k + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D, K.data());
-      detail::gather_rows(v + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D, V.data());
+      detail::gather_rows(k + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D, K.data());
+      detail::gather_rows(v + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D, V.data());
       for (int h = kh * group; h < (kh + 1) * group; ++h) {
         // The scale is folded into q: S = (scale q) k^T.
         detail::gather_rows(q + b * T_ * s.ldq + h * D, s.ldq, T_, D, Q.data(), A(s.scale));
@@ -68,16 +70,17 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse
           o.setZero();
           m.head(br).setConstant(neg_inf);
           l.head(br).setZero();
-          for (int j0 = 0; j0 < i0 + br; j0 += kt) {  // keys up to the tile's last query
-            const int bc = std::min(kt, i0 + br - j0);
+          const int key_end = causal ? i0 + br : Tk;  // causal: keys up to the tile's last query
+          for (int j0 = 0; j0 < key_end; j0 += kt) {
+            const int bc = std::min(kt, key_end - j0);
             auto sc = S.topLeftCorner(br, bc);
             sc.noalias() = Q.middleRows(i0, br) * K.middleRows(j0, bc).transpose();
-            detail::mask_future(sc, i0, br, j0, bc, neg_inf);
+            if (causal) detail::mask_future(sc, i0, br, j0, bc, neg_inf);
             m_new.head(br) = m.head(br).cwiseMax(sc.rowwise().maxCoeff());
-            // Every row has its own key 0..i in the first tile, so m_new is finite and exp(m - m_new) is 0 or real.
+            // Every row sees key 0 in the first tile, so m_new is finite and exp(m - m_new) is 0 or real.
             corr.head(br) = (m.head(br) - m_new.head(br)).array().exp();
             sc = (sc.array().colwise() - m_new.head(br).array()).exp();
-            detail::mask_future(sc, i0, br, j0, bc, A(0));  // exactly 0, not exp's clamp of -inf
+            if (causal) detail::mask_future(sc, i0, br, j0, bc, A(0));  // exactly 0, not exp's clamp of -inf
             l.head(br) = l.head(br).cwiseProduct(corr.head(br)) + sc.rowwise().sum();
             o.array().colwise() *= corr.head(br).array();
             o.noalias() += sc * V.middleRows(j0, bc);
@@ -107,15 +110,16 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
   using Mat = detail::RowMat<A>;
   using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
   constexpr int qt = detail::attention_q_tile, kt = detail::attention_k_tile;
-  const int T_ = s.T, D = s.D, group = s.Hq / s.Hkv;
+  const int T_ = s.T, Tk = s.keys(), D = s.D, group = s.Hq / s.Hkv;
+  const bool causal = s.causal;
   const A scale = A(s.scale);
-  const int rows = std::min(qt, std::max(T_, 1)), cols = std::min(kt, std::max(T_, 1));
-  Mat K(T_, D), V(T_, D), dK(T_, D), dV(T_, D), Q(T_, D), dO(T_, D), dQ(T_, D), P(rows, cols), dP(rows, cols);
+  const int rows = std::min(qt, std::max(T_, 1)), cols = std::min(kt, std::max(Tk, 1));
+  Mat K(Tk, D), V(Tk, D), dK(Tk, D), dV(Tk, D), Q(T_, D), dO(T_, D), dQ(T_, D), P(rows, cols), dP(rows, cols);
   Vec Di(T_);
   for (int b = 0; b < s.B; ++b) {
     for (int kh = 0; kh < s.Hkv; ++kh) {
-      detail::gather_rows(k + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D, K.data());
-      detail::gather_rows(v + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D, V.data());
+      detail::gather_rows(k + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D, K.data());
+      detail::gather_rows(v + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D, V.data());
       dK.setZero();
       dV.setZero();
       for (int h = kh * group; h < (kh + 1) * group; ++h) {
@@ -134,13 +138,14 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           const int br = std::min(qt, T_ - i0);
           const auto Qi = Q.middleRows(i0, br);
           const auto dOi = dO.middleRows(i0, br);
-          for (int j0 = 0; j0 < i0 + br; j0 += kt) {
-            const int bc = std::min(kt, i0 + br - j0);
+          const int key_end = causal ? i0 + br : Tk;
+          for (int j0 = 0; j0 < key_end; j0 += kt) {
+            const int bc = std::min(kt, key_end - j0);
             auto p = P.topLeftCorner(br, bc);
             auto dp = dP.topLeftCorner(br, bc);
             p.noalias() = Qi * K.middleRows(j0, bc).transpose();
             p = (p.array().colwise() - L.segment(i0, br).array()).exp();
-            detail::mask_future(p, i0, br, j0, bc, A(0));
+            if (causal) detail::mask_future(p, i0, br, j0, bc, A(0));
             dV.middleRows(j0, bc).noalias() += p.transpose() * dOi;
             dp.noalias() = dOi * V.middleRows(j0, bc).transpose();
             dp = p.array() * (dp.array().colwise() - Di.segment(i0, br).array());  // dS, in dP's place
@@ -150,8 +155,8 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         }
         detail::scatter_rows(dQ.data(), dq + b * T_ * s.ldq + h * D, s.ldq, T_, D, scale);
       }
-      detail::scatter_rows(dK.data(), dk + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D);
-      detail::scatter_rows(dV.data(), dv + b * T_ * s.ldkv + kh * D, s.ldkv, T_, D);
+      detail::scatter_rows(dK.data(), dk + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D);
+      detail::scatter_rows(dV.data(), dv + std::ptrdiff_t(b) * Tk * s.ldkv + kh * D, s.ldkv, Tk, D);
     }
   }
 }
