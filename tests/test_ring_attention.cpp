@@ -46,7 +46,7 @@ enum class Algorithm { ring, ulysses };
 
 //! Ring or Ulysses attention on n cp ranks (threads) against causal attention over the whole sequence of 2nc tokens.
 template <int N, class T, Algorithm Alg = Algorithm::ring>
-void check_ring(const Case& k, double tolerance) {
+void check_ring(const Case& k, double tolerance, layers::SeqSplit split = layers::SeqSplit::zigzag) {
   using A = acc_t<T>;
   const int T_ = 2 * N * k.c, wq = k.Hq * k.D, wkv = k.Hkv * k.D;
   const kernels::AttentionShape whole{k.B, T_, k.Hq, k.Hkv, k.D, wq, wkv, wq, 1.0 / std::sqrt(double(k.D))};
@@ -63,7 +63,7 @@ void check_ring(const Case& k, double tolerance) {
     std::vector<std::decay_t<decltype(x[0])>> mine(std::size_t(k.B) * 2 * k.c * w);
     for (int b = 0; b < k.B; ++b)
       for (int t = 0; t < 2 * k.c; ++t) {
-        const int g = layers::zigzag_position(t, r, N, k.c);
+        const int g = layers::split_position(t, r, N, k.c, split);
         std::copy_n(x.begin() + (std::ptrdiff_t(b) * T_ + g) * w, w,
                     mine.begin() + (std::ptrdiff_t(b) * 2 * k.c + t) * w);
       }
@@ -75,7 +75,7 @@ void check_ring(const Case& k, double tolerance) {
       for (int h = 0; h < k.Hq; ++h)
         for (int t = 0; t < 2 * k.c; ++t)
           mine[(std::size_t(b) * k.Hq + h) * 2 * k.c + t] =
-              lse[(std::size_t(b) * k.Hq + h) * T_ + layers::zigzag_position(t, r, N, k.c)];
+              lse[(std::size_t(b) * k.Hq + h) * T_ + layers::split_position(t, r, N, k.c, split)];
     return mine;
   };
   std::vector<double> errors(5 * static_cast<std::size_t>(N));
@@ -89,14 +89,14 @@ void check_ring(const Case& k, double tolerance) {
     std::vector<A> l(std::size_t(k.B) * k.Hq * 2 * k.c);
     cp.reset_traffic();
     if constexpr (Alg == Algorithm::ring)
-      layers::ring_attention_forward(cp, ql.data(), kl.data(), vl.data(), o.data(), l.data(), local);
+      layers::ring_attention_forward(cp, ql.data(), kl.data(), vl.data(), o.data(), l.data(), local, split);
     else
       layers::ulysses_attention_forward(cp, ql.data(), kl.data(), vl.data(), o.data(), l.data(), local);
     forward[std::size_t(r)] = cp.traffic();
     cp.reset_traffic();
     if constexpr (Alg == Algorithm::ring)
       layers::ring_attention_backward(cp, dol.data(), ql.data(), kl.data(), vl.data(), o.data(), l.data(), gq.data(),
-                                      gk.data(), gv.data(), local);
+                                      gk.data(), gv.data(), local, split);
     else
       layers::ulysses_attention_backward(cp, dol.data(), ql.data(), kl.data(), vl.data(), o.data(), l.data(),
                                          gq.data(), gk.data(), gv.data(), local);
@@ -186,6 +186,7 @@ TEST_CASE("ring attention equals causal attention over the whole sequence, f64",
   check_ring<4, double>({2, 5, 4, 4, 8}, 1e-12);
   check_ring<8, double>({1, 3, 2, 1, 8}, 1e-12);  // multi-query: one key/value head travels
   check_ring<2, double>({1, 70, 2, 2, 16}, 1e-12);  // chunks longer than a 64-row tile
+  check_ring<4, double>({2, 5, 4, 2, 8}, 1e-12, layers::SeqSplit::contiguous);  // the unbalanced split, as bench/ runs
 }
 
 TEST_CASE("ring attention equals causal attention over the whole sequence, f32", "[attention][cp]") {

@@ -33,11 +33,19 @@ namespace loom::layers {
 //! The two chunks (of 2n, in sequence order) that cp rank r of n holds, in the order of its local rows.
 constexpr std::array<int, 2> zigzag_chunks(int r, int n) { return {r, 2 * n - 1 - r}; }
 
-//! The position in the whole sequence of local row t of cp rank r of n, whose chunks hold c tokens each.
-constexpr int zigzag_position(int t, int r, int n, int c) {
-  const auto chunk = zigzag_chunks(r, n)[t < c ? 0 : 1];
-  return chunk * c + t % c;
+//! How the sequence is split over the cp ranks: the zigzag (balanced under the causal mask), or contiguous (rank r
+//! holds chunks 2r and 2r + 1: the last rank does about 2n - 1 times the first one's work; for comparison only).
+enum class SeqSplit { zigzag, contiguous };
+constexpr std::array<int, 2> split_chunks(int r, int n, SeqSplit split) {
+  return split == SeqSplit::zigzag ? zigzag_chunks(r, n) : std::array<int, 2>{2 * r, 2 * r + 1};
 }
+
+//! The position in the whole sequence of local row t of cp rank r of n, whose chunks hold c tokens each.
+constexpr int split_position(int t, int r, int n, int c, SeqSplit split) {
+  return split_chunks(r, n, split)[t < c ? 0 : 1] * c + t % c;
+}
+constexpr int zigzag_position(int t, int r, int n, int c) { return split_position(t, r, n, c, SeqSplit::zigzag); }
+
 
 //! Checks that a sequence of T tokens splits over n cp ranks as the zigzag does (2n chunks of equal length).
 inline void check_zigzag(int T, int n) {
@@ -72,19 +80,20 @@ void scatter_chunk(const S* src, int B, int c, int w, int j, D* dst, std::ptrdif
 //! What a ring step computes: for each of this rank's query chunks (0, 1) and the held key chunks (0, 1), whether
 //! the pair is skipped, causal (the diagonal) or full.
 enum class Block { skip, causal, full };
-constexpr Block block_of(int r, int src, int n, int qi, int kj) {
-  const int gq = zigzag_chunks(r, n)[qi], gk = zigzag_chunks(src, n)[kj];
+constexpr Block block_of(int r, int src, int n, int qi, int kj, SeqSplit split = SeqSplit::zigzag) {
+  const int gq = split_chunks(r, n, split)[qi], gk = split_chunks(src, n, split)[kj];
   return gk > gq ? Block::skip : gk == gq ? Block::causal : Block::full;
 }
 
 }  // namespace detail
 
 //! Ring attention forward over the cp group `cp` (a communicator: rank(), size(), exchange_async). q, k, v, out and
-//! lse are this rank's (s.T = 2c local rows per sequence, in zigzag order; lse: B x Hq x 2c) and s is the local
-//! causal self-attention's shape; the result equals causal attention over the whole sequence at these rows.
+//! lse are this rank's (s.T = 2c local rows per sequence, in zigzag order, or as `split` says; lse: B x Hq x 2c) and
+//! s is the local causal self-attention's shape; the result equals causal attention over the whole sequence at these
+//! rows.
 template <class T, class Comm>
 void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
-                            const kernels::AttentionShape& s) {
+                            const kernels::AttentionShape& s, SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
   kernels::check_shape(s);
   LOOM_CHECK(s.self_causal() && s.T % 2 == 0, "ring attention takes a rank's two chunks of causal self-attention "
@@ -108,7 +117,7 @@ void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out
     const int src = (r + n - step) % n;
     for (int qi = 0; qi < 2; ++qi)
       for (int kj = 0; kj < 2; ++kj) {
-        const auto block = detail::block_of(r, src, n, qi, kj);
+        const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
         const kernels::AttentionShape bs{B, c, s.Hq, s.Hkv, s.D, wq, wkv, wq,
                                          s.scale, c, block == detail::Block::causal};
@@ -148,7 +157,8 @@ void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out
 //! lse that ring_attention_forward gave. Collective over `cp`, as forward.
 template <class T, class Comm>
 void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                             const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s) {
+                             const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s,
+                             SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
   kernels::check_shape(s);
   LOOM_CHECK(s.self_causal() && s.T % 2 == 0, "ring attention takes a rank's two chunks of causal self-attention "
@@ -184,7 +194,7 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
     std::fill(mine.begin(), mine.end(), A(0));
     for (int qi = 0; qi < 2; ++qi)
       for (int kj = 0; kj < 2; ++kj) {
-        const auto block = detail::block_of(r, src, n, qi, kj);
+        const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
         const kernels::AttentionShape bs{B, c, s.Hq, s.Hkv, s.D, wq, wkv, wq,
                                          s.scale, c, block == detail::Block::causal};
