@@ -4,6 +4,7 @@
 # yet updated); written in place and in the background. Each time `latest` still names step 2, loom-ckpt verify
 # passes, and --resume runs steps 2 and 3 with the losses of the uninterrupted run, to every digit.
 #   cmake -DTG=<train_gpt> -DCKPT=<loom-ckpt> -DDIR=<scratch> -P this
+include(${CMAKE_CURRENT_LIST_DIR}/losses.cmake)
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --parallel tp2,dp2)
@@ -12,7 +13,6 @@ execute_process(COMMAND ${TG} ${common} --steps 4 --log-json ${DIR}/straight.jso
 if(NOT rc STREQUAL "0")
   message(FATAL_ERROR "train_gpt failed (exit ${rc}):\n${out}${err}")
 endif()
-file(STRINGS ${DIR}/straight.jsonl straight)
 foreach(mode "write" "write --async-save" "index --async-save" "index" "rename" "rename --async-save")
   separate_arguments(mode)
   list(POP_FRONT mode point)
@@ -36,17 +36,7 @@ foreach(mode "write" "write --async-save" "index --async-save" "index" "rename" 
   if(NOT rc STREQUAL "0" OR NOT out MATCHES "resuming [^\n]* at step 2\n")
     message(FATAL_ERROR "${point} ${mode}: --resume failed after the crash (exit ${rc}):\n${out}${err}")
   endif()
-  file(STRINGS ${root}.jsonl resumed)
-  foreach(i 0 1)
-    math(EXPR j "${i} + 2")
-    list(GET straight ${j} a)
-    list(GET resumed ${i} b)
-    string(JSON la GET "${a}" loss)
-    string(JSON lb GET "${b}" loss)
-    if(NOT la STREQUAL lb)
-      message(FATAL_ERROR "${point} ${mode}: step ${j} has loss ${lb} resumed, ${la} straight")
-    endif()
-  endforeach()
+  expect_losses(${DIR}/straight.jsonl 2 ${root}.jsonl 0 2 0)
   message(STATUS "killed at '${point}' ${mode}: step 2 stays the latest and resumes exactly")
 endforeach()
 file(REMOVE_RECURSE ${DIR})  # kept only when a check failed

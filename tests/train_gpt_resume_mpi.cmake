@@ -2,6 +2,7 @@
 # by 2 processes on pp2 for steps 5-9, give the losses of 10 steps on one rank (f64, 9 significant digits: the
 # layouts sum in other orders).
 #   cmake -DTG=<train_gpt> -DMPIEXEC=<mpiexec> -DDIR=<scratch> -P this
+include(${CMAKE_CURRENT_LIST_DIR}/losses.cmake)
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32)
@@ -21,23 +22,6 @@ foreach(r 0 1 2 3)
 endforeach()
 run(${mpi} 2 ${TG} ${common} --backend mpi --parallel pp2 --micro-batches 2 --steps 10 --resume ${DIR}/ckpt
     --log-json ${DIR}/resumed.jsonl)
-file(STRINGS ${DIR}/straight.jsonl straight)
-file(STRINGS ${DIR}/resumed.jsonl resumed)
-list(LENGTH resumed n)
-if(NOT n EQUAL 5)
-  message(FATAL_ERROR "the resumed run logged ${n} steps, not 5")
-endif()
-foreach(i RANGE 0 4)
-  math(EXPR j "${i} + 5")
-  list(GET straight ${j} a)
-  list(GET resumed ${i} b)
-  string(JSON la GET "${a}" loss)
-  string(JSON lb GET "${b}" loss)
-  string(SUBSTRING "${la}" 0 10 sa)
-  string(SUBSTRING "${lb}" 0 10 sb)
-  if(NOT sa STREQUAL sb)
-    message(FATAL_ERROR "step ${j}: loss ${lb} resumed under mpirun, ${la} straight")
-  endif()
-endforeach()
+expect_losses(${DIR}/straight.jsonl 5 ${DIR}/resumed.jsonl 0 5 10)
 message(STATUS "saved by 4 processes on tp2,dp2,zero1, resumed by 2 on pp2: the one-rank run's losses")
 file(REMOVE_RECURSE ${DIR})  # kept only when a check failed

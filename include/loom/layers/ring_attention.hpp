@@ -85,6 +85,37 @@ constexpr Block block_of(int r, int src, int n, int qi, int kj, SeqSplit split =
   return gk > gq ? Block::skip : gk == gq ? Block::causal : Block::full;
 }
 
+//! The sizes of a rank's part: n ranks, rank r, B sequences of two c-row chunks, widths of q and kv rows, and the
+//! elements of a chunk of q, of k or v, and of the log-sum-exp. Checks that s is a rank's two chunks of causal
+//! self-attention.
+struct ChunkSizes {
+  int n, r, B, c, wq, wkv;
+  std::size_t qn, kvn, ln;
+};
+template <class Comm>
+ChunkSizes chunk_sizes(const Comm& cp, const kernels::AttentionShape& s, const char* what) {
+  kernels::check_shape(s);
+  LOOM_CHECK(s.self_causal() && s.T % 2 == 0, what, " takes a rank's two chunks of causal self-attention (an even "
+             "number of local rows), got T=", s.T, " Tk=", s.keys(), " causal=", s.causal);
+  const int B = s.B, c = s.T / 2, wq = s.Hq * s.D, wkv = s.Hkv * s.D;
+  return {cp.size(), cp.rank(), B, c, wq, wkv, std::size_t(B) * c * wq, std::size_t(B) * c * wkv,
+          std::size_t(B) * s.Hq * c};
+}
+
+//! k and v's chunks into kv: [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
+template <class T>
+void gather_kv(const T* k, const T* v, const kernels::AttentionShape& s, const ChunkSizes& z, T* kv) {
+  for (int j = 0; j < 2; ++j) {
+    gather_chunk(k, s.ldkv, z.B, z.c, z.wkv, j, kv + j * z.kvn);
+    gather_chunk(v, s.ldkv, z.B, z.c, z.wkv, j, kv + (2 + j) * z.kvn);
+  }
+}
+
+//! The kernel's shape of a block: a chunk of queries over a chunk of keys, contiguous.
+inline kernels::AttentionShape block_shape(const kernels::AttentionShape& s, const ChunkSizes& z, Block block) {
+  return {z.B, z.c, s.Hq, s.Hkv, s.D, z.wq, z.wkv, z.wq, s.scale, z.c, block == Block::causal};
+}
+
 }  // namespace detail
 
 //! Ring attention forward over the cp group `cp` (a communicator: rank(), size(), exchange_async). q, k, v, out and
@@ -95,19 +126,14 @@ template <class T, class Comm>
 void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
                             const kernels::AttentionShape& s, SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
-  kernels::check_shape(s);
-  LOOM_CHECK(s.self_causal() && s.T % 2 == 0, "ring attention takes a rank's two chunks of causal self-attention "
-             "(an even number of local rows), got T=", s.T, " Tk=", s.keys(), " causal=", s.causal);
-  const int n = cp.size(), r = cp.rank(), B = s.B, c = s.T / 2, wq = s.Hq * s.D, wkv = s.Hkv * s.D;
-  const std::size_t qn = std::size_t(B) * c * wq, kvn = std::size_t(B) * c * wkv, ln = std::size_t(B) * s.Hq * c;
+  const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
+  const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq;
+  const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
   // This rank's query chunks; the held key/value block as [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
   std::vector<T> Q(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0), Ob(qn);
   std::vector<A> O(2 * qn, A(0)), L(2 * ln, -std::numeric_limits<A>::infinity()), Lb(ln);
-  for (int j = 0; j < 2; ++j) {
-    detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
-    detail::gather_chunk(k, s.ldkv, B, c, wkv, j, kv.data() + j * kvn);
-    detail::gather_chunk(v, s.ldkv, B, c, wkv, j, kv.data() + (2 + j) * kvn);
-  }
+  for (int j = 0; j < 2; ++j) detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
+  detail::gather_kv(k, v, s, z, kv.data());
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   for (int step = 0; step < n; ++step) {
     comm::Handle moving;  // the next block, while this one is computed
@@ -119,8 +145,7 @@ void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out
       for (int kj = 0; kj < 2; ++kj) {
         const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
-        const kernels::AttentionShape bs{B, c, s.Hq, s.Hkv, s.D, wq, wkv, wq,
-                                         s.scale, c, block == detail::Block::causal};
+        const kernels::AttentionShape bs = detail::block_shape(s, z, block);
         kernels::cpu::attention_forward(Q.data() + qi * qn, kv.data() + kj * kvn, kv.data() + (2 + kj) * kvn,
                                         Ob.data(), Lb.data(), bs);
         // Merge by log-sum-exp: rows [b][t], heads h.
@@ -160,19 +185,16 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
                              const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s,
                              SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
-  kernels::check_shape(s);
-  LOOM_CHECK(s.self_causal() && s.T % 2 == 0, "ring attention takes a rank's two chunks of causal self-attention "
-             "(an even number of local rows), got T=", s.T, " Tk=", s.keys(), " causal=", s.causal);
-  const int n = cp.size(), r = cp.rank(), B = s.B, c = s.T / 2, wq = s.Hq * s.D, wkv = s.Hkv * s.D;
-  const std::size_t qn = std::size_t(B) * c * wq, kvn = std::size_t(B) * c * wkv, ln = std::size_t(B) * s.Hq * c;
+  const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
+  const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq, wkv = z.wkv;
+  const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
   std::vector<T> Q(2 * qn), dO(2 * qn), O(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0);
   std::vector<A> L(2 * ln);
+  detail::gather_kv(k, v, s, z, kv.data());
   for (int j = 0; j < 2; ++j) {
     detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
     detail::gather_chunk(dout, s.ldo, B, c, wq, j, dO.data() + j * qn);
     detail::gather_chunk(out, s.ldo, B, c, wq, j, O.data() + j * qn);
-    detail::gather_chunk(k, s.ldkv, B, c, wkv, j, kv.data() + j * kvn);
-    detail::gather_chunk(v, s.ldkv, B, c, wkv, j, kv.data() + (2 + j) * kvn);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < s.Hq; ++h)
         std::copy_n(lse + (std::size_t(b) * s.Hq + h) * 2 * c + std::size_t(j) * c, c,
@@ -196,8 +218,7 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
       for (int kj = 0; kj < 2; ++kj) {
         const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
-        const kernels::AttentionShape bs{B, c, s.Hq, s.Hkv, s.D, wq, wkv, wq,
-                                         s.scale, c, block == detail::Block::causal};
+        const kernels::AttentionShape bs = detail::block_shape(s, z, block);
         kernels::cpu::attention_backward(dO.data() + qi * qn, Q.data() + qi * qn, kv.data() + kj * kvn,
                                          kv.data() + (2 + kj) * kvn, O.data() + qi * qn, L.data() + qi * ln,
                                          dqb.data(), dkb.data(), dvb.data(), bs);

@@ -15,24 +15,32 @@ namespace loom::layers {
 
 namespace detail {
 
+//! Calls f(src, dst) for each row of each head group p of the all-to-all between this rank's rows (B x 2c, stride
+//! ld, H heads of D) and the whole sequence (B x 2nc, in order) of its head group (H / n heads): src is the offset
+//! of the row's first element in the send buffer (n blocks of B x 2c rows of (H / n) D), dst that of rank p's row in
+//! the sequence.
+template <class F>
+void each_head_row(int n, int B, int c, F&& f) {
+  for (int p = 0; p < n; ++p)
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < 2 * c; ++t) f(p, b, t, std::size_t(b) * 2 * n * c + zigzag_position(t, p, n, c));
+}
+
 //! This rank's rows (B x 2c, stride ld, H heads of D) to the whole sequence (B x 2nc, in order) of head group `cp
 //! rank` (H / n heads): out is B x 2nc x (H / n) D.
 template <class T, class Comm>
 std::vector<T> to_heads(Comm& cp, const T* x, std::ptrdiff_t ld, int B, int c, int H, int D) {
-  const int n = cp.size(), hw = H / n * D, Tg = 2 * n * c;
+  const int n = cp.size(), hw = H / n * D;
   const std::size_t block = std::size_t(B) * 2 * c * hw;
-  std::vector<T> send(block * n), recv(block * n), out(std::size_t(B) * Tg * hw);
-  for (int p = 0; p < n; ++p)
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < 2 * c; ++t)
-        std::copy_n(x + (std::ptrdiff_t(b) * 2 * c + t) * ld + std::ptrdiff_t(p) * hw, hw,
-                    send.data() + p * block + (std::size_t(b) * 2 * c + t) * hw);
+  std::vector<T> send(block * n), recv(block * n), out(std::size_t(B) * 2 * n * c * hw);
+  each_head_row(n, B, c, [&](int p, int b, int t, std::size_t) {
+    std::copy_n(x + (std::ptrdiff_t(b) * 2 * c + t) * ld + std::ptrdiff_t(p) * hw, hw,
+                send.data() + p * block + (std::size_t(b) * 2 * c + t) * hw);
+  });
   cp.all_to_all(send, recv);
-  for (int p = 0; p < n; ++p)
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < 2 * c; ++t)
-        std::copy_n(recv.data() + p * block + (std::size_t(b) * 2 * c + t) * hw, hw,
-                    out.data() + (std::size_t(b) * Tg + zigzag_position(t, p, n, c)) * hw);
+  each_head_row(n, B, c, [&](int p, int b, int t, std::size_t at) {
+    std::copy_n(recv.data() + p * block + (std::size_t(b) * 2 * c + t) * hw, hw, out.data() + at * hw);
+  });
   return out;
 }
 
@@ -40,20 +48,17 @@ std::vector<T> to_heads(Comm& cp, const T* x, std::ptrdiff_t ld, int B, int c, i
 //! rows of every head, written to dst (stride ld).
 template <class T, class Comm>
 void to_rows(Comm& cp, const std::vector<T>& g, T* dst, std::ptrdiff_t ld, int B, int c, int H, int D) {
-  const int n = cp.size(), hw = H / n * D, Tg = 2 * n * c;
+  const int n = cp.size(), hw = H / n * D;
   const std::size_t block = std::size_t(B) * 2 * c * hw;
   std::vector<T> send(block * n), recv(block * n);
-  for (int p = 0; p < n; ++p)
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < 2 * c; ++t)
-        std::copy_n(g.data() + (std::size_t(b) * Tg + zigzag_position(t, p, n, c)) * hw, hw,
-                    send.data() + p * block + (std::size_t(b) * 2 * c + t) * hw);
+  each_head_row(n, B, c, [&](int p, int b, int t, std::size_t at) {
+    std::copy_n(g.data() + at * hw, hw, send.data() + p * block + (std::size_t(b) * 2 * c + t) * hw);
+  });
   cp.all_to_all(send, recv);
-  for (int p = 0; p < n; ++p)
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < 2 * c; ++t)
-        std::copy_n(recv.data() + p * block + (std::size_t(b) * 2 * c + t) * hw, hw,
-                    dst + (std::ptrdiff_t(b) * 2 * c + t) * ld + std::ptrdiff_t(p) * hw);
+  each_head_row(n, B, c, [&](int p, int b, int t, std::size_t) {
+    std::copy_n(recv.data() + p * block + (std::size_t(b) * 2 * c + t) * hw, hw,
+                dst + (std::ptrdiff_t(b) * 2 * c + t) * ld + std::ptrdiff_t(p) * hw);
+  });
 }
 
 //! The log-sum-exp as rows of width 1 per head: local B x Hq x 2c <-> head group B x (Hq / n) x 2nc.
@@ -72,10 +77,9 @@ void rows_as_lse(const std::vector<A>& rows, A* lse, int B, int H, int T) {  // 
       for (int t = 0; t < T; ++t) lse[(std::size_t(b) * H + h) * T + t] = rows[(std::size_t(b) * T + t) * H + h];
 }
 
-inline void check_ulysses(const kernels::AttentionShape& s, int n) {
-  kernels::check_shape(s);
-  LOOM_CHECK(s.self_causal() && s.T % 2 == 0, "Ulysses attention takes a rank's two chunks of causal "
-             "self-attention (an even number of local rows), got T=", s.T, " Tk=", s.keys(), " causal=", s.causal);
+template <class Comm>
+void check_ulysses(const Comm& cp, const kernels::AttentionShape& s) {
+  const int n = chunk_sizes(cp, s, "Ulysses attention").n;
   LOOM_CHECK(s.Hq % n == 0 && s.Hkv % n == 0, "Ulysses attention splits the heads over the ", n,
              " cp ranks: it needs heads (", s.Hq, ") and key/value heads (", s.Hkv, ") divisible by ", n,
              " (ring attention takes any)");
@@ -89,7 +93,7 @@ void ulysses_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* 
                                const kernels::AttentionShape& s) {
   using A = acc_t<T>;
   const int n = cp.size(), B = s.B, c = s.T / 2, hq = s.Hq / n, hkv = s.Hkv / n, Tg = 2 * n * c;
-  detail::check_ulysses(s, n);
+  detail::check_ulysses(cp, s);
   const auto Q = detail::to_heads(cp, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, v, s.ldkv, B, c, s.Hkv, s.D);
@@ -108,7 +112,7 @@ template <class T, class Comm>
 void ulysses_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, const T* v, const T* out,
                                 const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s) {
   const int n = cp.size(), B = s.B, c = s.T / 2, hq = s.Hq / n, hkv = s.Hkv / n, Tg = 2 * n * c;
-  detail::check_ulysses(s, n);
+  detail::check_ulysses(cp, s);
   const auto Q = detail::to_heads(cp, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, v, s.ldkv, B, c, s.Hkv, s.D);
