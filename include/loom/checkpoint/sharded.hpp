@@ -13,7 +13,7 @@
 // elements it writes over data parallelism (Holding::written: under ZeRO its shard, written once over hybrid
 // replicas; otherwise an even share of the replicated buffers). Nothing is written twice.
 //
-// Writing is atomic: every rank copies its chunks to host memory (snapshot_sharded), writes and fsyncs its file into
+// Writing is atomic: every rank takes its chunks (snapshot_into), writes and fsyncs its file into
 // ROOT/.step-NNNNNNNN.tmp (write_snapshot); once every rank has, rank 0 puts the ranks' manifests together into
 // index.json, fsyncs it, renames the directory into place, and then points ROOT/latest at it (commit_snapshot). A
 // crash leaves the previous checkpoint and `latest` as they were. save_sharded does it all in place; CheckpointWriter
@@ -312,8 +312,8 @@ class ChargedBytes {
   std::size_t bytes_ = 0;
 };
 
-//! A rank's part of a checkpoint, copied to host memory (snapshot_sharded): what write_snapshot puts on disk and,
-//! on rank 0, what commit_snapshot records in the index.
+//! A rank's part of a checkpoint (snapshot_into): what write_snapshot puts on disk and, on rank 0, what
+//! commit_snapshot records in the index.
 struct Snapshot {
   std::string root, name;  //!< ROOT and step-NNNNNNNN
   int rank = 0, world_size = 1, next_step = 0;
@@ -465,16 +465,6 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
   }
 }
 
-//! snapshot_into a new snapshot.
-template <class Model, class Optimizer>
-Snapshot snapshot_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
-                          const std::string& layout, const nlohmann::json& run = nullptr,
-                          std::int64_t block = checksum_block, bool copy = true) {
-  Snapshot snap;
-  snapshot_into(snap, root, trainer, next_step, layout, run, block, copy);
-  return snap;
-}
-
 //! Writes a snapshot's chunks as the rank's file in the temporary directory (safetensors, then its manifest), each
 //! fsynced, and frees them, unless keep_buffers (for the next snapshot_into); a chunk not copied yet is copied into
 //! a buffer of its size, one at a time. No communication: a background thread may run it.
@@ -581,26 +571,9 @@ inline std::string commit_snapshot(const Snapshot& snap, int keep = 0) {
   return final_dir;
 }
 
-//! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it;
-//! `layout` names the layout (recorded), `run` is recorded under "run"; `options` (keep, block; it is written in
-//! place whatever options.asynchronous says: CheckpointWriter writes in the background). A collective over the
-//! world: every rank calls it. Returns the checkpoint's directory.
-template <class Model, class Optimizer>
-std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
-                         const std::string& layout, const nlohmann::json& run = nullptr, SaveOptions options = {}) {
-  prepare_snapshot(root, next_step, trainer.world_rank());
-  trainer.barrier();
-  Snapshot snap = snapshot_sharded(root, trainer, next_step, layout, run, options.block, /*copy=*/false);
-  write_snapshot(snap);
-  trainer.barrier();  // every rank's file is on disk
-  if (snap.rank == 0) commit_snapshot(snap, options.keep);
-  trainer.barrier();  // the checkpoint is in place before any rank goes on (or reads it)
-  return snap.final_dir();
-}
-
 //! Saves a run's checkpoints into ROOT, synchronously or in the background. Each rank owns one; save() and finish()
 //! are collectives over the world.
-//! - synchronous: save() returns once the checkpoint is in place (as save_sharded).
+//! - synchronous: save() returns once the checkpoint is in place, holding one chunk at a time as it writes.
 //! - asynchronous: save() copies the rank's part to host memory and returns; a background thread writes it while
 //!   training goes on. The checkpoint is put in place (index, rename, `latest`) when the next save() begins or at
 //!   finish(), once every rank's file is on disk: until then `latest` names the one before. Each save waits for the
@@ -689,6 +662,18 @@ class CheckpointWriter {
   int saves_ = 0;
   std::string last_;
 };
+
+//! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it
+//! (one CheckpointWriter's save and finish); `layout` names the layout (recorded), `run` is recorded under "run".
+//! A collective over the world: every rank calls it. Returns the checkpoint's directory, in place.
+template <class Model, class Optimizer>
+std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
+                         const std::string& layout, const nlohmann::json& run = nullptr, SaveOptions options = {}) {
+  CheckpointWriter writer(root, options);
+  writer.save(trainer, next_step, layout, run);
+  writer.finish(trainer);
+  return writer.last();
+}
 
 namespace detail {
 

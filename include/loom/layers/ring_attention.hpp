@@ -203,7 +203,7 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
   // dQ sums over the steps; dKV is the gradient of the held block, [dK 0, dK 1, dV 0, dV 1]: this rank's part (mine)
   // plus the part the ranks before it added (in). At the end of each step the sum goes on to the next rank and the
   // part of the next block comes in, in one exchange that runs while the next step computes.
-  std::vector<A> dQ(2 * qn, A(0)), mine(4 * kvn), in(4 * kvn), sending(4 * kvn);
+  std::vector<A> dQ(2 * qn, A(0)), mine(4 * kvn), in(n > 1 ? 4 * kvn : 0), sending(n > 1 ? 4 * kvn : 0);
   std::vector<T> dqb(qn), dkb(kvn), dvb(kvn);
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   comm::Handle passing;
