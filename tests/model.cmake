@@ -275,5 +275,7 @@ loom_add_test(test_pipeline_parallel test_pipeline_parallel.cpp LABELS "pipeline
 if(LOOM_WITH_MPI)
   loom_add_mpi_test(test_pipeline_parallel_mpi test_pipeline_parallel_mpi.cpp LABELS "mpi;pipeline")
 endif()
+# Context parallelism (ring and Ulysses, with TP, SP, DP, ZeRO, PP and recompute) against the single-rank run.
+loom_add_test(test_context_parallel test_context_parallel.cpp LABELS "cp;model")
 loom_add_test(test_pipeline_executor test_pipeline_executor.cpp LABELS "pipeline")
 set_tests_properties(test_pipeline_executor PROPERTIES RUN_SERIAL TRUE)  # it times sleeps: alone, or it measures the load

@@ -41,16 +41,24 @@ Run single_rank() {
   return test::single_rank<S>(data(), options(), steps, batch, seq);
 }
 
+//! What a run trains on: the batches, their shape, the model's options.
+struct Setup {
+  train::Batches data;
+  int batch, seq;
+  models::GptOptions options;
+};
+inline Setup setup() { return {data(), batch, seq, options()}; }
+
 //! One rank of layout Cfg (whose PP policy names the schedule and chunks per stage) with m micro-batches per step,
-//! the blocks split evenly over the virtual stages or as `split` says.
+//! the blocks split evenly over the virtual stages or as `split` says, on su's data (the pipeline tests' when none).
 template <class Cfg, models::GptShape S = shape, class Ctx>
-Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}) {
+Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}, const Setup& su = setup()) {
   using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
   using AdamW = optim::AdamW<double>;
-  const auto d = data();
+  const auto& d = su.data;
   train::TrainerOptions o;
-  o.seed = 3, o.model = options(), o.split = std::move(split);
-  o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
+  o.seed = 3, o.model = su.options, o.split = std::move(split);
+  o.step.batch = su.batch, o.step.seq = su.seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
   o.step.grad_clip = 1.0;
   train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {
     return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});

@@ -20,6 +20,7 @@ using namespace loom;
 using models::Gpt;
 using models::GptOptions;
 using models::GptShape;
+using models::Recompute;
 
 namespace {
 
@@ -81,17 +82,25 @@ TEMPLATE_TEST_CASE_SIG("the gradient of the loss matches central finite differen
 TEST_CASE("recompute, micro-batching and the split backward change nothing", "[gpt]") {
   const int B = 4, T = 7;
   const auto b = batch(B, T, gqa.vocab, 1);
-  GptOptions plain, recompute;
-  plain.dropout = recompute.dropout = 0.1f;
-  recompute.recompute = true;
-  Gpt<gqa, double> a(7, plain), r(7, recompute), mb(7, plain);
-  a.zero_grad(), r.zero_grad(), mb.zero_grad();
+  GptOptions plain, recompute, selective;
+  plain.dropout = recompute.dropout = selective.dropout = 0.1f;
+  recompute.recompute = Recompute::full;
+  selective.recompute = Recompute::selective;
+  Gpt<gqa, double> a(7, plain), r(7, recompute), sel(7, selective), mb(7, plain);
+  a.zero_grad(), r.zero_grad(), sel.zero_grad(), mb.zero_grad();
   const double la = a.forward(b.ids.data(), b.targets.data(), B, T, 5);
   a.backward();
   const double lr = r.forward(b.ids.data(), b.targets.data(), B, T, 5);
   r.backward();
+  const double ls = sel.forward(b.ids.data(), b.targets.data(), B, T, 5);
+  sel.backward();
   CHECK(la == lr);
+  CHECK(la == ls);
   CHECK(max_rel_diff(a.grads(), r.grads()) == 0.0);
+  CHECK(max_rel_diff(a.grads(), sel.grads()) == 0.0);
+  // Each keeps less: selective drops the attention core's result, full all but each block's input.
+  CHECK(sel.activation_bytes() < a.activation_bytes());
+  CHECK(r.activation_bytes() < sel.activation_bytes());
   // Two micro-batches of two rows: the same loss and gradient, dropout included (keyed by global row).
   double lm = 0;
   for (int k = 0; k < 2; ++k) {

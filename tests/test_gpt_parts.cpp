@@ -117,7 +117,7 @@ TEST_CASE("parts of the model compute the whole model", "[model][pipeline]") {
   const std::vector<models::GptPart> three{{0, 1}, {1, 3}, {3, 4}}, two{{0, 2}, {2, -1}};
   SECTION("one rank, three parts") { check_parts<Parallel<>>(opt, three); }
   SECTION("one rank, two parts, recompute") {
-    opt.recompute = true;
+    opt.recompute = models::Recompute::full;
     check_parts<Parallel<>>(opt, two);
   }
   SECTION("tp2 with sequence parallelism, three parts") { check_parts<Parallel<TP<2, SequenceParallel>>>(opt, three); }

@@ -130,7 +130,8 @@ struct TrainerOptions {
 };
 
 //! The part of a layout a training step depends on: this rank's communicators and place, whether the layout has a
-//! pipeline axis, and its ZeRO stage. Taken from the layout type by rank_in_layout(ctx), so that a trainer built
+//! pipeline axis, and its ZeRO stage. With context parallelism the gradients, the loss and ZeRO's shards are over
+//! dp x cp (`dp`; each cp rank's loss is its share of the sequences'), the batch over the DP ranks (dp_size). Taken from the layout type by rank_in_layout(ctx), so that a trainer built
 //! from it is compiled once per model, optimizer, backend, Pipelined and Zero, not once per layout (as
 //! ModelLayout<Cfg> is for the model).
 template <class Comm, bool Pipelined, int Zero = 0>
@@ -139,16 +140,18 @@ struct RankInLayout {
   static constexpr int zero = Zero;
   bool keep_gathered;  //!< ZeRO-3's KeepGathered
   Comm* tp;
-  Comm* dp;
+  Comm* dp;    //!< where gradients are averaged: the data-parallel group, with context parallelism dp x cp
   Comm* pp;
   Comm* world;
   Comm* tied;  //!< the first and last stages' pair, for the tied table; null when one stage holds both uses
-  int dp_rank, stage, stages;
+  int dp_rank, stage, stages;  //!< dp_rank: this rank's dp coordinate, which picks its sequences of the batch
   Schedule schedule;
   int chunks;               //!< model chunks per pipeline stage
   Comm* shard = nullptr;     //!< with HybridShard<s>: this rank's group of s data-parallel ranks (ZeRO's group)
   Comm* replicas = nullptr;  //!< with HybridShard<s>: the ranks at this rank's place in the other groups
   bool reduce_in_storage = false;  //!< ReduceIn<bf16>: gradients averaged in their own type, not widened
+  Comm* cp = nullptr;  //!< with context parallelism: the cp group
+  int dp_size = 1;     //!< the DP degree, over which the batch's sequences are split
 };
 
 //! Rank ctx's RankInLayout in layout Cfg. The first call for a context is collective over its groups.
@@ -157,14 +160,23 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   constexpr int stages = Cfg::template size<Axis::pp>;
   constexpr bool pipelined = stages > 1;
   constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
+  constexpr int cp = Cfg::template size<Axis::cp>;
+  static_assert(cp == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,
+                "loom: DP<n, ZeRO<k>, HybridShard<s>> with CP<m> (m > 1) is not implemented (its shard groups are "
+                "data-parallel ranks alone; with context parallelism they would span dp x cp)");
+  typename Backend::Comm* dp = nullptr;
+  if constexpr (cp > 1) dp = &ctx.template comm<Axis::dp, Axis::cp>();
+  else dp = &ctx.template comm<Axis::dp>();
   RankInLayout<typename Backend::Comm, pipelined, Cfg::zero_stage> at{Cfg::keep_gathered,
                                                                      &ctx.template comm<Axis::tp>(),
-                                                                     &ctx.template comm<Axis::dp>(),
+                                                                     dp,
                                                                      &ctx.template comm<Axis::pp>(), &ctx.world(),
                                                                      nullptr, ctx.template coord<Axis::dp>(),
                                                                      ctx.template coord<Axis::pp>(), stages,
                                                                      Cfg::schedule, chunks};
   at.reduce_in_storage = Cfg::reduce_in_storage_type;
+  at.dp_size = Cfg::template size<Axis::dp>;
+  if constexpr (cp > 1) at.cp = &ctx.template comm<Axis::cp>();
   if constexpr (Cfg::shard_group < Cfg::template size<Axis::dp>) {  // hybrid sharding: groups of s, replicated
     constexpr int s = Cfg::shard_group, dp = Cfg::template size<Axis::dp>;
     const auto all = Cfg::template group<Axis::dp>(ctx.rank());
@@ -202,8 +214,10 @@ class AnyRankInLayout {
         tied_(at.tied ? std::make_unique<comm::AnyComm>(*at.tied) : nullptr),
         shard_(at.shard ? std::make_unique<comm::AnyComm>(*at.shard) : nullptr),
         replicas_(at.replicas ? std::make_unique<comm::AnyComm>(*at.replicas) : nullptr),
+        cp_(at.cp ? std::make_unique<comm::AnyComm>(*at.cp) : nullptr),
         at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_,   tied_.get(),  at.dp_rank,
-            at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get(), at.reduce_in_storage} {}
+            at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get(), at.reduce_in_storage,
+            cp_.get(),        at.dp_size} {}
   AnyRankInLayout(const AnyRankInLayout&) = delete;
   AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
 
@@ -211,7 +225,7 @@ class AnyRankInLayout {
 
  private:
   comm::AnyComm tp_, dp_, pp_, world_;
-  std::unique_ptr<comm::AnyComm> tied_, shard_, replicas_;
+  std::unique_ptr<comm::AnyComm> tied_, shard_, replicas_, cp_;
   RankInLayout<comm::AnyComm, Pipelined, Zero> at_;
 };
 
@@ -269,7 +283,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
               const std::function<std::unique_ptr<Model>(models::GptPart)>& make_part, MakeOptimizer&& make_optimizer)
       : at_(at), data_(data), cfg_(o.step), average_(at.reduce_in_storage) {
     const StepConfig& cfg = o.step;
-    const int dp = at.dp->size();
+    const int dp = at.dp_size;
     LOOM_CHECK(cfg.micro_batches >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ",
                cfg.batch, " sequences does not split into ", dp, " data-parallel ranks x ", cfg.micro_batches,
                " micro-batches");
@@ -284,7 +298,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
       const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
       {  // what ZeRO accounts for itself is made uncounted
-        const int shard = at.shard ? at.shard->size() : dp;
+        const int shard = at.shard ? at.shard->size() : at.dp->size();
         const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, shard)
                                                       : std::vector<MemoryUse>{});
         this->parts.push_back(make_part(part));
@@ -325,7 +339,8 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       else parts[c]->zero_grad();
     }
     const double loss = Pipelined ? run_pipeline(step) : run_micro_batches(step);
-    // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism.
+    // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism
+    // (and context parallelism: each cp rank's is the mean over its share of the sequences).
     std::vector<double> l{loss};
     if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
     at_.dp->all_reduce(l, comm::Reduce::avg);
@@ -402,7 +417,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       if (Zero >= 3 && (at_.shard ? at_.shard : at_.dp)->size() > 1) h.params = h.state;
       else h.params.push_back({0, n, 0});
     } else {  // replicated over data parallelism: each rank writes an even share
-      const int d = at_.dp->size(), r = at_.dp_rank;
+      const int d = at_.dp->size(), r = at_.dp->rank();
       h.state.push_back({0, n, 0});
       h.params = h.state;
       const std::int64_t lo = n * r / d, hi = n * (r + 1) / d;
@@ -627,8 +642,15 @@ class TrainerOf {
     // Under ZeRO-3 over several ranks each rank writes only its shard of the parameters (TrainerCore).
     models::GptOptions model = options.model;
     if constexpr (Zero >= 3) model.write_buffers = (at.shard ? at.shard : at.dp)->size() == 1;
+    constexpr int cp = Part::config::template size<Axis::cp>;
+    LOOM_CHECK(cp == 1 || (at.cp && at.cp->size() == cp), "the model is split over ", cp,
+               " context-parallel ranks but the layout's context-parallel group has ", at.cp ? at.cp->size() : 1);
     const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
-      if constexpr (requires { Model::static_shape; })
+      if constexpr (cp > 1 && requires { Model::static_shape; })
+        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, *at.cp, part, model));
+      else if constexpr (cp > 1)
+        return std::make_unique<Model>(shape, options.seed, *at.tp, *at.cp, part, model);
+      else if constexpr (requires { Model::static_shape; })
         return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, part, model));
       else
         return std::make_unique<Model>(shape, options.seed, *at.tp, part, model);

@@ -28,7 +28,9 @@ struct GptSlot {
   const std::int32_t* ids = nullptr;
   const std::int32_t* targets = nullptr;
   Tensor<std::int32_t, Dev> ids_on_device, targets_on_device;
-  Dropout dropout{0, 0, 0};
+  //! With context parallelism: this rank's tokens of each sequence (its zigzag chunks), which ids and targets name.
+  std::vector<std::int32_t> local_ids, local_targets;
+  Dropout dropout{0, 0, 0, {}, 0};
   bool forwarded = false;
 
   //! Block i's input (i counted from the part's first block).
@@ -53,7 +55,10 @@ struct GptSplit {
 struct GptActivationShape {
   std::int64_t rows, tokens, d_model, vocab_rows;  //!< this rank's rows, all N tokens, width, its vocabulary
   int blocks;
-  bool embedding, head, recompute;
+  bool embedding, head;
+  Recompute recompute;
+  bool full() const { return recompute == Recompute::full; }
+  bool selective() const { return recompute == Recompute::selective; }
 };
 
 //! Every slot's storage and the scratch the calls share, for one batch shape.
@@ -65,8 +70,10 @@ struct GptActivations {
 
   std::vector<GptSlot<T, Dev, Tp>> slots;
   std::vector<GptSplit<T, Dev, Tp>> splits;  //!< made on a slot's first split backward
-  typename Block::Acts scratch_act;      //!< with recompute: the block being recomputed
-  typename Block::Grads grads;           //!< the branch gradients of a backward that is not split
+  typename Block::Acts scratch_act;      //!< with full recompute: the block being recomputed
+  //! The branch gradients of a backward that is not split; with selective recompute also the attention core that
+  //! forward computes and does not keep.
+  typename Block::Grads grads;
   Buf recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss;
 
   //! Storage for shape s in every slot (n of them), made by block's layers.
@@ -77,11 +84,11 @@ struct GptActivations {
     for (auto& st : slots) {
       st.act.resize(static_cast<std::size_t>(s.blocks));
       st.inputs.resize(static_cast<std::size_t>(s.blocks));
-      if (s.recompute) {
+      if (s.full()) {
         st.act[0].x = Buf({rows, d});
         for (std::size_t i = 1; i < st.inputs.size(); ++i) st.inputs[i] = Buf({rows, d});
       } else {
-        for (auto& a : st.act) a = block.make_acts(true);
+        for (auto& a : st.act) a = block.make_acts(true, !s.selective());
       }
       st.out = Buf({rows, d});
       if (s.head) {
@@ -96,14 +103,14 @@ struct GptActivations {
       }
     }
     splits.clear();
-    scratch_act = s.recompute ? block.make_acts(false) : typename Block::Acts{};
-    recompute_out = s.recompute ? Buf({rows, d}) : Buf();
+    scratch_act = s.full() ? block.make_acts(false) : typename Block::Acts{};
+    recompute_out = s.full() ? Buf({rows, d}) : Buf();
     dlnf = Buf({rows, d});
     dx = Buf({rows, d});
     partial = emb_full = dlnf_full = Buf();
     if (Tp::sequence_parallel) partial = Buf({N, d}), emb_full = Buf({N, d}), dlnf_full = Buf({N, d});
     dloss = Buf({N});
-    grads = block.make_grads();
+    grads = block.make_grads(s.selective());
   }
 
   //! The split-backward storage of slot `slot`, made on first use.
@@ -112,7 +119,7 @@ struct GptActivations {
     auto& sp = splits[static_cast<std::size_t>(slot)];
     if (sp.blocks.empty()) {
       MemoryUseScope use(MemoryUse::activations);
-      for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads());
+      for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads(s.selective()));
       if (s.head) sp.dlnf = Buf({s.rows, s.d_model});
       if (s.embedding) sp.dx = Buf({s.rows, s.d_model});
     }

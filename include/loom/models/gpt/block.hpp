@@ -6,34 +6,72 @@
 #include <loom/core/random.hpp>
 #include <loom/core/trace.hpp>
 #include <loom/layers/attention.hpp>
+#include <loom/layers/ring_attention.hpp>
 #include <loom/layers/mlp.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/models/gpt/shape.hpp>
 #include <loom/tensor/tensor.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace loom::models {
 
+//! Where this rank's rows sit in the micro-batch: rows `first` .. first + rows - 1 of the B x seq tokens this rank's
+//! part of the batch holds (all of them, or with sequence parallelism its share), where each sequence's seq local
+//! tokens are, with context parallelism over cp ranks, its two zigzag chunks (layers::zigzag_position).
+struct RowPlace {
+  int first = 0, rows = 0, seq = 1;
+  int cp = 1, cp_rank = 0;
+
+  //! Tokens per whole sequence.
+  int global_seq() const { return seq * cp; }
+  //! f(i, n, b, t0) for each run of n rows from row i (counted from `first`) that are consecutive positions t0,
+  //! t0 + 1, ... of sequence b of the micro-batch.
+  template <class F>
+  void each_run(F&& f) const {
+    const int run = cp > 1 ? seq / 2 : seq;
+    for (int i = 0; i < rows;) {
+      const int row = first + i, b = row / seq, t = row % seq, n = std::min(run - t % run, rows - i);
+      f(i, n, b, cp > 1 ? layers::zigzag_position(t, cp_rank, cp, run) : t);
+      i += n;
+    }
+  }
+};
+
 //! The dropout of one micro-batch: the mask of an element is keyed by (step, layer, site) and its global index,
 //! so it is the same whichever rank holds the element. Sites: 0 the embedding, 1 the attention branch, 2 the MLP
 //! branch.
 struct Dropout {
-  float p;               //!< 0: none
-  std::uint64_t step;    //!< the optimizer step
-  std::uint64_t index0;  //!< the global index of this rank's first element of the micro-batch
+  float p;              //!< 0: none
+  std::uint64_t step;   //!< the optimizer step
+  std::int64_t row0;    //!< the global index of the micro-batch's first sequence
+  RowPlace place;       //!< this rank's rows in it
+  int d;                //!< elements per row
 
   std::uint64_t key(int l, int site) const { return random::key(0x6c6f6f6d, step, l, site); }
+  //! The global index of the first element of sequence b's position t.
+  std::uint64_t index(int b, int t) const {
+    return (static_cast<std::uint64_t>(row0 + b) * place.global_seq() + static_cast<std::uint64_t>(t)) * d;
+  }
+  //! out = dropout(in) on this rank's rows (may be in place).
   template <class Ops, class T>
-  void forward(const Ops& ops, const T* in, T* out, std::size_t n, int l, int site) const {
-    if (p > 0) ops.dropout_forward(in, out, n, p, key(l, site), index0);
+  void forward(const Ops& ops, const T* in, T* out, int l, int site) const {
+    if (p > 0)
+      place.each_run([&](int i, int n, int b, int t0) {
+        const std::ptrdiff_t at = std::ptrdiff_t(i) * d;
+        ops.dropout_forward(in + at, out + at, std::size_t(n) * d, p, key(l, site), index(b, t0));
+      });
   }
   template <class Ops, class T>
-  void backward(const Ops& ops, const T* din, T* dout, std::size_t n, int l, int site) const {
-    if (p > 0) ops.dropout_backward(din, dout, n, p, key(l, site), index0);
-    else ops.copy(din, dout, n);
+  void backward(const Ops& ops, const T* din, T* dout, int l, int site) const {
+    if (p == 0) return ops.copy(din, dout, std::size_t(place.rows) * d);
+    place.each_run([&](int i, int n, int b, int t0) {
+      const std::ptrdiff_t at = std::ptrdiff_t(i) * d;
+      ops.dropout_backward(din + at, dout + at, std::size_t(n) * d, p, key(l, site), index(b, t0));
+    });
   }
 };
 
@@ -76,39 +114,46 @@ class GptBlock {
     typename Mlp::Grads mlp;
   };
 
-  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps)
-      : region_(region), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim()), mlp_(region, s.ffn()),
+  //! B sequences of T_ tokens on this rank (its zigzag share of each with context parallelism over cp).
+  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps, layers::CpGroup cp = {})
+      : region_(region), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp), mlp_(region, s.ffn()),
         eps_(ln_eps) {}
 
   int rows() const { return region_.rows(); }
   int width() const { return region_.C; }
 
-  Acts make_acts(bool with_input) const {
+  //! What forward keeps: with the block's input or without (the caller keeps it), with the attention core's result
+  //! or without (selective recompute).
+  Acts make_acts(bool with_input, bool keep_core = true) const {
     const std::int64_t r = rows(), d = width();
     Acts a{with_input ? Buf({r, d}) : Buf(), Buf({r, d}), Buf({r, d}), Buf({r, d}), AccBuf({r}), AccBuf({r}),
-           AccBuf({r}), AccBuf({r}), attn_.make_acts(), mlp_.make_acts()};
+           AccBuf({r}), AccBuf({r}), attn_.make_acts(keep_core), mlp_.make_acts()};
     return a;
   }
-  Grads make_grads() const {
+  //! Backward's scratch; recompute_core: with room for the attention core selective recompute recomputes (which
+  //! forward, not keeping it, also writes there).
+  Grads make_grads(bool recompute_core = false) const {
     const std::int64_t r = rows(), d = width();
-    return Grads{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(),
+    return Grads{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core),
                  mlp_.make_grads()};
   }
 
-  //! Block l: out from x, keeping what backward needs in a; partial is N x d scratch (sequence parallelism).
-  void forward(int l, const Params& w, const T* x, Acts& a, T* partial, T* out, const Dropout& drop) const {
+  //! Block l: out from x, keeping what backward needs in a; partial is N x d scratch (sequence parallelism); the
+  //! attention core's result goes to a, or where a does not keep it (selective recompute) to g's.
+  void forward(int l, const Params& w, const T* x, Acts& a, T* partial, T* out, const Dropout& drop,
+               Grads& g) const {
     trace::Scope span("forward block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
     const std::size_t nd = std::size_t(r) * d;
     ops.layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), r, d, eps_);
     T* x2 = a.x2.data();
-    attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2);
-    drop.forward(ops, x2, x2, nd, l, 1);
+    attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2, g.attn.core);
+    drop.forward(ops, x2, x2, l, 1);
     ops.add(x, x2, x2, nd);
     ops.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d, eps_);
     mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
-    drop.forward(ops, out, out, nd, l, 2);
+    drop.forward(ops, out, out, l, 2);
     ops.add(x2, out, out, nd);
   }
 
@@ -120,13 +165,13 @@ class GptBlock {
     const int d = width(), r = rows();
     const std::size_t nd = std::size_t(r) * d;
     // MLP branch: y = x2 + drop(mlp(ln2(x2)))
-    drop.backward(ops, dx, g.dfcp.data(), nd, l, 2);
+    drop.backward(ops, dx, g.dfcp.data(), l, 2);
     mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     ops.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(),
                                  r, d);
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x2)
     // Attention branch: x2 = x + drop(attention(ln1(x)))
-    drop.backward(ops, dx, g.dattp.data(), nd, l, 1);
+    drop.backward(ops, dx, g.dattp.data(), l, 1);
     attn_.backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
     ops.layernorm_backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), g.dtmp.data(), r, d);
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x)
@@ -146,12 +191,12 @@ class GptBlock {
 
   //! Bytes held by one block's activations and by one set of branch gradients.
   static std::size_t bytes(const Acts& a) {
-    return held(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv, a.attn.out,
-                a.attn.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
+    return held(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv,
+                a.attn.core.out, a.attn.core.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
   }
   static std::size_t bytes(const Grads& g) {
     return held(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
-                g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full);
+                g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full);
   }
   //! The bytes of the tensors given that hold storage.
   template <class... U>

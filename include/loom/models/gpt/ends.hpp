@@ -13,48 +13,38 @@
 
 namespace loom::models {
 
-//! The embedding for one batch shape (N tokens of sequences of T), on this rank's rows of the region.
+//! The embedding for one batch shape, on this rank's rows of the region, which sit in the batch's sequences as
+//! `place` says: each row takes the position of its token in the whole sequence.
 template <class T, class Dev, class Tp>
 class GptEmbedding {
  public:
-  GptEmbedding(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, int seq)
-      : region_(region), emb_{region, slice}, seq_(seq) {}
+  GptEmbedding(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, RowPlace place)
+      : region_(region), emb_{region, slice}, place_(place) {}
 
   //! x (this rank's rows x d) from ids (all N, where the kernels read them); full is N x d scratch with sequence
   //! parallelism, else x.
   void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
     const int d = region_.C;
     emb_.forward(ids, wte, full, x);
-    for_positions([&](int i, int n, int t0) {
+    place_.each_run([&](int i, int n, int, int t0) {
       region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
     });
-    drop.forward(region_.ops, x, x, std::size_t(region_.rows()) * d, 0, 0);
+    drop.forward(region_.ops, x, x, 0, 0);
   }
   //! Accumulates the tables' gradients from dx, the gradient of x (overwritten); dfull as full in forward.
   void backward(const std::int32_t* ids, T* dx, T* dfull, T* dwte, T* dwpe, const Dropout& drop) const {
     const int d = region_.C;
-    drop.backward(region_.ops, dx, dx, std::size_t(region_.rows()) * d, 0, 0);
+    drop.backward(region_.ops, dx, dx, 0, 0);
     emb_.backward(ids, dx, dfull, dwte);
-    for_positions([&](int i, int n, int t0) {
+    place_.each_run([&](int i, int n, int, int t0) {
       region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
     });
   }
 
  private:
-  //! f(i, n, t0) for each run of n of this rank's rows, from row i, that are consecutive positions from t0.
-  template <class F>
-  void for_positions(F&& f) const {
-    const int rows = region_.rows(), first = region_.first_row();
-    for (int i = 0; i < rows;) {
-      const int t0 = (first + i) % seq_, n = std::min(seq_ - t0, rows - i);
-      f(i, n, t0);
-      i += n;
-    }
-  }
-
   layers::Region<T, Dev, Tp> region_;
   layers::VocabParallelEmbedding<T, Dev, Tp> emb_;
-  int seq_;
+  RowPlace place_;
 };
 
 //! The head for one batch shape: the final norm on this rank's rows of the last block's output (slot.out), the

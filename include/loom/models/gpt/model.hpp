@@ -6,6 +6,7 @@
 // call used. The model computes on the device Dev (Host, or Cuda with <loom/kernels/cuda/device_ops.cuh>).
 #pragma once
 
+#include <loom/comm/any.hpp>
 #include <loom/config.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/layers/vocab.hpp>
@@ -19,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -49,30 +51,39 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   using device = Dev;
   using Options = GptOptions;
   using ParamRange = models::ParamRange;
-  using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::embedding,
-      Weights::head;
+  using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::cp_size, Weights::cp_algorithm,
+      Weights::embedding, Weights::head;
 
   //! The single-rank model of shape s, initialised from seed: element i of parameter p is a function of (seed, p,
   //! i) alone.
   GptModel(const GptShape& s, std::uint64_t seed, GptOptions opt = {})
-    requires(tp_size == 1)
-      : GptModel(s, layers::TpGroup<T, Tp>{}, seed, opt, GptPart{}) {}
+    requires(tp_size == 1 && cp_size == 1)
+      : GptModel(s, layers::TpGroup<T, Tp>{}, nullptr, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptOptions opt = {})
-      : GptModel(s, group_of(tp), seed, opt, GptPart{}) {}
+    requires(cp_size == 1)
+      : GptModel(s, group_of(tp), nullptr, seed, opt, GptPart{}) {}
   //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-      : GptModel(s, group_of(tp), seed, opt, part) {}
+    requires(cp_size == 1)
+      : GptModel(s, group_of(tp), nullptr, seed, opt, part) {}
+  //! Part `part` (GptPart{}: the whole model) on the tensor-parallel communicator tp and the context-parallel
+  //! communicator cp (of cp_size ranks): this rank holds its zigzag share of every sequence.
+  template <class Comm, class CpComm>
+  GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
+    requires(cp_size > 1)
+      : GptModel(s, group_of(tp), context_of(cp), seed, opt, part) {}
 
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const GptOptions& options() const { return opt_; }
 
-  //! One micro-batch through this part of the model.
+  //! One micro-batch through this part of the model: whole sequences, of which a rank takes its share (with
+  //! context parallelism its two zigzag chunks of each).
   struct MicroBatch {
     const std::int32_t* ids;      //!< B*T in host memory, read by the part with the embedding
     const std::int32_t* targets;  //!< B*T in host memory, read by the part with the loss
@@ -91,7 +102,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! Forward of micro-batch mb, keeping what its backward needs in activation slot `slot` (every slot has the same
   //! B and T). The part with the embedding reads mb.ids, the others `input` (this rank's rows x d_model in Dev's
-  //! memory, the previous part's output). Returns the mean loss in the part with the loss; the others return 0 and
+  //! memory, the previous part's output). Returns the mean loss in the part with the loss (with context
+  //! parallelism, over this rank's tokens: the mean over the cp group is the batch's); the others return 0 and
   //! leave their output in output(slot).
   double forward(int slot, const MicroBatch& mb, const T* input = nullptr) {
     forward_begin(slot, mb, input);
@@ -128,8 +140,11 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     LOOM_CHECK(T_ >= 1 && T_ <= shape_.max_seq, "sequence length ", T_, " is outside 1..", shape_.max_seq,
                " (the model's max_seq)");
     LOOM_CHECK(B >= 1, "batch of ", B, " sequences");
-    LOOM_CHECK(!sequence_parallel || T_ % tp_size == 0, "sequence parallelism splits each sequence over tp = ",
-               tp_size, " ranks, but the sequence length ", T_, " is not a multiple of it");
+    if constexpr (cp_size > 1) layers::check_zigzag(T_, cp_size);
+    const int local = T_ / cp_size;
+    LOOM_CHECK(!sequence_parallel || local % tp_size == 0, "sequence parallelism splits each sequence",
+               cp_size > 1 ? "'s share on a cp rank" : "", " over tp = ", tp_size, " ranks, but its length ", local,
+               " is not a multiple of it");
     check_slot(slot);
     LOOM_CHECK(embedding() || input != nullptr, "a part without the embedding needs the previous part's output");
     for (std::int64_t i = 0; i < std::int64_t{B} * T_; ++i) {
@@ -138,13 +153,11 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
                  bad_id ? mb.ids[i] : mb.targets[i], " at position ", i, " is outside the vocabulary 0..",
                  shape_.vocab - 1);
     }
-    resize(B, T_);
+    resize(B, local);
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
-    st.ids = tokens_on_device(mb.ids, st.ids_on_device, embedding());
-    st.targets = tokens_on_device(mb.targets, st.targets_on_device, head());
-    st.dropout = {opt_.dropout, mb.step,
-                  (static_cast<std::uint64_t>(mb.row0) * T_ + static_cast<std::uint64_t>(region_.first_row())) *
-                      shape_.d_model};
+    st.ids = tokens_on_device(local_tokens(mb.ids, T_, st.local_ids), st.ids_on_device, embedding());
+    st.targets = tokens_on_device(local_tokens(mb.targets, T_, st.local_targets), st.targets_on_device, head());
+    st.dropout = {opt_.dropout, mb.step, mb.row0, place(), shape_.d_model};
     st.forwarded = true;
     if (!embedding()) ops_.copy(input, st.act[0].x.data(), std::size_t(region_.rows()) * shape_.d_model);
   }
@@ -164,9 +177,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     if (l < ix_.last) {
       auto counted = tp_.counting(layers::Phase::forward);
       const auto i = block_index(l);
-      block_->forward(l, block_params(params_, l), st.input_of(i, opt_.recompute),
-                      opt_.recompute ? acts_.scratch_act : st.act[i], acts_.partial.data(),
-                      st.output_of(i, opt_.recompute), st.dropout);
+      block_->forward(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
+                      acts_.partial.data(), st.output_of(i, full()), st.dropout, acts_.grads);
       return 0;
     }
     return head_->forward(st, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b));
@@ -247,10 +259,10 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! The backward of the micro-batch in `slot` split in two, as zero-bubble schedules run it. B: the gradient of
   //! this part's input (from the loss, scaled by `scale`, in the part with the loss, else from doutput), left in
-  //! input_grad(); what the weight gradients need is kept with the slot. Not with recompute.
+  //! input_grad(); what the weight gradients need is kept with the slot. Not with full recompute.
   void backward_inputs(int slot, double scale, const T* doutput = nullptr) {
-    LOOM_CHECK(!opt_.recompute, "the split backward (B, then W) keeps every block's branch gradients; it does not "
-               "combine with recompute");
+    LOOM_CHECK(!full(), "the split backward (B, then W) of zero-bubble schedules keeps every block's activations "
+               "until W; it does not combine with full recompute (selective recompute works)");
     check_slot(slot);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
@@ -272,8 +284,12 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! Elements of an activation passed between parts for B sequences of T tokens: this rank's rows x d_model.
   std::size_t io_elements(int B, int T_) const {
-    return static_cast<std::size_t>(sequence_parallel ? B * T_ / tp_size : B * T_) * shape_.d_model;
+    const int local = T_ / cp_size;
+    return static_cast<std::size_t>(sequence_parallel ? B * local / tp_size : B * local) * shape_.d_model;
   }
+  //! The context-parallel communicator the attention runs over (null without context parallelism); its traffic()
+  //! counts what the model sent over it.
+  comm::AnyComm* cp() const { return cp_.get(); }
 
   //! Bytes of activations and gradient scratch held for the current batch shape.
   std::size_t activation_bytes() const { return acts_.bytes(); }
@@ -286,8 +302,15 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
                Cfg::name(), " has tp = ", tp_size);
     return layers::TpGroup<T, Tp>(tp);
   }
-  GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::uint64_t seed, GptOptions opt, GptPart part)
-      : Weights(s, std::move(tp), seed, part, opt.write_buffers), opt_(opt) {
+  template <class CpComm>
+  static std::unique_ptr<comm::AnyComm> context_of(CpComm& cp) {
+    LOOM_CHECK(cp.size() == cp_size, "the context-parallel communicator has ", cp.size(), " ranks but the layout ",
+               Cfg::name(), " has cp = ", cp_size);
+    return std::make_unique<comm::AnyComm>(cp);
+  }
+  GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::unique_ptr<comm::AnyComm> cp, std::uint64_t seed,
+           GptOptions opt, GptPart part)
+      : Weights(s, std::move(tp), seed, part, opt.write_buffers), opt_(opt), cp_(std::move(cp)) {
     slice_ = layers::vocab_slice(shape_.vocab, tp_size, tp_.rank());
     region_ = layers::Region<T, Dev, Tp>{nullptr, 0, shape_.d_model};
     acts_.slots.resize(1);
@@ -312,6 +335,23 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
   T* full_or(const Buf& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
 
+  bool full() const { return opt_.recompute == Recompute::full; }
+  //! Where this rank's rows sit in the batch's sequences.
+  RowPlace place() const {
+    return {region_.first_row(), region_.rows(), T_, cp_size, cp_ ? cp_->rank() : 0};
+  }
+  //! This rank's tokens of B_ sequences of Tg (in host memory): all of them, or with context parallelism its two
+  //! zigzag chunks of each, copied to buf.
+  const std::int32_t* local_tokens(const std::int32_t* all, int Tg, std::vector<std::int32_t>& buf) const {
+    if (cp_size == 1 || all == nullptr) return all;
+    const int r = cp_->rank(), c = T_ / 2;
+    buf.resize(std::size_t(B_) * T_);
+    for (int b = 0; b < B_; ++b)
+      for (int t = 0; t < T_; ++t)
+        buf[std::size_t(b) * T_ + t] = all[std::size_t(b) * Tg + layers::zigzag_position(t, r, cp_size, c)];
+    return buf.data();
+  }
+
   //! Where the kernels read B_ x T_ tokens given in host memory: there on the host; on a device, a copy in buf
   //! (when `used`: the part reads them).
   const std::int32_t* tokens_on_device(const std::int32_t* host, Tensor<std::int32_t, Dev>& buf, bool used) const {
@@ -332,19 +372,19 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     auto counted = tp_.counting(layers::Phase::backward);
     const auto i = block_index(l);
     const auto w = block_params(params_, l);
-    if (opt_.recompute)
+    if (full())
       block_->forward(l, w, st.input_of(i, true), acts_.scratch_act, acts_.partial.data(), acts_.recompute_out.data(),
-                      st.dropout);
-    block_->backward_input(l, w, st.input_of(i, opt_.recompute), opt_.recompute ? acts_.scratch_act : st.act[i], g,
-                           acts_.dx.data(), st.dropout);
+                      st.dropout, g);
+    block_->backward_input(l, w, st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i], g, acts_.dx.data(),
+                           st.dropout);
   }
   //! Block l's weight gradients from g; sums the ones tensor-parallel ranks share.
   void block_backward_weight(Slot& st, int l, const typename Block::Grads& g) {
     const auto i = block_index(l);
     const ParamRange r = ix_.of_block(l);
     keep_shared(r);
-    block_->backward_weight(block_params(grads_, l), st.input_of(i, opt_.recompute),
-                            opt_.recompute ? acts_.scratch_act : st.act[i], g);
+    block_->backward_weight(block_params(grads_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
+                            g);
     sum_shared(r);
   }
 
@@ -374,21 +414,23 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     return {region_.rows(), std::int64_t{B_} * T_, shape_.d_model, slice_.count, ix_.last - ix_.first,
             embedding(),    head(),                opt_.recompute};
   }
-  //! The layers and the activation storage for B sequences of T tokens; nothing when the shape is the same.
+  //! The layers and the activation storage for B sequences of T tokens on this rank (its share with context
+  //! parallelism); nothing when the shape is the same.
   void resize(int B, int T_new) {
     if (B == B_ && T_new == T_) return;
     B_ = B, T_ = T_new;
     const int N = B * T_new;
     region_ = layers::Region<T, Dev, Tp>{&tp_, N, shape_.d_model, ops_};
-    block_.emplace(region_, B, T_new, shape_, opt_.ln_eps);
-    emb_.emplace(region_, slice_, T_new);
+    block_.emplace(region_, B, T_new, shape_, opt_.ln_eps, layers::CpGroup{cp_.get(), cp_algorithm});
+    emb_.emplace(region_, slice_, place());
     head_.emplace(region_, slice_, opt_.ln_eps);
     acts_.allocate(slots(), activation_shape(), *block_);
   }
 
   GptOptions opt_;
+  std::unique_ptr<comm::AnyComm> cp_;  //!< with context parallelism: the cp group's communicator
   layers::VocabSlice slice_{0, 0};
-  int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for
+  int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for (T_: local tokens)
   layers::Region<T, Dev, Tp> region_{nullptr, 0, 0};
   std::optional<Block> block_;
   std::optional<GptEmbedding<T, Dev, Tp>> emb_;
@@ -406,17 +448,27 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   static_assert(S.d_model % S.heads == 0, "loom: d_model must be divisible by heads");
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(TensorParallelRules<S, Model::tp_size, Model::sequence_parallel>::ok);
+  static_assert(ContextParallelRules<S, Model::tp_size, Model::cp_size, Model::cp_algorithm>::ok);
 
  public:
   static constexpr GptShape static_shape = S;
 
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
-    requires(Model::tp_size == 1)
+    requires(Model::tp_size == 1 && Model::cp_size == 1)
       : Model(S, seed, opt) {}
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {}) : Model(S, seed, tp, opt) {}
+  Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {})
+    requires(Model::cp_size == 1)
+      : Model(S, seed, tp, opt) {}
   template <class Comm>
-  Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {}) : Model(S, seed, tp, part, opt) {}
+  Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
+    requires(Model::cp_size == 1)
+      : Model(S, seed, tp, part, opt) {}
+  //! On the tensor- and context-parallel communicators tp and cp (GptModel).
+  template <class Comm, class CpComm>
+  Gpt(std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
+    requires(Model::cp_size > 1)
+      : Model(S, seed, tp, cp, part, opt) {}
 
   //! The parameters of tensor-parallel rank tp_rank in part `part`; global: the whole model's.
   static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {

@@ -40,8 +40,19 @@ struct GptPart {
   int first = 0, last = -1;
 };
 
+//! What a block keeps from forward for backward (Korthikanti et al. 2022). none: every activation; selective: all
+//! but the attention core's output and log-sum-exp, which backward recomputes from q, k and v (with context
+//! parallelism, another pass around the ring or another all-to-all); full: only the block's input, the whole block
+//! recomputed during backward.
+enum class Recompute { none, selective, full };
+
+//! "none", "selective" or "full".
+constexpr std::string_view describe_recompute(Recompute r) {
+  return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+
 struct GptOptions {
-  bool recompute = false;  //!< keep only each block's input; recompute the rest during backward
+  Recompute recompute = Recompute::none;
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
   float ln_eps = 1e-5f;
   //! Whether building the model writes its buffers: the parameters initialised from the seed, the gradients zeroed.
@@ -85,6 +96,34 @@ struct TensorParallelRules {
   static constexpr bool ok = true;
 };
 
+//! The first rule of ContextParallelRules that a shape breaks over cp ranks with algorithm a (after a split over tp
+//! ranks), or an empty view.
+constexpr std::string_view context_parallel_violation(GptShape s, int tp, int cp, CpAlgorithm a) {
+  const int heads = s.heads / tp, kv = s.kv_heads >= tp ? s.kv_heads / tp : 1;
+  if (cp > 1 && a == CpAlgorithm::ulysses && (heads % cp != 0 || kv % cp != 0))
+    return "Ulysses needs each tensor-parallel rank's heads and key/value heads divisible by CP";
+  if (s.max_seq < 2 * cp) return "CP<n> cuts each sequence into 2n chunks: max_seq must be at least 2n";
+  return {};
+}
+
+//! The rules a shape must meet to be split over CP context-parallel ranks with algorithm A, on top of TP's: Ulysses
+//! gives each cp rank a share of this tensor-parallel rank's query and key/value heads, so both must divide by CP
+//! (key/value heads are not replicated to make them: a shape whose kv heads do not divide uses ring attention).
+template <GptShape S, int TP, int CP, CpAlgorithm A>
+struct ContextParallelRules {
+  static constexpr int local_heads = S.heads / TP;
+  static constexpr int local_kv_heads = S.kv_heads >= TP ? S.kv_heads / TP : 1;
+  static_assert(CP == 1 || A != CpAlgorithm::ulysses || local_heads % CP == 0,
+                "loom: CP<n, Ulysses> needs each tensor-parallel rank's heads (heads / TP) divisible by n (the "
+                "all-to-all splits them over the cp ranks); ring attention takes any");
+  static_assert(CP == 1 || A != CpAlgorithm::ulysses || local_kv_heads % CP == 0,
+                "loom: CP<n, Ulysses> needs each tensor-parallel rank's key/value heads divisible by n (they are "
+                "not replicated); ring attention takes any");
+  static_assert(S.max_seq >= 2 * CP,
+                "loom: CP<n> cuts each sequence into 2n chunks: max_seq must be at least 2n");
+  static constexpr bool ok = true;
+};
+
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.
 //!
 //! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
@@ -97,6 +136,8 @@ struct DeviceRules {
   static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
                 "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
                 "tensor-parallel collectives take host memory)");
+  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1,
+                "loom: a model on a CUDA device supports cp = 1 only (ring and Ulysses attention run on the host)");
   static constexpr bool ok = true;
 };
 
@@ -104,10 +145,6 @@ struct DeviceRules {
 //! than train as something other than what its type says; checked where a model or its layout is declared.
 template <class Cfg>
 struct ImplementedRules {
-  static_assert(Cfg::template size<Axis::cp> == 1,
-                "loom: CP<n> with n > 1 (context parallelism) is not implemented yet");
-  static_assert(!Cfg::cp_algorithm_given,
-                "loom: CP<n, Ring> and CP<n, Ulysses> (context-parallel attention) are not implemented yet");
   static_assert(Cfg::template size<Axis::ep> == 1,
                 "loom: EP<n> with n > 1 (expert parallelism) is not implemented yet");
   static constexpr bool ok = true;
@@ -117,15 +154,17 @@ namespace detail {
 template <class Cfg>
 struct ModelLayoutOf {
   static_assert(ImplementedRules<Cfg>::ok);
-  static constexpr int tp = Cfg::template size<Axis::tp>;
-  using type = std::conditional_t<tp == 1, Parallel<>,
-                                  std::conditional_t<Cfg::sequence_parallel, Parallel<TP<tp, SequenceParallel>>,
-                                                     Parallel<TP<tp>>>>;
+  static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
+  using TpAxis = std::conditional_t<Cfg::sequence_parallel, TP<tp, SequenceParallel>, TP<tp>>;
+  using CpAxis = std::conditional_t<Cfg::cp_algorithm == CpAlgorithm::ulysses, CP<cp, Ulysses>, CP<cp, Ring>>;
+  using type = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
+                                  std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
 };
 }  // namespace detail
 
-//! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism. Gpt<S, T,
-//! ModelLayout<Cfg>> is one type for every layout that differs from Cfg only in its other axes.
+//! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism, its
+//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>). Gpt<S, T, ModelLayout<Cfg>> is one type for every
+//! layout that differs from Cfg only in its other axes.
 template <class Cfg>
 using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;
 

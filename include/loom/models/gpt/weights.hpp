@@ -35,6 +35,9 @@ class GptWeights {
   static constexpr std::size_t no_param = models::no_param;
   static constexpr int tp_size = Cfg::template size<Axis::tp>;
   static constexpr bool sequence_parallel = Cfg::sequence_parallel;
+  //! The context-parallel degree and algorithm: each rank holds 1/cp_size of every sequence (ring_attention.hpp).
+  static constexpr int cp_size = Cfg::template size<Axis::cp>;
+  static constexpr CpAlgorithm cp_algorithm = Cfg::cp_algorithm;
   //! The tensor-parallel group the layers are compiled for.
   using tensor_parallel = layers::TensorParallel<tp_size, sequence_parallel>;
 
@@ -181,10 +184,12 @@ class GptWeights {
   //! s, if a model of that shape can be split over the layout's tensor-parallel group (the rules Gpt<S> checks at
   //! compile time); else an error naming the rule.
   static const GptShape& checked(const GptShape& s) {
-    const std::string_view dims = shape_violation(s), tp = tensor_parallel_violation(s, tp_size, sequence_parallel);
-    LOOM_CHECK(dims.empty() && tp.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads,
-               ", d_model ", s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, " and max_seq ", s.max_seq,
-               " cannot be built on ", Cfg::name(), ": ", dims.empty() ? tp : dims);
+    std::string_view rule = shape_violation(s);
+    if (rule.empty()) rule = tensor_parallel_violation(s, tp_size, sequence_parallel);
+    if (rule.empty()) rule = context_parallel_violation(s, tp_size, cp_size, cp_algorithm);
+    LOOM_CHECK(rule.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads, ", d_model ",
+               s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, " and max_seq ", s.max_seq,
+               " cannot be built on ", Cfg::name(), ": ", rule);
     return s;
   }
 
