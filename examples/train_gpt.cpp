@@ -1,7 +1,8 @@
 // train_gpt: trains a GPT with a compile-time shape on a parallel layout picked by --parallel, following the
 // command-line contract in DESIGN.md. Layouts: one rank, data parallelism, tensor parallelism with and without sequence
-// parallelism, pipeline parallelism, and their combinations up to 8 ranks; ranks as threads (--backend local) or MPI
-// processes (mpirun -np N train_gpt --backend mpi --parallel SPEC). `train_gpt --help` lists the flags.
+// parallelism, pipeline parallelism, context parallelism, and their combinations up to 8 ranks; ranks as threads
+// (--backend local) or MPI processes (mpirun -np N train_gpt --backend mpi --parallel SPEC). `train_gpt --help`
+// lists the flags.
 #include "train_gpt.hpp"
 
 #include <charconv>
@@ -12,11 +13,11 @@
 namespace train_gpt {
 
 const char* usage =
-    "usage: train_gpt [--model tiny|small|gpt2] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
+    "usage: train_gpt [--model tiny|small|gpt2|long] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB]\n"
-    "                 [--max-bytes B (per rank)]\n"
+    "                 [--parallel SPEC (tpN,sp,cpN,ulysses,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB]\n"
+    "                 [--max-bytes B (per rank)] [--recompute none|selective|full]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
@@ -99,6 +100,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--resume") a.resume = v;
     else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
     else if (f == "--max-bytes") a.max_bytes = number<std::uint64_t>(f, v);
+    else if (f == "--recompute") a.recompute = v;
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -138,6 +140,8 @@ Args parse(int argc, char** argv) {
   for (const auto& [given, flag] : {std::pair{a.save_every > 0, "--save-every"}, std::pair{a.keep > 0, "--keep"},
                                     std::pair{a.async_save, "--async-save"}})
     LOOM_CHECK(!given || !a.save.empty(), flag, " says how --save saves, but no --save DIR is given");
+  LOOM_CHECK(a.recompute == "none" || a.recompute == "selective" || a.recompute == "full",
+             "--recompute must be none, selective or full, got '", a.recompute, "'");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
@@ -174,7 +178,7 @@ std::string pipeline_options(const Args& a) {
 //! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2", "pp2.zb-h1.dp2"; "single" for
 //! one rank).
 std::string parse_parallel(const std::string& spec, Args& a) {
-  std::map<std::string, int> size{{"tp", 1}, {"pp", 1}, {"dp", 1}};
+  std::map<std::string, int> size{{"tp", 1}, {"cp", 1}, {"pp", 1}, {"dp", 1}};
   std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
   bool sp = false;
   int zero = 0, shard = 0;
@@ -186,7 +190,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   };
   auto not_yet = [&](const std::string& tok, const char* what) {
     return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS");
+                 "tpN, sp, cpN, ulysses, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
@@ -201,14 +205,13 @@ std::string parse_parallel(const std::string& spec, Args& a) {
       part = tok.substr(0, 2);
     else
       throw Error("loom: --parallel " + spec + ": unknown part '" + tok +
-                  "' (tpN, sp, ppN, vN, dpN, zeroK, keep, shardS)");
+                  "' (tpN, sp, cpN, ulysses, ppN, vN, dpN, zeroK, keep, shardS)");
     if (const auto it = given.find(part); it != given.end())
       throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
                   " and " + tok + ")");
     given[part] = tok;
     if (part == "sp") sp = true;
-    else if (part == "single" || part == "keep") continue;
-    else if (part == "ulysses") throw not_yet(tok, "Ulysses context parallelism");
+    else if (part == "single" || part == "keep" || part == "ulysses") continue;
     else if (part == "shard") {
       shard = number<int>("--parallel " + tok, tok.substr(5));
       LOOM_CHECK(shard >= 2, "--parallel ", tok, ": hybrid sharding shards over groups of at least 2 ranks");
@@ -222,8 +225,8 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     } else {
       const int n = number<int>("--parallel " + tok, tok.substr(2));
       LOOM_CHECK(n >= 1, "--parallel ", tok, ": a size must be at least 1");
-      if (part == "cp" || part == "ep") {
-        if (n > 1) throw not_yet(tok, part == "cp" ? "context parallelism" : "expert parallelism");
+      if (part == "ep") {
+        if (n > 1) throw not_yet(tok, "expert parallelism");
       } else {
         size[part] = n;
       }
@@ -235,6 +238,10 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   auto add = [&](const std::string& p) { name += (name.empty() ? "" : ".") + p; };
   if (size["tp"] > 1) add("tp" + std::to_string(size["tp"]));
   if (sp) add("sp");
+  const bool ulysses = given.count("ulysses") > 0;
+  LOOM_CHECK(!ulysses || size["cp"] > 1, "--parallel ", spec, ": ulysses picks the all-to-all algorithm of context "
+             "parallelism and needs cpN with N >= 2");
+  if (size["cp"] > 1) add("cp" + std::to_string(size["cp"]) + (ulysses ? ".ulysses" : ""));
   if (size["pp"] > 1) add("pp" + std::to_string(size["pp"]) + pipeline_options(a));
   LOOM_CHECK(zero == 0 || size["dp"] > 1, "--parallel ", spec, ": ", given["zero"], " shards over the data-parallel "
              "ranks and needs dpN with N >= 2");
@@ -264,7 +271,8 @@ std::string parse_parallel(const std::string& spec, Args& a) {
       throw Error(loom::detail::cat("loom: --parallel ", spec, " is not among the layouts --device cuda trains (",
                                     all.empty() ? "none: this build has no CUDA" : all, ")"));
     }
-    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", size["tp"] * size["pp"] * size["dp"],
+    const int ranks = size["tp"] * size["cp"] * size["pp"] * size["dp"];
+    throw Error(loom::detail::cat("loom: --parallel ", spec, " needs ", ranks,
                                   " ranks in a layout this build does not have (compiled layouts: ", compiled(), ")"));
   }
   return name;
@@ -297,6 +305,9 @@ train::TrainerOptions trainer_options(const Args& a) {
   train::TrainerOptions o;
   o.seed = a.seed;
   o.model.dropout = static_cast<float>(a.dropout);
+  o.model.recompute = a.recompute == "full"        ? models::Recompute::full
+                      : a.recompute == "selective" ? models::Recompute::selective
+                                                   : models::Recompute::none;
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;
@@ -386,7 +397,7 @@ void check_resume(const Args& a, const nlohmann::json& run) {
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
   for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts,
-                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts})
+                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts, &context_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
 }
@@ -410,7 +421,7 @@ int main(int argc, char** argv) {
       throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
     }
     for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel,
-                      &run_pipeline_tensor_parallel})
+                      &run_pipeline_tensor_parallel, &run_context_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);
   } catch (const std::exception& e) {

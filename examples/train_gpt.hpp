@@ -34,6 +34,7 @@ using namespace loom;
 struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
+  std::string recompute = "none";  //!< --recompute none|selective|full
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
   int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
   std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
@@ -75,13 +76,19 @@ struct LayoutFacts {
   int tp = 1, dp = 1, pp = 1, chunks = 1;
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
+  int cp = 1;
 };
 template <class Cfg>
 LayoutFacts layout_facts() {
   constexpr int pp = Cfg::template size<Axis::pp>;
-  return {std::string(Cfg::name()), Cfg::template size<Axis::tp>, Cfg::template size<Axis::dp>, pp,
-          pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1, Cfg::sequence_parallel,
-          Cfg::schedule};
+  return {std::string(Cfg::name()),
+          Cfg::template size<Axis::tp>,
+          Cfg::template size<Axis::dp>,
+          pp,
+          pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1,
+          Cfg::sequence_parallel,
+          Cfg::schedule,
+          Cfg::template size<Axis::cp>};
 }
 
 //! What a rank does, given its place in the layout (train::RankInLayout) over type-erased communicators: the
@@ -337,9 +344,12 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   }
   LOOM_CHECK(a.batch % (f.dp * a.micro_batches) == 0, "--batch ", a.batch,
              " must be a multiple of dp x micro-batches = ", f.dp, " x ", a.micro_batches);
-  LOOM_CHECK(!f.sequence_parallel || a.seq % f.tp == 0, "--parallel ", f.name,
-             ": sequence parallelism splits each sequence over tp = ", f.tp, " ranks, but --seq ", a.seq,
-             " is not a multiple of it");
+  LOOM_CHECK(a.seq % (2 * f.cp) == 0, "--parallel ", f.name, ": context parallelism over ", f.cp,
+             " ranks cuts each sequence into 2 x ", f.cp, " = ", 2 * f.cp, " chunks, but --seq ", a.seq,
+             " is not a multiple of ", 2 * f.cp);
+  LOOM_CHECK(!f.sequence_parallel || (a.seq / f.cp) % f.tp == 0, "--parallel ", f.name,
+             ": sequence parallelism splits each sequence", f.cp > 1 ? "'s share on a cp rank" : "", " over tp = ",
+             f.tp, " ranks, but its length ", a.seq / f.cp, " is not a multiple of it");
   auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
   for (auto t : tokens)
     LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
@@ -363,7 +373,11 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
 template <class ML, class Dev, bool Pipelined, int Zero>
 int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   auto go = [&]<models::GptShape S>() -> int {
-    constexpr auto rule = models::tensor_parallel_violation(S, ML::template size<Axis::tp>, ML::sequence_parallel);
+    constexpr int tp = ML::template size<Axis::tp>;
+    constexpr auto rule = !models::tensor_parallel_violation(S, tp, ML::sequence_parallel).empty()
+                              ? models::tensor_parallel_violation(S, tp, ML::sequence_parallel)
+                              : models::context_parallel_violation(S, tp, ML::template size<Axis::cp>,
+                                                                   ML::cp_algorithm);
     if constexpr (rule.empty()) {
       if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)
@@ -377,7 +391,8 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
   if (a.model == "tiny") return go.template operator()<models::tiny>();
   if (a.model == "small") return go.template operator()<models::small>();
   if (a.model == "gpt2") return go.template operator()<models::gpt2>();
-  throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2)");
+  if (a.model == "long") return go.template operator()<models::long_context>();
+  throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2, long)");
 }
 
 //! Layout Cfg on device Dev: what its type decides (Launch<Cfg>), then the model layout's program.
@@ -448,11 +463,13 @@ std::optional<int> run_tensor_parallel(const std::string& layout, const Args& a,
 std::optional<int> run_sequence_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_pipeline_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
+std::optional<int> run_context_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> data_parallel_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> sequence_parallel_layouts();
 std::vector<std::string> pipeline_parallel_layouts();
 std::vector<std::string> pipeline_tensor_parallel_layouts();
+std::vector<std::string> context_parallel_layouts();
 //! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> cuda_layouts();

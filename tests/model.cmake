@@ -44,8 +44,8 @@ if(TARGET train_gpt)
   set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
   set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
-  set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS")
-  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2")
+  set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, cpN, ulysses, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS")
+  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2")
   set(_changed "(--allow-changed-run continues the run with the new values)")
   file(WRITE ${_bin}/empty.txt "")
   # name | arguments separated by ^ | the message: a whole line of the output
@@ -54,7 +54,7 @@ if(TARGET train_gpt)
       "empty_data|--data^${_bin}/empty.txt|loom: the data file '${_bin}/empty.txt' is empty"
       "seq_too_long|--seq^500|loom: --seq 500 is longer than the model's max_seq 128"
       "unknown_flag|--colour^red|loom: unknown flag '--colour'"
-      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2)"
+      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2, long)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "warmup_negative|--warmup^-5|loom: --warmup must not be negative, got -5"
       "warmup_not_a_number|--warmup^inf|loom: --warmup needs a number, got 'inf'"
@@ -75,8 +75,10 @@ if(TARGET train_gpt)
       "chunks_without_pp|--parallel^dp2,v2|loom: --parallel dp2,v2: v2 sets the model chunks per pipeline stage, but the layout dp2 has none (add ppN)"
       "schedule_without_pp|--schedule^zb-h1|loom: --schedule zb-h1 orders the work of pipeline stages, but the layout single has none (add ppN to --parallel)"
       "ep_not_implemented|--parallel^ep2|loom: --parallel ep2: ep2 (expert parallelism) ${_not_yet}"
-      "cp_not_implemented|--parallel^tp2,cp2|loom: --parallel tp2,cp2: cp2 (context parallelism) ${_not_yet}"
-      "ulysses_not_implemented|--parallel^tp2,ulysses|loom: --parallel tp2,ulysses: ulysses (Ulysses context parallelism) ${_not_yet}"
+      "ulysses_without_cp|--parallel^tp2,ulysses|loom: --parallel tp2,ulysses: ulysses picks the all-to-all algorithm of context parallelism and needs cpN with N >= 2"
+      "cp_seq_cannot_split|--parallel^cp4^--seq^60|loom: --parallel cp4: context parallelism over 4 ranks cuts each sequence into 2 x 4 = 8 chunks, but --seq 60 is not a multiple of 8"
+      "ulysses_heads|--parallel^cp8,ulysses|loom: --model tiny cannot run on --parallel cp8.ulysses: Ulysses needs each tensor-parallel rank's heads and key/value heads divisible by CP"
+      "recompute_unknown|--recompute^some|loom: --recompute must be none, selective or full, got 'some'"
       "zero3_pipeline_needs_keep|--parallel^pp2,dp2,zero3|loom: --parallel pp2,dp2,zero3: zero3 under pipeline parallelism needs keep (a stage runs several forwards before their backwards)"
       "keep_needs_zero3|--parallel^dp2,zero2,keep|loom: --parallel dp2,zero2,keep: keep keeps zero3's gathered parameters from forward to backward, and needs zero3"
       "zero_out_of_range|--parallel^dp2,zero4|loom: --parallel zero4: the ZeRO stages are 0 to 3"
@@ -84,7 +86,7 @@ if(TARGET train_gpt)
       "shard_needs_zero|--parallel^dp4,shard2|loom: --parallel dp4,shard2: shard2 shards the ZeRO state over groups of 2 data-parallel ranks: it needs zeroK and a dpN that 2 divides"
       "sp_without_tp|--parallel^sp,dp2|loom: --parallel sp,dp2: sp (sequence parallelism) splits over the tp ranks and needs tp >= 2"
       "shape_cannot_split|--parallel^tp8^--model^tiny|loom: --model tiny cannot run on --parallel tp8: heads must be divisible by TP"
-      "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|loom: --parallel tp4.sp: sequence parallelism splits each sequence over tp = 4 ranks, but --seq 30 is not a multiple of it"
+      "sp_seq_cannot_split|--parallel^tp4,sp^--seq^30|loom: --parallel tp4.sp: sequence parallelism splits each sequence over tp = 4 ranks, but its length 30 is not a multiple of it"
       "layers_cannot_split|--parallel^pp2,v2^--schedule^interleaved|loom: --model tiny has 2 layers, which do not split over 4 pipeline parts (pp2 x 2 chunks): --layer-split can split them unevenly"
       "split_does_not_add_up|--parallel^pp2^--model^small^--layer-split^1,2|loom: the layer split adds up to 3 layers but the model has 4"
       "split_without_pp|--parallel^dp2^--layer-split^1,1|loom: --layer-split splits the layers over pipeline stages, but the layout dp2 has none (add ppN to --parallel)"
@@ -192,7 +194,7 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
   # train_gpt as MPI processes: data- and tensor-parallel runs log the single-rank run's losses (f64, 9 digits); a
   # launch with the wrong number of processes, and one with --backend local, are refused.
   set(_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
-  foreach(layout dp2 tp2,sp,dp2)
+  foreach(layout dp2 tp2,sp,dp2 cp2,dp2 cp2,ulysses)
     string(MAKE_C_IDENTIFIER "${layout}" id)
     add_test(NAME train_gpt_mpi_${id}
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_${id}
@@ -200,6 +202,7 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
     set_tests_properties(train_gpt_mpi_${id} PROPERTIES LABELS "mpi;model" ENVIRONMENT "${_mpi_env}")
   endforeach()
   set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp")
+  set_tests_properties(train_gpt_mpi_cp2_dp2 train_gpt_mpi_cp2_ulysses PROPERTIES LABELS "mpi;model;cp")
   add_test(NAME train_gpt_mpi_resume
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_resume
             -DMPIEXEC=${MPIEXEC_EXECUTABLE} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume_mpi.cmake)
@@ -234,6 +237,12 @@ if(TARGET train_gpt)
             "-DEXTRA=--micro-batches;2"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layouts PROPERTIES LABELS "model;pipeline")
+  # Context parallelism, ring and Ulysses, with TP, SP, DP, ZeRO-1 and PP, and every recompute mode.
+  add_test(NAME train_gpt_context_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cp_layouts
+            "-DLAYOUTS=cp2;cp8;cp4,ulysses;tp2,cp2;tp2,sp,cp2 --recompute selective;cp2,dp2,zero1;cp4,dp2 --recompute full;cp2,pp2 --micro-batches 2;tp2,cp2,pp2 --micro-batches 4 --recompute selective"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_context_layouts PROPERTIES LABELS "model;cp")
   # ZeRO-1, 2 and 3 over data parallelism, alone, with tensor parallelism and with a pipeline.
   add_test(NAME train_gpt_zero_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_zero_layouts

@@ -1,5 +1,5 @@
 // Context parallelism in the model and the trainer: CP 2, 4 and 8 with ring attention and with Ulysses, alone and
-// with tensor (and sequence), data (and ZeRO-1) and pipeline parallelism, with grouped- and multi-query attention and
+// with tensor (and sequence), data (and ZeRO 1, 2, 3) and pipeline parallelism, with grouped- and multi-query attention and
 // every recompute mode, train the single-rank model (5 AdamW steps in double, dropout included: losses, every
 // parameter and the optimizer state within 1e-9); a sequence that does not cut into 2·CP chunks is refused with its
 // numbers; and the attention's traffic per layer is the count ANCHORS.md gives.
@@ -9,7 +9,9 @@
 
 #include "pipeline_parallel_cases.hpp"
 
+#include <memory>
 #include <string>
+#include <tuple>
 
 using namespace loom;
 using namespace loom::test::pp;
@@ -86,6 +88,7 @@ TEST_CASE("context parallelism combines with tensor, sequence, data and pipeline
   check<Parallel<CP<2>, DP<2>>>(2);
   check<Parallel<CP<2, Ulysses>, DP<2, ZeRO<1>>>>();
   check<Parallel<CP<2>, DP<2, ZeRO<2>>>>();
+  check<Parallel<CP<2>, DP<2, ZeRO<3>>>>(2);
   check<Parallel<CP<2>, PP<2>>>(2);
   check<Parallel<TP<2>, CP<2>, PP<2, OneFOneB>>>(4);
 }
@@ -96,6 +99,7 @@ TEST_CASE("recompute none, selective and full give the same model under context 
   check<Parallel<CP<2, Ulysses>>>(1, models::Recompute::selective);
   check<Parallel<TP<2, SequenceParallel>, CP<2>>>(1, models::Recompute::full);
   check<Parallel<CP<2>, PP<2, ZeroBubbleH1>>>(2, models::Recompute::selective);  // the split backward
+  check<Parallel<CP<2>, PP<2, ZeroBubbleH1>>>(2, models::Recompute::full);  // W recomputes the block again
 }
 
 TEST_CASE("a sequence that does not cut into 2·CP chunks is refused with its numbers", "[cp]") {
@@ -164,5 +168,66 @@ TEST_CASE("the attention's traffic per layer is ANCHORS.md's count", "[cp]") {
       CHECK(fw.elements == L * (4 * rows * h + rows * mha.heads));  // q, k, v, out: 4·N·h/P·(P-1)/P, and the lse
       CHECK(bw.count(comm::Collective::all_to_all) == 9 * L);
     }
+  }
+}
+
+namespace {
+
+//! Bytes one more block adds to what a model keeps for B sequences of T tokens on layout Cfg: the activation bytes
+//! of a 3-block model less a 2-block one's (everything but the blocks is the same in both), on rank 0.
+template <class Cfg>
+double bytes_per_block(int B, int T, models::Recompute recompute) {
+  constexpr models::GptShape two = mha, three{3, mha.heads, mha.kv_heads, mha.d_model, mha.vocab, mha.max_seq};
+  double held[2] = {0, 0};
+  run_local<Cfg>([&](auto& ctx) {
+    models::GptOptions o;
+    o.recompute = recompute;
+    auto once = [&]<models::GptShape S>() {
+      using M = models::Gpt<S, double, models::ModelLayout<Cfg>>;
+      std::unique_ptr<M> m;
+      if constexpr (Cfg::template size<Axis::cp> > 1)
+        m = std::make_unique<M>(3, ctx.template comm<Axis::tp>(), ctx.template comm<Axis::cp>(), models::GptPart{},
+                                o);
+      else
+        m = std::make_unique<M>(3, ctx.template comm<Axis::tp>(), o);
+      std::vector<std::int32_t> ids(std::size_t(B) * T, 1);
+      m->forward(ids.data(), ids.data(), B, T);
+      return double(m->activation_bytes());
+    };
+    const double a = once.template operator()<two>(), b = once.template operator()<three>();
+    if (ctx.rank() == 0) held[0] = a, held[1] = b;
+  });
+  return held[1] - held[0];
+}
+
+}  // namespace
+
+TEST_CASE("a block keeps Korthikanti et al.'s activations, less the dropout masks, per rank", "[cp][recompute]") {
+  // Per block, in elements of N tokens of width h = d_model on a rank: Korthikanti et al.'s sbh(34 + 5as/h) bytes
+  // at 2 bytes an element is 17 N h + the attention scores; loom regenerates the two dropout masks (1 N h) from their
+  // keys and never stores the scores (the tiled kernel keeps a log-sum-exp per head and token), and keeps the layer
+  // norms' mean and rstd (4 N) and the log-sum-exp (a N): 16 N h + (4 + a) N. Selective recompute drops the core's
+  // output and log-sum-exp (N h + a N); full recompute keeps the block's input alone (N h). Tensor parallelism over t
+  // splits q, k, v, the core and the MLP (sbh(10 + 24/t) bytes: (4 + 12/t) N h); context parallelism over c gives a
+  // rank N / c of the tokens.
+  constexpr int B = 2, T = 16;
+  constexpr double h = mha.d_model, a = mha.heads, e = sizeof(double);
+  using models::Recompute;
+  auto none = [&](double N, double t) { return e * (N * h * (4 + 12 / t) + N * (4 + a / t)); };
+  auto selective = [&](double N, double t) { return none(N, t) - e * (N * h / t + N * a / t); };
+  for (auto [cfg, N, t] : {std::tuple{0, B * T, 1}, std::tuple{1, B * T, 2}, std::tuple{2, B * T / 2, 1},
+                           std::tuple{3, B * T / 4, 1}}) {
+    INFO("layout " << cfg << ": " << N << " tokens per rank, tp " << t);
+    auto per_block = [&](Recompute r) {
+      switch (cfg) {
+        case 0: return bytes_per_block<Parallel<>>(B, T, r);
+        case 1: return bytes_per_block<Parallel<TP<2>>>(B, T, r);
+        case 2: return bytes_per_block<Parallel<CP<2>>>(B, T, r);
+        default: return bytes_per_block<Parallel<CP<4, Ulysses>>>(B, T, r);
+      }
+    };
+    CHECK(per_block(Recompute::none) == none(N, t));
+    CHECK(per_block(Recompute::selective) == selective(N, t));
+    CHECK(per_block(Recompute::full) == e * N * h);
   }
 }

@@ -132,8 +132,8 @@ TEMPLATE_TEST_CASE_SIG("the loss and every gradient on the device match the host
                        ((GptShape S, class T), S, T), (mha, float), (gqa, float), (mha, double), (gqa, double)) {
   GptOptions o;
   o.dropout = GENERATE(0.0f, 0.1f);
-  o.recompute = GENERATE(false, true);
-  INFO("dropout " << o.dropout << ", recompute " << o.recompute);
+  o.recompute = GENERATE(models::Recompute::none, models::Recompute::selective, models::Recompute::full);
+  INFO("dropout " << o.dropout << ", recompute " << models::describe_recompute(o.recompute));
   compare_gradients<S, T>(o);
 }
 

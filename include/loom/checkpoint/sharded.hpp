@@ -287,31 +287,6 @@ struct SaveOptions {
   std::int64_t block = checksum_block;   //!< bytes per checksum block: what a reader holds at most at a time
 };
 
-//! Bytes charged to a rank's ledger (MemoryUse::checkpoint) while this lives, credited to the same ledger when it
-//! dies, on whatever thread.
-class ChargedBytes {
- public:
-  ChargedBytes() = default;
-  explicit ChargedBytes(std::size_t bytes) : ledger_(rank_memory_ledger()), bytes_(bytes) {
-    ledger_->debit(MemoryUse::checkpoint, bytes_);
-  }
-  ChargedBytes(ChargedBytes&& o) noexcept : ledger_(std::move(o.ledger_)), bytes_(std::exchange(o.bytes_, 0)) {}
-  ChargedBytes& operator=(ChargedBytes&& o) noexcept {
-    release();
-    ledger_ = std::move(o.ledger_), bytes_ = std::exchange(o.bytes_, 0);
-    return *this;
-  }
-  ~ChargedBytes() { release(); }
-  void release() {
-    if (ledger_ && bytes_) ledger_->credit(MemoryUse::checkpoint, bytes_);
-    bytes_ = 0;
-  }
-
- private:
-  std::shared_ptr<MemoryLedger> ledger_;
-  std::size_t bytes_ = 0;
-};
-
 //! A rank's part of a checkpoint (snapshot_into): what write_snapshot puts on disk and, on rank 0, what
 //! commit_snapshot records in the index.
 struct Snapshot {
@@ -404,7 +379,7 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
     if constexpr (!kernels::is_host_v<typename Model::device>) {
       std::size_t b = host.size() * sizeof(T);
       for (const auto& v : state_host) b += v.size() * sizeof(A);
-      staged = ChargedBytes(b);
+      staged = ChargedBytes(MemoryUse::checkpoint, b);
     }
     for (const auto& s : part.specs()) {
       if (s.index == 0 && !part.embedding()) continue;  // the tied table: written by the part with the embedding
@@ -449,7 +424,7 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
     if (!w.fill) copied += w.data.capacity();
   snap.charge = ChargedBytes();  // released before the new charge: the reused buffers are in both
   before.clear();
-  snap.charge = ChargedBytes(copied);
+  snap.charge = ChargedBytes(MemoryUse::checkpoint, copied);
   if (snap.rank == 0) {
     auto& index = snap.header;
     index["format"] = "loom-sharded";
@@ -483,7 +458,7 @@ inline void write_snapshot(Snapshot& snap, bool keep_buffers = false) {
     const std::string prefix = safetensors_prefix(entries);
     std::string buffer;  // the chunks copied as they are written
     buffer.reserve(largest);
-    const ChargedBytes charge(buffer.capacity());
+    const ChargedBytes charge(MemoryUse::checkpoint, buffer.capacity());
     detail::SyncedFile out(tmp + "/" + file);
     out.write(prefix.data(), prefix.size());
     std::uint64_t offset = prefix.size();
@@ -705,7 +680,7 @@ inline void read_segments(const std::string& dir, std::vector<Segment>& segs, st
   std::uint64_t largest = 0;  // the largest block read: the buffer's one allocation
   for (const auto& s : segs) largest = std::max(largest, std::min<std::uint64_t>(s.chunk->bytes, block));
   buf.reserve(largest);
-  const ChargedBytes charge(segs.empty() ? 0 : buf.capacity());  // on the rank's ledger
+  const ChargedBytes charge(MemoryUse::checkpoint, segs.empty() ? 0 : buf.capacity());  // on the rank's ledger
   try {
     for (const auto& s : segs) {
       const std::string path = dir + "/" + s.chunk->file;
@@ -885,7 +860,7 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
     if constexpr (!kernels::is_host_v<typename Model::device>) {
       std::size_t b = host.size() * sizeof(T);
       for (const auto& v : state_host) b += v.size() * sizeof(A);
-      staged = ChargedBytes(b);
+      staged = ChargedBytes(MemoryUse::checkpoint, b);
     }
     std::vector<detail::Segment> segs;
     // The segments of tensor `name` that fill elements `ranges` of part parameter s, through dst(x, range).

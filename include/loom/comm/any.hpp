@@ -17,6 +17,8 @@ class AnyComm : public Frontend<AnyComm> {
   template <class C>
     requires(!std::is_same_v<std::remove_cvref_t<C>, AnyComm>)
   explicit AnyComm(C& c) : impl_(std::make_unique<Impl<C>>(c)) {}
+  //! Another AnyComm over what c refers to, counting its own traffic() (c must outlive it).
+  static AnyComm referring_to(AnyComm& c) { return AnyComm(c, 0); }
 
   int rank() const { return impl_->rank(); }
   int size() const { return impl_->size(); }
@@ -40,6 +42,7 @@ class AnyComm : public Frontend<AnyComm> {
     Handle start(Op&& op, bool async) override { return c.start(std::move(op), async); }
     C& c;
   };
+  AnyComm(AnyComm& c, int) : impl_(std::make_unique<Impl<AnyComm>>(c)) {}
   std::unique_ptr<Base> impl_;
 };
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace loom {
 
@@ -135,6 +136,33 @@ inline const std::shared_ptr<MemoryLedger>& rank_memory_ledger() {
 inline MemoryLedger& rank_memory() { return *rank_memory_ledger(); }
 //! Makes this thread work for a ledger (run_local and run_mpi do, for each rank).
 inline void bind_rank_memory(std::shared_ptr<MemoryLedger> ledger) { detail::thread_ledger = std::move(ledger); }
+
+//! Bytes charged to a rank's ledger for `use` while this lives (memory the ledger does not see allocated: a checkpoint's
+//! staged chunks, an algorithm's workspace), credited to the same ledger when it dies, on whatever thread.
+class ChargedBytes {
+ public:
+  ChargedBytes() = default;
+  ChargedBytes(MemoryUse use, std::size_t bytes) : ledger_(rank_memory_ledger()), use_(use), bytes_(bytes) {
+    ledger_->debit(use_, bytes_);
+  }
+  ChargedBytes(ChargedBytes&& o) noexcept
+      : ledger_(std::move(o.ledger_)), use_(o.use_), bytes_(std::exchange(o.bytes_, 0)) {}
+  ChargedBytes& operator=(ChargedBytes&& o) noexcept {
+    release();
+    ledger_ = std::move(o.ledger_), use_ = o.use_, bytes_ = std::exchange(o.bytes_, 0);
+    return *this;
+  }
+  ~ChargedBytes() { release(); }
+  void release() {
+    if (ledger_ && bytes_) ledger_->credit(use_, bytes_);
+    bytes_ = 0;
+  }
+
+ private:
+  std::shared_ptr<MemoryLedger> ledger_;
+  MemoryUse use_ = MemoryUse::other;
+  std::size_t bytes_ = 0;
+};
 
 //! What this thread's allocations are for while it lives (then what they were for before).
 class MemoryUseScope {

@@ -12,11 +12,12 @@
 // Backward: the key/value blocks go around the ring again; each rank adds its contribution to the gradient of the
 // block it holds and passes that gradient on, so that after n steps each gradient comes home summed over every rank.
 // Per rank and layer: forward n - 1 key/value rotations; backward n - 1 key/value rotations and n rotations of their
-// gradient (in acc_t<T>).
+// gradient (in acc_t<T>). The buffers each call holds are charged to the rank's ledger as activations.
 #pragma once
 
 #include <loom/comm/types.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/memory.hpp>
 #include <loom/kernels/cpu/ops.hpp>
 #include <loom/kernels/shape.hpp>
 
@@ -111,6 +112,12 @@ void gather_kv(const T* k, const T* v, const kernels::AttentionShape& s, const C
   }
 }
 
+//! Sends `out` to rank `to` and receives `in` from rank `from`, in one exchange: a hop around the ring.
+template <class Comm, class U>
+comm::Handle rotate(Comm& cp, const std::vector<U>& out, std::vector<U>& in, int to, int from) {
+  return cp.exchange_async({comm::send_op(std::span<const U>(out), to), comm::recv_op(std::span<U>(in), from)});
+}
+
 //! The kernel's shape of a block: a chunk of queries over a chunk of keys, contiguous.
 inline kernels::AttentionShape block_shape(const kernels::AttentionShape& s, const ChunkSizes& z, Block block) {
   return {z.B, z.c, s.Hq, s.Hkv, s.D, z.wq, z.wkv, z.wq, s.scale, z.c, block == Block::causal};
@@ -130,16 +137,16 @@ void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out
   const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq;
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
   // This rank's query chunks; the held key/value block as [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
+  const std::size_t blocks = n > 1 ? 8 * kvn : 4 * kvn;
+  const ChargedBytes workspace(MemoryUse::activations, (3 * qn + blocks) * sizeof(T) + (2 * qn + 3 * ln) * sizeof(A));
   std::vector<T> Q(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0), Ob(qn);
   std::vector<A> O(2 * qn, A(0)), L(2 * ln, -std::numeric_limits<A>::infinity()), Lb(ln);
   for (int j = 0; j < 2; ++j) detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
   detail::gather_kv(k, v, s, z, kv.data());
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   for (int step = 0; step < n; ++step) {
-    comm::Handle moving;  // the next block, while this one is computed
-    if (step + 1 < n)
-      moving = cp.exchange_async(
-          {comm::send_op(std::span<const T>(kv), to), comm::recv_op(std::span<T>(next), from)});
+    // The next block, while this one is computed.
+    comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
     for (int qi = 0; qi < 2; ++qi)
       for (int kj = 0; kj < 2; ++kj) {
@@ -187,7 +194,9 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
   using A = acc_t<T>;
   const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
   const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq, wkv = z.wkv;
-  const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
+  const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln, blocks = n > 1 ? 8 * kvn : 4 * kvn;
+  const ChargedBytes workspace(MemoryUse::activations, (7 * qn + blocks + 2 * kvn) * sizeof(T) +
+                                                           (2 * ln + 2 * qn + blocks + (n > 1 ? 4 * kvn : 0)) * sizeof(A));
   std::vector<T> Q(2 * qn), dO(2 * qn), O(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0);
   std::vector<A> L(2 * ln);
   detail::gather_kv(k, v, s, z, kv.data());
@@ -208,10 +217,7 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   comm::Handle passing;
   for (int step = 0; step < n; ++step) {
-    comm::Handle moving;
-    if (step + 1 < n)
-      moving = cp.exchange_async(
-          {comm::send_op(std::span<const T>(kv), to), comm::recv_op(std::span<T>(next), from)});
+    comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
     std::fill(mine.begin(), mine.end(), A(0));
     for (int qi = 0; qi < 2; ++qi)
@@ -234,8 +240,7 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
     }
     if (n > 1) {
       sending.swap(mine);
-      passing = cp.exchange_async(
-          {comm::send_op(std::span<const A>(sending), to), comm::recv_op(std::span<A>(in), from)});
+      static_cast<void>(passing = detail::rotate(cp, sending, in, to, from));  // the last one was waited for
     }
     if (step + 1 < n) {
       moving.wait();

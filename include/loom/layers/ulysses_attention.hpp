@@ -94,6 +94,9 @@ void ulysses_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* 
   using A = acc_t<T>;
   const int n = cp.size(), B = s.B, c = s.T / 2, hq = s.Hq / n, hkv = s.Hkv / n, Tg = 2 * n * c;
   detail::check_ulysses(cp, s);
+  // q, k, v and out of the head split, an all-to-all's two buffers of the widest, the log-sum-exp three times.
+  const std::size_t R = std::size_t(B) * 2 * c, wq = std::size_t(s.Hq) * s.D, wkv = std::size_t(s.Hkv) * s.D;
+  const ChargedBytes workspace(MemoryUse::activations, R * (4 * wq + 2 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(A));
   const auto Q = detail::to_heads(cp, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, v, s.ldkv, B, c, s.Hkv, s.D);
@@ -113,6 +116,10 @@ void ulysses_attention_backward(Comm& cp, const T* dout, const T* q, const T* k,
                                 const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s) {
   const int n = cp.size(), B = s.B, c = s.T / 2, hq = s.Hq / n, hkv = s.Hkv / n, Tg = 2 * n * c;
   detail::check_ulysses(cp, s);
+  // q, k, v, out, dout and dq, dk, dv of the head split, an all-to-all's two buffers, the log-sum-exp three times.
+  const std::size_t R = std::size_t(B) * 2 * c, wq = std::size_t(s.Hq) * s.D, wkv = std::size_t(s.Hkv) * s.D;
+  const ChargedBytes workspace(MemoryUse::activations,
+                               R * (6 * wq + 4 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(acc_t<T>));
   const auto Q = detail::to_heads(cp, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, v, s.ldkv, B, c, s.Hkv, s.D);

@@ -259,10 +259,9 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! The backward of the micro-batch in `slot` split in two, as zero-bubble schedules run it. B: the gradient of
   //! this part's input (from the loss, scaled by `scale`, in the part with the loss, else from doutput), left in
-  //! input_grad(); what the weight gradients need is kept with the slot. Not with full recompute.
+  //! input_grad(); the branch gradients the weight gradients need are kept with the slot (under full recompute, W
+  //! runs each block's forward once more).
   void backward_inputs(int slot, double scale, const T* doutput = nullptr) {
-    LOOM_CHECK(!full(), "the split backward (B, then W) of zero-bubble schedules keeps every block's activations "
-               "until W; it does not combine with full recompute (selective recompute works)");
     check_slot(slot);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
@@ -278,7 +277,10 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
     auto& sp = acts_.split(slot, activation_shape(), *block_);
     if (head()) head_weight(st, sp.dlnf.data());
-    for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_weight(st, l, sp.blocks[block_index(l)]);
+    for (int l = ix_.last - 1; l >= ix_.first; --l) {
+      if (full()) recompute(st, l, sp.blocks[block_index(l)]);
+      block_backward_weight(st, l, sp.blocks[block_index(l)]);
+    }
     if (embedding()) embedding_weight(st, sp.dx.data());
   }
 
@@ -306,7 +308,10 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   static std::unique_ptr<comm::AnyComm> context_of(CpComm& cp) {
     LOOM_CHECK(cp.size() == cp_size, "the context-parallel communicator has ", cp.size(), " ranks but the layout ",
                Cfg::name(), " has cp = ", cp_size);
-    return std::make_unique<comm::AnyComm>(cp);
+    if constexpr (std::is_same_v<CpComm, comm::AnyComm>)
+      return std::make_unique<comm::AnyComm>(comm::AnyComm::referring_to(cp));
+    else
+      return std::make_unique<comm::AnyComm>(cp);
   }
   GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::unique_ptr<comm::AnyComm> cp, std::uint64_t seed,
            GptOptions opt, GptPart part)
@@ -369,14 +374,17 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! Block l's backward to the gradient of its input, in acts_.dx, keeping its branch gradients in g; recomputes
   //! its forward first with recompute.
   void block_backward_input(Slot& st, int l, typename Block::Grads& g) {
+    if (full()) recompute(st, l, g);
     auto counted = tp_.counting(layers::Phase::backward);
     const auto i = block_index(l);
-    const auto w = block_params(params_, l);
-    if (full())
-      block_->forward(l, w, st.input_of(i, true), acts_.scratch_act, acts_.partial.data(), acts_.recompute_out.data(),
-                      st.dropout, g);
-    block_->backward_input(l, w, st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i], g, acts_.dx.data(),
-                           st.dropout);
+    block_->backward_input(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
+                           g, acts_.dx.data(), st.dropout);
+  }
+  //! Under full recompute: block l's forward again, from its kept input, into acts_.scratch_act.
+  void recompute(Slot& st, int l, typename Block::Grads& g) {
+    auto counted = tp_.counting(layers::Phase::backward);
+    block_->forward(l, block_params(params_, l), st.input_of(block_index(l), true), acts_.scratch_act,
+                    acts_.partial.data(), acts_.recompute_out.data(), st.dropout, g);
   }
   //! Block l's weight gradients from g; sums the ones tensor-parallel ranks share.
   void block_backward_weight(Slot& st, int l, const typename Block::Grads& g) {

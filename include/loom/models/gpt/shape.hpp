@@ -33,6 +33,8 @@ struct GptShape {
 inline constexpr GptShape tiny{2, 4, 4, 64, 256, 128};
 inline constexpr GptShape small{4, 8, 8, 256, 256, 256};
 inline constexpr GptShape gpt2{12, 12, 12, 768, 50257, 1024};
+//! tiny's width and depth with 32768 learned positions: the long-context shape context parallelism is shown on.
+inline constexpr GptShape long_context{2, 4, 4, 64, 256, 32768};
 
 //! The part of the model a pipeline stage holds: blocks [first, last) (last -1: to the end); the part with block 0
 //! holds the embedding, the part with the last block the final norm, the tied output layer and the loss.
