@@ -164,6 +164,18 @@ if(TARGET train_gpt)
   set_tests_properties(train_gpt_rejects_non_finite_loss train_gpt_rejects_non_finite_loss_pp2_dp2
                        train_gpt_rejects_local_backend_under_launcher PROPERTIES LABELS "model;failure")
   set_tests_properties(train_gpt_rejects_local_backend_under_launcher PROPERTIES ENVIRONMENT "PMI_SIZE=4")
+  # Under a per-rank cap of 80 MiB a 4096-token sequence of --model long does not fit on one rank (its activations
+  # alone are about 70 MiB beside 34 MiB of parameters, gradients and optimizer state) and trains on cp4.
+  set(_long ${_tg};--no-progress;--model;long;--seq;4096;--batch;1;--steps;2;--max-bytes;83886080)
+  add_test(NAME train_gpt_long_context_over_the_cap_on_one_rank
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_long}" "-DEXPECT=bytes of activations: it would hold"
+            "-DEXPECT2=over its cap of 83886080" -P ${_ef})
+  add_test(NAME train_gpt_long_context_under_the_cap_on_cp4
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_long};--parallel;cp4"
+            "-DEXPECT_REGEX=peak per rank by use, MiB: parameters [0-9.]+, gradients [0-9.]+, optimizer state [0-9.]+, activations [0-9.]+"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set_tests_properties(train_gpt_long_context_over_the_cap_on_one_rank PROPERTIES LABELS "model;cp;failure")
+  set_tests_properties(train_gpt_long_context_under_the_cap_on_cp4 PROPERTIES LABELS "model;cp")
   # The script that every failure test runs refuses what is not a failure.
   add_test(NAME train_gpt_expect_failure_check
     COMMAND ${CMAKE_COMMAND} -DEF=${_ef} -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure_check.cmake)

@@ -241,7 +241,7 @@ TEST_CASE("sequence parallelism rejects a sequence it cannot split", "[tp]") {
       msg[ctx.rank()] = e.what();
     }
   });
-  for (const auto& m : msg) CHECK(m.find("sequence length 6 is not a multiple of it") != std::string::npos);
+  for (const auto& m : msg) CHECK(m.find("but its length 6 is not a multiple of it") != std::string::npos);
 }
 
 TEST_CASE("a communicator of the wrong size is refused", "[tp]") {
