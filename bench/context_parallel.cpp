@@ -1,8 +1,8 @@
 // Context-parallel attention: per-rank work of ring attention (forward and backward, f32, CPU threads as cp ranks)
 // under the zigzag split and under a contiguous split, and of Ulysses, for sequences of 2k to 16k tokens on 1, 2, 4
 // and 8 ranks. Each rank's work is the CPU time of its thread (CLOCK_THREAD_CPUTIME_ID: what it computed, not what
-// it waited, though the ranks share the cores); the table gives the largest and smallest over ranks and their ratio,
-// with the step's wall time and the elements each rank sent.
+// it waited, though the ranks share the cores; the least of --repeat runs, 3 by default); the table gives the largest
+// and smallest over ranks and their ratio, with the step's wall time and the elements each rank sent.
 //
 // Then the model: one forward and backward of `--model long` (tiny's width and depth, 32768 positions; f32, one
 // sequence) on CP 1, 2, 4 and 8 ranks, ring and Ulysses, for sequences of 2k to 32k tokens: each rank's peak of
@@ -10,7 +10,8 @@
 // per token the rank holds, and the wall time.
 //
 //   context_parallel [--seq 2048,4096,8192,16384] [--cp 1,2,4,8] [--heads 4] [--kv-heads 4] [--head-dim 64]
-//                    [--model-seq 2048,...,32768] [--recompute none|selective|full] [--json FILE]
+//                    [--repeat 3] [--model-seq 2048,...,32768] [--recompute none|selective|full] [--json FILE]
+// An empty list skips its part: --model-seq '' runs the attention alone.
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/layers/ring_attention.hpp>
@@ -33,7 +34,7 @@ using namespace loom;
 
 struct BenchOptions {
   std::vector<int> seq{2048, 4096, 8192, 16384}, cp{1, 2, 4, 8};
-  int heads = 4, kv_heads = 4, head_dim = 64;
+  int heads = 4, kv_heads = 4, head_dim = 64, repeat = 3;
   std::vector<int> model_seq{2048, 4096, 8192, 16384, 32768};
   models::Recompute recompute = models::Recompute::none;
   std::string json;
@@ -64,24 +65,28 @@ void measure(const BenchOptions& o, int T, const std::string& algorithm, std::ve
     for (std::size_t i = 0; i < k.size(); ++i) k[i] = float(std::cos(0.11 * double(i))), v[i] = float(i % 7) * 0.1f;
     std::vector<float> lse(std::size_t(o.heads) * 2 * c);
     const kernels::AttentionShape s{1, 2 * c, o.heads, o.kv_heads, D, wq, wkv, wq, 1.0 / std::sqrt(double(D))};
-    cp.barrier();
-    cp.reset_traffic();
-    const double c0 = thread_cpu_ms();
-    const auto t0 = std::chrono::steady_clock::now();
-    if (algorithm == "ulysses") {
-      layers::ulysses_attention_forward(cp, q.data(), k.data(), v.data(), out.data(), lse.data(), s);
-      layers::ulysses_attention_backward(cp, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                         dq.data(), dk.data(), dv.data(), s);
-    } else {
-      const auto split = algorithm == "ring" ? layers::SeqSplit::zigzag : layers::SeqSplit::contiguous;
-      layers::ring_attention_forward(cp, q.data(), k.data(), v.data(), out.data(), lse.data(), s, split);
-      layers::ring_attention_backward(cp, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                      dq.data(), dk.data(), dv.data(), s, split);
+    cpu[std::size_t(r)] = wall[std::size_t(r)] = INFINITY;
+    for (int rep = 0; rep < o.repeat; ++rep) {  // each rank's least time over the repetitions
+      cp.barrier();
+      cp.reset_traffic();
+      const double c0 = thread_cpu_ms();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (algorithm == "ulysses") {
+        layers::ulysses_attention_forward(cp, q.data(), k.data(), v.data(), out.data(), lse.data(), s);
+        layers::ulysses_attention_backward(cp, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                           dq.data(), dk.data(), dv.data(), s);
+      } else {
+        const auto split = algorithm == "ring" ? layers::SeqSplit::zigzag : layers::SeqSplit::contiguous;
+        layers::ring_attention_forward(cp, q.data(), k.data(), v.data(), out.data(), lse.data(), s, split);
+        layers::ring_attention_backward(cp, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                        dq.data(), dk.data(), dv.data(), s, split);
+      }
+      cpu[std::size_t(r)] = std::min(cpu[std::size_t(r)], thread_cpu_ms() - c0);
+      cp.barrier();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      wall[std::size_t(r)] = std::min(wall[std::size_t(r)], ms);
+      sent[std::size_t(r)] = cp.traffic().elements;
     }
-    cpu[std::size_t(r)] = thread_cpu_ms() - c0;
-    cp.barrier();
-    wall[std::size_t(r)] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    sent[std::size_t(r)] = cp.traffic().elements;
   });
   Row row{algorithm, T, N, cpu[0], cpu[0], wall[0], sent[0]};
   for (int r = 0; r < N; ++r) {
@@ -165,7 +170,8 @@ int main(int argc, char** argv) {
     BenchOptions o;
     bench::CommandLine cl(argc, argv);
     const bool go = cl.parse("usage: context_parallel [--seq 2048,4096,...] [--cp 1,2,4,8] [--heads H]\n"
-                             "                        [--kv-heads H] [--head-dim D] [--model-seq 2048,...]\n"
+                             "                        [--kv-heads H] [--head-dim D] [--repeat R]\n"
+                             "                        [--model-seq 2048,...]\n"
                              "                        [--recompute none|selective|full] [--json FILE]\n",
                              [&](const std::string& a) {
                                if (a == "--seq") o.seq = bench::int_list(cl.value());
@@ -175,6 +181,7 @@ int main(int argc, char** argv) {
                                else if (a == "--head-dim") o.head_dim = std::stoi(cl.value());
                                else if (a == "--json") o.json = cl.value();
                                else if (a == "--model-seq") o.model_seq = bench::int_list(cl.value());
+                               else if (a == "--repeat") o.repeat = std::stoi(cl.value());
                                else if (a == "--recompute") {
                                  const std::string v = cl.value();
                                  o.recompute = v == "full"        ? models::Recompute::full

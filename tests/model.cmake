@@ -298,5 +298,15 @@ if(LOOM_WITH_MPI)
 endif()
 # Context parallelism (ring and Ulysses, with TP, SP, DP, ZeRO, PP and recompute) against the single-rank run.
 loom_add_test(test_context_parallel test_context_parallel.cpp LABELS "cp;model")
+if(TARGET context_parallel)
+  # The benchmark runs, and a rank's activation peak per token it holds is the same on one rank and on cp2 and cp4
+  # as on the long sequences docs/context-parallel.md measures (13656, 17640 and 16264 bytes).
+  add_test(NAME bench_context_parallel_memory_per_token
+    COMMAND ${CMAKE_COMMAND}
+            "-DCMD=$<TARGET_FILE:context_parallel>;--seq;256;--cp;1,2,4;--repeat;1;--model-seq;256"
+            "-DEXPECT_REGEX=single +256 +1 +[0-9.]+ +13656\\.0.*ring +256 +2 +[0-9.]+ +17640\\.0.*ulysses +256 +4 +[0-9.]+ +16264\\.0"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set_tests_properties(bench_context_parallel_memory_per_token PROPERTIES LABELS "cp;bench")
+endif()
 loom_add_test(test_pipeline_executor test_pipeline_executor.cpp LABELS "pipeline")
 set_tests_properties(test_pipeline_executor PROPERTIES RUN_SERIAL TRUE)  # it times sleeps: alone, or it measures the load

@@ -137,8 +137,9 @@ inline MemoryLedger& rank_memory() { return *rank_memory_ledger(); }
 //! Makes this thread work for a ledger (run_local and run_mpi do, for each rank).
 inline void bind_rank_memory(std::shared_ptr<MemoryLedger> ledger) { detail::thread_ledger = std::move(ledger); }
 
-//! Bytes charged to a rank's ledger for `use` while this lives (memory the ledger does not see allocated: a checkpoint's
-//! staged chunks, an algorithm's workspace), credited to the same ledger when it dies, on whatever thread.
+//! Bytes charged to a rank's ledger for `use` while this lives (memory the ledger does not see allocated: a
+//! checkpoint's staged chunks, an algorithm's workspace), credited to the same ledger when it dies, on whatever
+//! thread.
 class ChargedBytes {
  public:
   ChargedBytes() = default;

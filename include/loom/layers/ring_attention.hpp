@@ -195,8 +195,9 @@ void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, co
   const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
   const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq, wkv = z.wkv;
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln, blocks = n > 1 ? 8 * kvn : 4 * kvn;
-  const ChargedBytes workspace(MemoryUse::activations, (7 * qn + blocks + 2 * kvn) * sizeof(T) +
-                                                           (2 * ln + 2 * qn + blocks + (n > 1 ? 4 * kvn : 0)) * sizeof(A));
+  const std::size_t passed = n > 1 ? 4 * kvn : 0;  // the gradient sum on its way to the next rank
+  const std::size_t held = (7 * qn + blocks + 2 * kvn) * sizeof(T) + (2 * ln + 2 * qn + blocks + passed) * sizeof(A);
+  const ChargedBytes workspace(MemoryUse::activations, held);
   std::vector<T> Q(2 * qn), dO(2 * qn), O(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0);
   std::vector<A> L(2 * ln);
   detail::gather_kv(k, v, s, z, kv.data());

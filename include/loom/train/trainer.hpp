@@ -131,9 +131,9 @@ struct TrainerOptions {
 
 //! The part of a layout a training step depends on: this rank's communicators and place, whether the layout has a
 //! pipeline axis, and its ZeRO stage. With context parallelism the gradients, the loss and ZeRO's shards are over
-//! dp x cp (`dp`; each cp rank's loss is its share of the sequences'), the batch over the DP ranks (dp_size). Taken from the layout type by rank_in_layout(ctx), so that a trainer built
-//! from it is compiled once per model, optimizer, backend, Pipelined and Zero, not once per layout (as
-//! ModelLayout<Cfg> is for the model).
+//! dp x cp (`dp`; each cp rank's loss is its share of the sequences'), the batch over the DP ranks (dp_size). Taken
+//! from the layout type by rank_in_layout(ctx), so that a trainer built from it is compiled once per model,
+//! optimizer, backend, Pipelined and Zero, not once per layout (as ModelLayout<Cfg> is for the model).
 template <class Comm, bool Pipelined, int Zero = 0>
 struct RankInLayout {
   static constexpr bool pipelined = Pipelined;
