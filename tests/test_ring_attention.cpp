@@ -205,6 +205,31 @@ TEST_CASE("the zigzag split gives rank i chunks i and 2n-1-i and refuses a seque
                                                  "= 8 chunks, but the sequence of 30 tokens is not a multiple of 8");
 }
 
+TEST_CASE("under the zigzag split every rank computes the same blocks; under the contiguous one the last 2n - 1 times "
+          "the first's", "[attention][cp]") {
+  using layers::detail::Block;
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (auto split : {layers::SeqSplit::zigzag, layers::SeqSplit::contiguous}) {
+      std::vector<int> causal(std::size_t(n), 0), full(std::size_t(n), 0);
+      for (int r = 0; r < n; ++r)
+        for (int step = 0; step < n; ++step)  // the block of rank r - step, as ring_attention_forward holds it
+          for (int qi = 0; qi < 2; ++qi)
+            for (int kj = 0; kj < 2; ++kj) {
+              const Block b = layers::detail::block_of(r, (r + n - step) % n, n, qi, kj, split);
+              causal[std::size_t(r)] += b == Block::causal, full[std::size_t(r)] += b == Block::full;
+            }
+      INFO("n = " << n << (split == layers::SeqSplit::zigzag ? ", zigzag" : ", contiguous"));
+      for (int r = 0; r < n; ++r) {
+        CHECK(causal[std::size_t(r)] == 2);  // each chunk's diagonal
+        // Work in causal halves: a full block is two, the diagonal one; a rank holds two chunks of 2n.
+        const int halves = 2 * full[std::size_t(r)] + causal[std::size_t(r)];
+        if (split == layers::SeqSplit::zigzag) CHECK(halves == 2 * (2 * n - 1) + 2);
+        else CHECK(halves == 2 * (4 * r + 1) + 2);  // chunks 2r and 2r + 1 see 2r and 2r + 1 chunks before them
+      }
+    }
+  }
+}
+
 TEST_CASE("Ulysses attention equals causal attention over the whole sequence", "[attention][cp]") {
   check_ring<1, double, Algorithm::ulysses>({2, 5, 4, 2, 8}, 1e-12);
   check_ring<2, double, Algorithm::ulysses>({2, 7, 4, 2, 8}, 1e-12);
