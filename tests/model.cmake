@@ -296,6 +296,9 @@ loom_add_test(test_pipeline_parallel test_pipeline_parallel.cpp LABELS "pipeline
 if(LOOM_WITH_MPI)
   loom_add_mpi_test(test_pipeline_parallel_mpi test_pipeline_parallel_mpi.cpp LABELS "mpi;pipeline")
 endif()
+# The mixture-of-experts router against hand-worked examples and finite differences.
+loom_add_test(test_moe_router test_moe_router.cpp LABELS "moe")
+
 # Context parallelism (ring and Ulysses, with TP, SP, DP, ZeRO, PP and recompute) against the single-rank run.
 loom_add_test(test_context_parallel test_context_parallel.cpp LABELS "cp;model")
 if(TARGET context_parallel)
