@@ -184,11 +184,9 @@ int main(int argc, char** argv) {
                                else if (a == "--repeat") o.repeat = std::stoi(cl.value());
                                else if (a == "--recompute") {
                                  const std::string v = cl.value();
-                                 o.recompute = v == "full"        ? models::Recompute::full
-                                               : v == "selective" ? models::Recompute::selective
-                                                                  : models::Recompute::none;
-                                 LOOM_CHECK(v == models::describe_recompute(o.recompute), "--recompute must be "
-                                            "none, selective or full, got '", v, "'");
+                                 const auto r = models::recompute_named(v);
+                                 LOOM_CHECK(r, "--recompute must be none, selective or full, got '", v, "'");
+                                 o.recompute = *r;
                                }
                                else throw Error("loom: unknown flag '" + a + "'");
                              });

@@ -140,8 +140,8 @@ Args parse(int argc, char** argv) {
   for (const auto& [given, flag] : {std::pair{a.save_every > 0, "--save-every"}, std::pair{a.keep > 0, "--keep"},
                                     std::pair{a.async_save, "--async-save"}})
     LOOM_CHECK(!given || !a.save.empty(), flag, " says how --save saves, but no --save DIR is given");
-  LOOM_CHECK(a.recompute == "none" || a.recompute == "selective" || a.recompute == "full",
-             "--recompute must be none, selective or full, got '", a.recompute, "'");
+  LOOM_CHECK(models::recompute_named(a.recompute), "--recompute must be none, selective or full, got '",
+             a.recompute, "'");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
@@ -305,9 +305,7 @@ train::TrainerOptions trainer_options(const Args& a) {
   train::TrainerOptions o;
   o.seed = a.seed;
   o.model.dropout = static_cast<float>(a.dropout);
-  o.model.recompute = a.recompute == "full"        ? models::Recompute::full
-                      : a.recompute == "selective" ? models::Recompute::selective
-                                                   : models::Recompute::none;
+  o.model.recompute = *models::recompute_named(a.recompute);  // checked by parse
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;

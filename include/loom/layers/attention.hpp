@@ -104,22 +104,8 @@ struct ParallelAttention {
     const Core& c = core_of(a, g);
     T* dy_full = sp ? g.dy_full.data() : const_cast<T*>(dy);
     proj_.backward_input(dy, dy_full, w.proj_w, g.dout.data());
-    const T* q = a.qkv.data();
-    T* dq = g.dqkv.data();
-    const T *k = q + hq_ * hd_, *v = q + (hq_ + hkv_) * hd_;
-    T *dk = dq + hq_ * hd_, *dv = dq + (hq_ + hkv_) * hd_;
-    if constexpr (kernels::is_host_v<Dev>) {
-      if (cp_.comm && cp_.algorithm == CpAlgorithm::ring)
-        ring_attention_backward(*cp_.comm, g.dout.data(), q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
-      else if (cp_.comm)
-        ulysses_attention_backward(*cp_.comm, g.dout.data(), q, k, v, c.out.data(), c.lse.data(), dq, dk, dv,
-                                   shape());
-      else
-        qkv_.region.ops.attention_backward(g.dout.data(), q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
-    } else {
-      qkv_.region.ops.attention_backward(g.dout.data(), q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
-    }
-    qkv_.backward_input(dq, w.qkv_w, sp ? g.dx_full.data() : dx, dx);
+    core_backward(g.dout.data(), a.qkv.data(), c, g.dqkv.data());
+    qkv_.backward_input(g.dqkv.data(), w.qkv_w, sp ? g.dx_full.data() : dx, dx);
   }
   //! Accumulates the weight gradients; x is the block's input to this layer, dy the gradient of its output.
   void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
@@ -142,6 +128,18 @@ struct ParallelAttention {
       if (cp_.comm) return ulysses_attention_forward(*cp_.comm, q, k, v, c.out.data(), c.lse.data(), shape());
     }
     qkv_.region.ops.attention_forward(q, k, v, c.out.data(), c.lse.data(), shape());
+  }
+  //! dq|dk|dv from the gradient of the core's output, q|k|v and the core's result, as core_forward computed it.
+  void core_backward(const T* dout, const T* qkv, const Core& c, T* dqkv) const {
+    const T *q = qkv, *k = q + hq_ * hd_, *v = q + (hq_ + hkv_) * hd_;
+    T *dq = dqkv, *dk = dq + hq_ * hd_, *dv = dq + (hq_ + hkv_) * hd_;
+    if constexpr (kernels::is_host_v<Dev>) {
+      if (cp_.comm && cp_.algorithm == CpAlgorithm::ring)
+        return ring_attention_backward(*cp_.comm, dout, q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
+      if (cp_.comm)
+        return ulysses_attention_backward(*cp_.comm, dout, q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
+    }
+    qkv_.region.ops.attention_backward(dout, q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
   }
 
   int B_, T_, hq_, hkv_, hd_;

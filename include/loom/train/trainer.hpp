@@ -643,8 +643,8 @@ class TrainerOf {
     models::GptOptions model = options.model;
     if constexpr (Zero >= 3) model.write_buffers = (at.shard ? at.shard : at.dp)->size() == 1;
     constexpr int cp = Part::config::template size<Axis::cp>;
-    LOOM_CHECK(cp == 1 || (at.cp && at.cp->size() == cp), "the model is split over ", cp,
-               " context-parallel ranks but the layout's context-parallel group has ", at.cp ? at.cp->size() : 1);
+    LOOM_CHECK(cp == 1 || at.cp, "the model is split over ", cp, " context-parallel ranks but the rank was given no "
+               "context-parallel group (RankInLayout::cp)");
     const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
       if constexpr (cp > 1 && requires { Model::static_shape; })
         return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, *at.cp, part, model));

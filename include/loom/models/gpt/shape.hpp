@@ -6,6 +6,7 @@
 #include <loom/core/device.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -51,6 +52,12 @@ enum class Recompute { none, selective, full };
 //! "none", "selective" or "full".
 constexpr std::string_view describe_recompute(Recompute r) {
   return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+//! The mode describe_recompute names `name`, or none.
+constexpr std::optional<Recompute> recompute_named(std::string_view name) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    if (describe_recompute(r) == name) return r;
+  return std::nullopt;
 }
 
 struct GptOptions {
