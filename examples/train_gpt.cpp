@@ -1,6 +1,7 @@
 // train_gpt: trains a GPT with a compile-time shape on a parallel layout picked by --parallel, following the
 // command-line contract in DESIGN.md. Layouts: one rank, data parallelism, tensor parallelism with and without sequence
-// parallelism, pipeline parallelism, context parallelism, and their combinations up to 8 ranks; ranks as threads
+// parallelism, pipeline parallelism, context parallelism, expert parallelism (mixture-of-experts models), and their
+// combinations up to 8 ranks; ranks as threads
 // (--backend local) or MPI processes (mpirun -np N train_gpt --backend mpi --parallel SPEC). `train_gpt --help`
 // lists the flags.
 #include "train_gpt.hpp"
@@ -13,11 +14,13 @@
 namespace train_gpt {
 
 const char* usage =
-    "usage: train_gpt [--model tiny|small|gpt2|long] [--steps N] [--batch B] [--micro-batches M] [--seq T] [--lr LR]\n"
+    "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe] [--steps N] [--batch B] [--micro-batches M]\n"
+    "                 [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
-    "                 [--parallel SPEC (tpN,sp,cpN,ulysses,ppN,vN,dpN,zeroK,keep,shardS)] [--bucket-mb MB]\n"
+    "                 [--parallel SPEC (tpN,sp,cpN,ulysses,ppN,vN,dpN,zeroK,keep,shardS,epN)] [--bucket-mb MB]\n"
     "                 [--max-bytes B (per rank)] [--recompute none|selective|full]\n"
+    "                 [--capacity-factor F (0: dropless)] [--aux-loss-coeff C] [--z-loss-coeff C]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
@@ -101,6 +104,9 @@ Args parse(int argc, char** argv) {
     else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
     else if (f == "--max-bytes") a.max_bytes = number<std::uint64_t>(f, v);
     else if (f == "--recompute") a.recompute = v;
+    else if (f == "--capacity-factor") a.capacity_factor = number<double>(f, v);
+    else if (f == "--aux-loss-coeff") a.aux_loss_coeff = number<double>(f, v);
+    else if (f == "--z-loss-coeff") a.z_loss_coeff = number<double>(f, v);
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -113,6 +119,10 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.weight_decay >= 0, "--weight-decay must not be negative, got ", show(a.weight_decay));
   LOOM_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got ", show(a.dropout));
   LOOM_CHECK(a.grad_clip >= 0, "--grad-clip must not be negative, got ", show(a.grad_clip));
+  LOOM_CHECK(a.capacity_factor >= 0, "--capacity-factor must not be negative (0: dropless), got ",
+             show(a.capacity_factor));
+  LOOM_CHECK(a.aux_loss_coeff >= 0, "--aux-loss-coeff must not be negative, got ", show(a.aux_loss_coeff));
+  LOOM_CHECK(a.z_loss_coeff >= 0, "--z-loss-coeff must not be negative, got ", show(a.z_loss_coeff));
   LOOM_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer must be adamw or sgd, got '",
              a.optimizer, "'");
   LOOM_CHECK(a.batch_order == "sequential" || a.batch_order == "shuffle",
@@ -178,7 +188,7 @@ std::string pipeline_options(const Args& a) {
 //! The layout --parallel names, as Parallel<...>::name() spells it ("tp2.sp.dp2", "pp2.zb-h1.dp2"; "single" for
 //! one rank).
 std::string parse_parallel(const std::string& spec, Args& a) {
-  std::map<std::string, int> size{{"tp", 1}, {"cp", 1}, {"pp", 1}, {"dp", 1}};
+  std::map<std::string, int> size{{"tp", 1}, {"cp", 1}, {"pp", 1}, {"dp", 1}, {"ep", 1}};
   std::map<std::string, std::string> given;  // each part of the spec ("tp", "sp", "v", ...) and the token that gave it
   bool sp = false;
   int zero = 0, shard = 0;
@@ -187,10 +197,6 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     std::string all;
     for (const auto& n : layouts()) all += (all.empty() ? "" : ", ") + n;
     return all;
-  };
-  auto not_yet = [&](const std::string& tok, const char* what) {
-    return Error("loom: --parallel " + spec + ": " + tok + " (" + what + ") is not implemented yet: train_gpt trains "
-                 "tpN, sp, cpN, ulysses, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS");
   };
   auto starts = [](const std::string& tok, const char* prefix) { return tok.rfind(prefix, 0) == 0; };
   for (std::string tok; std::getline(ss, tok, ',');) {
@@ -205,7 +211,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
       part = tok.substr(0, 2);
     else
       throw Error("loom: --parallel " + spec + ": unknown part '" + tok +
-                  "' (tpN, sp, cpN, ulysses, ppN, vN, dpN, zeroK, keep, shardS)");
+                  "' (tpN, sp, cpN, ulysses, ppN, vN, dpN, zeroK, keep, shardS, epN)");
     if (const auto it = given.find(part); it != given.end())
       throw Error("loom: --parallel " + spec + ": " + (part == "v" ? "vN" : part) + " is given twice (" + it->second +
                   " and " + tok + ")");
@@ -225,11 +231,7 @@ std::string parse_parallel(const std::string& spec, Args& a) {
     } else {
       const int n = number<int>("--parallel " + tok, tok.substr(2));
       LOOM_CHECK(n >= 1, "--parallel ", tok, ": a size must be at least 1");
-      if (part == "ep") {
-        if (n > 1) throw not_yet(tok, "expert parallelism");
-      } else {
-        size[part] = n;
-      }
+      size[part] = n;
     }
   }
   LOOM_CHECK(!sp || size["tp"] > 1, "--parallel ", spec, ": sp (sequence parallelism) splits over the tp ranks and "
@@ -256,6 +258,10 @@ std::string parse_parallel(const std::string& spec, Args& a) {
   if (size["dp"] > 1)
     add("dp" + std::to_string(size["dp"]) + (zero ? ".zero" + std::to_string(zero) : "") + (keep ? ".keep" : "") +
         (shard ? ".shard" + std::to_string(shard) : ""));
+  LOOM_CHECK(size["ep"] == 1 || (size["dp"] * size["cp"]) % size["ep"] == 0, "--parallel ", spec, ": ", given["ep"],
+             " splits the experts over ranks carved out of dp x cp = ", size["dp"] * size["cp"],
+             ", which it must divide");
+  if (size["ep"] > 1) add("ep" + std::to_string(size["ep"]));
   if (name.empty()) name = "single";
   if (size["pp"] == 1) {
     LOOM_CHECK(!given.count("v"), "--parallel ", spec, ": ", given["v"], " sets the model chunks per pipeline stage, "
@@ -306,6 +312,9 @@ train::TrainerOptions trainer_options(const Args& a) {
   o.seed = a.seed;
   o.model.dropout = static_cast<float>(a.dropout);
   o.model.recompute = *models::recompute_named(a.recompute);  // checked by parse
+  o.model.moe.capacity_factor = a.capacity_factor;
+  o.model.moe.aux_loss_coeff = a.aux_loss_coeff;
+  o.model.moe.z_loss_coeff = a.z_loss_coeff;
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;
@@ -330,6 +339,9 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const std::v
           {"data_tokens", static_cast<std::uint64_t>(tokens.size())},
           {"data_fnv1a", fnv1a(tokens)},
           {"micro_batches", a.micro_batches},
+          {"capacity_factor", a.capacity_factor},
+          {"aux_loss_coeff", a.aux_loss_coeff},
+          {"z_loss_coeff", a.z_loss_coeff},
           {"parallel", layout}};
 }
 
@@ -395,7 +407,8 @@ void check_resume(const Args& a, const nlohmann::json& run) {
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
   for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts,
-                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts, &context_parallel_layouts})
+                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts, &context_parallel_layouts,
+                  &expert_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
 }
@@ -419,7 +432,7 @@ int main(int argc, char** argv) {
       throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
     }
     for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel,
-                      &run_pipeline_tensor_parallel, &run_context_parallel})
+                      &run_pipeline_tensor_parallel, &run_context_parallel, &run_expert_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);
   } catch (const std::exception& e) {

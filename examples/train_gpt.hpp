@@ -39,6 +39,8 @@ struct Args {
   int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
   std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
   double lr = 3e-3, weight_decay = 0.01, grad_clip = 1.0, dropout = 0.0;
+  //! Mixture of experts: --capacity-factor (0: dropless), --aux-loss-coeff, --z-loss-coeff.
+  double capacity_factor = 1.25, aux_loss_coeff = 0.01, z_loss_coeff = 0.0;
   float bucket_mb = 25.0f;
   std::uint64_t max_bytes = 0;  //!< --max-bytes: each rank's cap on host memory (0: LOOM_MAX_BYTES, else none)
   std::uint64_t seed = 1234;
@@ -76,7 +78,7 @@ struct LayoutFacts {
   int tp = 1, dp = 1, pp = 1, chunks = 1;
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
-  int cp = 1;
+  int cp = 1, ep = 1;
 };
 template <class Cfg>
 LayoutFacts layout_facts() {
@@ -88,7 +90,8 @@ LayoutFacts layout_facts() {
           pp > 1 ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1,
           Cfg::sequence_parallel,
           Cfg::schedule,
-          Cfg::template size<Axis::cp>};
+          Cfg::template size<Axis::cp>,
+          Cfg::template size<Axis::ep>};
 }
 
 //! What a rank does, given its place in the layout (train::RankInLayout) over type-erased communicators: the
@@ -163,6 +166,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 "%.3f MiB, optimizer state %.3f MiB%s\n",
                 (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp, bytes[2] / mib,
                 bytes[3] / mib, master);
+  if (lead && S.experts > 0)
+    std::printf("train_gpt: mixture of %d experts, top-%d, in every %s block (expert width %d, %d shared), capacity "
+                "factor %s, aux loss coefficient %s, z-loss coefficient %s, experts split over ep%d\n",
+                S.experts, S.top_k, S.moe_every == 1 ? "" : (std::to_string(S.moe_every) + "th").c_str(),
+                S.expert_width(), S.shared_experts, a.capacity_factor == 0 ? "0 (dropless)" : show(a.capacity_factor).c_str(),
+                show(a.aux_loss_coeff).c_str(), show(a.z_loss_coeff).c_str(), layout.ep);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
   double first_loss = 0, loss = 0;
   int skipped = 0, in_a_row = 0;
@@ -193,7 +202,11 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
       if (std::isfinite(loss)) log << loss;
       else log << "null";
       log << ", \"lr\": " << r.lr << ", \"tokens_per_s\": " << tps << ", \"peak_bytes\": "
-          << static_cast<std::uint64_t>(peak[0]) << (r.skipped ? ", \"skipped\": true}\n" : "}\n");
+          << static_cast<std::uint64_t>(peak[0]);
+      if (r.moe.forwards > 0)
+        log << ", \"moe_dropped\": " << r.moe.dropped_fraction() << ", \"moe_load_max_over_mean\": "
+            << r.moe.mean_imbalance() << ", \"moe_aux_loss\": " << r.moe.aux_loss / r.moe.forwards;
+      log << (r.skipped ? ", \"skipped\": true}\n" : "}\n");
       log.flush();
     }
     if (in_a_row == max_skipped_in_a_row)  // on every rank
@@ -207,7 +220,10 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                    width - done, "", i + 1, a.steps, loss, tps);
       std::fflush(stderr);
     } else if (i % 25 == 0 || i + 1 == a.steps) {
-      std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s\n", i, loss, r.lr, tps);
+      std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s", i, loss, r.lr, tps);
+      if (r.moe.forwards > 0)  // the dropped share of the assignments, the largest expert load over the mean
+        std::printf("  dropped %.2f%%  load max/mean %.3f", 100 * r.moe.dropped_fraction(), r.moe.mean_imbalance());
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -373,11 +389,13 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
 template <class ML, class Dev, bool Pipelined, int Zero>
 int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
   auto go = [&]<models::GptShape S>() -> int {
-    constexpr int tp = ML::template size<Axis::tp>;
+    constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
     constexpr auto rule = !models::tensor_parallel_violation(S, tp, ML::sequence_parallel).empty()
                               ? models::tensor_parallel_violation(S, tp, ML::sequence_parallel)
-                              : models::context_parallel_violation(S, tp, ML::template size<Axis::cp>,
-                                                                   ML::cp_algorithm);
+                          : !models::context_parallel_violation(S, tp, cp, ML::cp_algorithm).empty()
+                              ? models::context_parallel_violation(S, tp, cp, ML::cp_algorithm)
+                              : models::expert_parallel_violation(S, ML::template size<Axis::ep>,
+                                                                  ML::sequence_parallel, cp);
     if constexpr (rule.empty()) {
       if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)
@@ -392,7 +410,9 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
   if (a.model == "small") return go.template operator()<models::small>();
   if (a.model == "gpt2") return go.template operator()<models::gpt2>();
   if (a.model == "long") return go.template operator()<models::long_context>();
-  throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2, long)");
+  if (a.model == "tiny-moe") return go.template operator()<models::tiny_moe>();
+  if (a.model == "small-moe") return go.template operator()<models::small_moe>();
+  throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2, long, tiny-moe, small-moe)");
 }
 
 //! Layout Cfg on device Dev: what its type decides (Launch<Cfg>), then the model layout's program.
@@ -464,12 +484,14 @@ std::optional<int> run_sequence_parallel(const std::string& layout, const Args& 
 std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_pipeline_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_context_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
+std::optional<int> run_expert_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> data_parallel_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> sequence_parallel_layouts();
 std::vector<std::string> pipeline_parallel_layouts();
 std::vector<std::string> pipeline_tensor_parallel_layouts();
 std::vector<std::string> context_parallel_layouts();
+std::vector<std::string> expert_parallel_layouts();
 //! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> cuda_layouts();

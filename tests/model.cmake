@@ -298,6 +298,8 @@ if(LOOM_WITH_MPI)
 endif()
 # The mixture-of-experts router against hand-worked examples and finite differences.
 loom_add_test(test_moe_router test_moe_router.cpp LABELS "moe")
+# Mixture of experts with expert parallelism (with DP, TP, PP, micro-batches, recompute) against the single-rank run.
+loom_add_test(test_moe test_moe.cpp LABELS "moe;model")
 
 # Context parallelism (ring and Ulysses, with TP, SP, DP, ZeRO, PP and recompute) against the single-rank run.
 loom_add_test(test_context_parallel test_context_parallel.cpp LABELS "cp;model")

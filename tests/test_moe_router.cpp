@@ -50,8 +50,8 @@ TEST_CASE("capacity drops first choices after earlier first choices, then second
   const auto x = logits_of(four, shifts);
   RouterConfig c;
   c.experts = 4, c.top_k = 2;
-  SECTION("factor 1: one assignment per expert") {
-    c.capacity_factor = 1.0;
+  SECTION("factor 0.5: ceil(4 x 2 / 4 x 0.5) = one assignment per expert") {
+    c.capacity_factor = 0.5;
     const Routing r = layers::route(x.data(), 4, c);
     CHECK(r.capacity == 1);
     // First choices in token order: 0 -> e0 kept, 1 -> e3 kept, 2 -> e0 dropped, 3 -> e0 dropped; then second
@@ -62,8 +62,8 @@ TEST_CASE("capacity drops first choices after earlier first choices, then second
     CHECK(r.load == std::vector<int>{1, 1, 1, 1});
     CHECK(r.dropped() == 0.5);
   }
-  SECTION("factor 1.25: ceil(4 / 4 x 1.25) = 2") {
-    c.capacity_factor = 1.25;
+  SECTION("factor 0.75: ceil(4 x 2 / 4 x 0.75) = 2") {
+    c.capacity_factor = 0.75;
     const Routing r = layers::route(x.data(), 4, c);
     CHECK(r.capacity == 2);
     // Expert 0 takes tokens 0 and 2 first; token 3's first choice is dropped, its second (e1) kept.
@@ -72,9 +72,10 @@ TEST_CASE("capacity drops first choices after earlier first choices, then second
     CHECK(r.dropped() == 1.0 / 8);
     CHECK(r.weight[7] == Approx(0.5));
   }
-  CHECK(layers::expert_capacity(10, 4, 1.0) == 3);
-  CHECK(layers::expert_capacity(8, 4, 2.0) == 4);
-  CHECK(layers::expert_capacity(8, 4, 0.0) == -1);
+  CHECK(layers::expert_capacity(10, 1, 4, 1.0) == 3);
+  CHECK(layers::expert_capacity(8, 1, 4, 2.0) == 4);
+  CHECK(layers::expert_capacity(8, 2, 4, 1.25) == 5);
+  CHECK(layers::expert_capacity(8, 2, 4, 0.0) == -1);
 }
 
 TEST_CASE("the Switch load-balancing loss and the router z-loss", "[moe]") {
@@ -125,7 +126,7 @@ TEST_CASE("the gradient of the logits against finite differences", "[moe]") {
   for (std::size_t i = 0; i < dw.size(); ++i) dw[i] = std::cos(0.9 * double(i));
   for (bool sigmoid : {false, true}) {
     RouterConfig c;
-    c.experts = E, c.top_k = 2, c.sigmoid = sigmoid, c.capacity_factor = 1.0;
+    c.experts = E, c.top_k = 2, c.sigmoid = sigmoid, c.capacity_factor = 0.75;
     c.aux_loss_coeff = 0.3, c.z_loss_coeff = 0.05;
     // L = Σ dw · weight (kept) + 0.5 (aux + z): the gradient's losses scaled by 0.5.
     auto loss = [&](const std::vector<double>& at) {
@@ -135,7 +136,7 @@ TEST_CASE("the gradient of the logits against finite differences", "[moe]") {
       return l;
     };
     const Routing r = layers::route(x.data(), T, c);
-    CHECK(r.dropped() > 0);  // capacity 3 of 12 assignments over 5 experts drops some: their gradient is zero
+    CHECK(r.dropped() > 0);  // capacity ceil(12 / 5 x 0.75) = 2 drops some: their gradient is zero
     std::vector<double> g(x.size());
     layers::route_backward(x.data(), r, c, dw.data(), 0.5, g.data());
     for (std::size_t i = 0; i < x.size(); ++i) {

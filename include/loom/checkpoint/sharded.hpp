@@ -638,12 +638,24 @@ class CheckpointWriter {
   std::string last_;
 };
 
+namespace detail {
+//! Sharded checkpoints do not yet know that expert-parallel ranks hold different experts: refused.
+template <class Trainer>
+void check_not_expert_parallel(Trainer& trainer, const char* what) {
+  const auto& part = *trainer.parts().front();
+  if constexpr (requires { part.ep(); })
+    LOOM_CHECK(part.ep() == nullptr, "a sharded checkpoint cannot be ", what, " on an expert-parallel layout yet ",
+               "(EP<", part.ep()->size(), ">); save_training writes the whole model, which any layout loads");
+}
+}  // namespace detail
+
 //! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it
 //! (one CheckpointWriter's save and finish); `layout` names the layout (recorded), `run` is recorded under "run".
 //! A collective over the world: every rank calls it. Returns the checkpoint's directory, in place.
 template <class Model, class Optimizer>
 std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
                          const std::string& layout, const nlohmann::json& run = nullptr, SaveOptions options = {}) {
+  detail::check_not_expert_parallel(trainer, "saved");
   CheckpointWriter writer(root, options);
   writer.save(trainer, next_step, layout, run);
   writer.finish(trainer);
@@ -819,6 +831,7 @@ enum class LoadWhat { training, parameters };
 template <class Model, class Optimizer>
 int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer,
                  LoadWhat what = LoadWhat::training) {
+  detail::check_not_expert_parallel(trainer, "loaded");
   using T = typename Model::value_type;
   using A = loom::acc_t<T>;
   const std::string dir = resolve_checkpoint(path);

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -55,9 +56,11 @@ class Context {
     return get(comm::GroupInfo{"world", all});
   }
 
-  //! The communicator over an explicit set of global ranks, ascending, including this rank.
+  //! The communicator of a group: an explicit set of global ranks, ascending, including this rank, and its name.
+  //! Groups of the same ranks under different names are different communicators (the expert-parallel group may
+  //! be the data-parallel group's ranks, and their collectives run at once from different threads).
   Comm& get(const comm::GroupInfo& g) {
-    auto& c = comms_[g.ranks];
+    auto& c = comms_[{g.name, g.ranks}];
     if (!c) c = r_.make(g);
     return *c;
   }
@@ -71,7 +74,7 @@ class Context {
   }
 
   typename Backend::Rank r_;
-  std::map<std::vector<int>, std::unique_ptr<Comm>> comms_;
+  std::map<std::pair<std::string, std::vector<int>>, std::unique_ptr<Comm>> comms_;
   std::vector<Comm*> by_axes_;  // comm<A...>()'s communicators, by the slot of A...
 };
 

@@ -23,6 +23,8 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <string>
+#include <utility>
 #include <mutex>
 #include <thread>
 
@@ -90,7 +92,7 @@ class LocalWorld {
   int size() const { return size_; }
   const LocalOptions& options() const { return opt_; }
 
-  //! The shared state of the group with these global ranks; made by whichever member asks first.
+  //! The shared state of the group of this name and these global ranks; made by whichever member asks first.
   std::shared_ptr<LocalGroup> group(const GroupInfo& info);
 
   //! Records the first failure and wakes every waiting rank, which then stops with an AbortedError.
@@ -102,7 +104,7 @@ class LocalWorld {
   int size_;
   LocalOptions opt_;
   mutable std::mutex m_;
-  std::map<std::vector<int>, std::shared_ptr<LocalGroup>> groups_;
+  std::map<std::pair<std::string, std::vector<int>>, std::shared_ptr<LocalGroup>> groups_;  //!< by name and ranks
   std::atomic<bool> aborted_{false};
   int failed_rank_ = -1;
   std::string reason_;

@@ -6,7 +6,8 @@
 // - Softmax routing: p = softmax(logits); the k largest p (ties to the lower expert index); weights p_j / Σ_chosen p.
 // - Sigmoid routing (DeepSeek-V3): s = sigmoid(logits); the k largest s; weights s_j / Σ_chosen s. Its balance loss
 //   takes the scores normalised over every expert, s / Σ s, as the probabilities.
-// - Capacity: ceil(tokens / E × capacity_factor) assignments per expert; capacity_factor 0 is dropless. Assignments
+// - Capacity: ceil(tokens × k / E × capacity_factor) assignments per expert (the mean load times the factor, as
+//   Megatron-Core counts it; for top-1, Switch's tokens / E × factor); capacity_factor 0 is dropless. Assignments
 //   are taken in order of choice rank, then token: every token's first choice before any second choice, so that a
 //   token loses its first choice only to earlier tokens' first choices. An assignment over capacity is dropped: its
 //   weight is zero and the token's other choices keep theirs (no renormalisation), so a token whose every choice is
@@ -62,12 +63,12 @@ struct Routing {
   }
 };
 
-//! The capacity of each of `experts` experts for `tokens` tokens: ceil(tokens / experts × factor), or -1 (dropless)
-//! for factor 0.
-inline int expert_capacity(int tokens, int experts, double factor) {
+//! The capacity of each of `experts` experts for `tokens` tokens choosing top_k each: ceil(tokens × top_k / experts
+//! × factor), or -1 (dropless) for factor 0.
+inline int expert_capacity(int tokens, int top_k, int experts, double factor) {
   LOOM_CHECK(factor >= 0, "the capacity factor must not be negative, got ", factor);
   if (factor == 0) return -1;
-  return static_cast<int>(std::ceil(static_cast<double>(tokens) / experts * factor - 1e-12));
+  return static_cast<int>(std::ceil(static_cast<double>(tokens) * top_k / experts * factor - 1e-12));
 }
 
 //! Routes T tokens from their logits (T x E, row-major).
@@ -77,7 +78,7 @@ Routing route(const T* logits, int tokens, const RouterConfig& c) {
   LOOM_CHECK(E >= 1 && k >= 1 && k <= E, "a router picks top_k of the experts: top_k ", k, " of ", E);
   Routing r;
   r.tokens = tokens, r.top_k = k, r.experts = E;
-  r.capacity = expert_capacity(tokens, E, c.capacity_factor);
+  r.capacity = expert_capacity(tokens, k, E, c.capacity_factor);
   const std::size_t n = std::size_t(tokens) * k;
   r.expert.resize(n), r.weight.resize(n), r.score.resize(n), r.kept.assign(n, 1);
   r.chose.assign(std::size_t(E), 0), r.load.assign(std::size_t(E), 0);

@@ -22,6 +22,8 @@ struct ParamSpec {
   Layout layout;
   bool replicated;    //!< placement Replicate
   std::size_t index;  //!< its number in the whole model's table (a part of a model holds some of them)
+  bool expert;        //!< an expert's: held by one rank of the expert-parallel group, its gradient averaged over
+                      //!< the expert-data-parallel group
 };
 
 //! Builds the table in declaration order, for rank `rank` of a tensor-parallel group of `size`.
@@ -39,11 +41,14 @@ class ParamTable {
     Layout l(std::move(global), P::dim, std::move(segments), size_, rank_);
     const auto n = l.local_numel();
     specs_.push_back({std::move(name), l.local_shape(), at_, decay, init_std, init_value, std::move(l),
-                      std::is_same_v<P, Replicate>, index});
+                      std::is_same_v<P, Replicate>, index, expert_});
     at_ += n;
   }
   //! Whether the parameters declared next are left out.
   void skip(bool s) { skip_ = s; }
+  bool skipping() const { return skip_; }
+  //! Whether the parameters declared next are an expert's (ParamSpec::expert).
+  void expert(bool e) { expert_ = e; }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   std::vector<ParamSpec> take() { return std::move(specs_); }
@@ -54,7 +59,7 @@ class ParamTable {
   std::vector<ParamSpec> specs_;
   std::int64_t at_ = 0;
   std::size_t next_index_ = 0;
-  bool skip_ = false;
+  bool skip_ = false, expert_ = false;
 };
 
 //! Fills a rank's flat buffer: element i (global, row-major) of parameter p (its index in the whole model) is a

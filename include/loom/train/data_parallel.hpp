@@ -19,13 +19,16 @@
 
 namespace loom::train {
 
-//! One bucket: parameters [first, last) of the model's specs, elements [lo, hi) of its flat gradient buffer.
+//! One bucket: parameters [first, last) of the model's specs, elements [lo, hi) of its flat gradient buffer; an
+//! expert bucket holds experts' parameters alone (averaged over the expert-data-parallel group), any other none.
 struct Bucket {
   std::size_t first, last;
   std::int64_t lo, hi;
+  bool expert = false;
 };
 
-//! Buckets of at least `bytes` each (the last may be smaller), filled from the last parameter backwards.
+//! Buckets of at least `bytes` each (the last may be smaller, and one ends wherever the parameters turn from
+//! experts' to others' or back), filled from the last parameter backwards.
 inline std::vector<Bucket> make_buckets(const std::vector<layers::ParamSpec>& specs, std::size_t elem_bytes,
                                         std::size_t bytes) {
   std::vector<Bucket> out;
@@ -33,15 +36,31 @@ inline std::vector<Bucket> make_buckets(const std::vector<layers::ParamSpec>& sp
   std::size_t acc = 0;
   for (std::size_t i = specs.size(); i-- > 0;) {
     acc += static_cast<std::size_t>(numel_of(specs[i].shape)) * elem_bytes;
-    if (acc >= bytes || i == 0) {
+    if (acc >= bytes || i == 0 || specs[i - 1].expert != specs[i].expert) {
       const auto& a = specs[i];
       const auto& b = specs[end - 1];
-      out.push_back({i, end, a.offset, b.offset + numel_of(b.shape)});
+      out.push_back({i, end, a.offset, b.offset + numel_of(b.shape), a.expert});
       end = i;
       acc = 0;
     }
   }
   return out;
+}
+
+//! Where a model's gradients are averaged: its data-parallel group and, with expert parallelism over ep ranks, the
+//! expert-data-parallel group for the experts' gradients. An expert's gradient on one rank already sums what every
+//! rank of its expert-parallel group routed to it; averaged over the expert-data-parallel group and divided by ep,
+//! it is the average over the whole data-parallel group, as the others' are.
+template <class Comm>
+struct AverageGroups {
+  Comm* dp;
+  Comm* edp = nullptr;  //!< null without expert parallelism
+  int ep = 1;
+};
+
+//! The runs of a model's flat gradient buffer that are experts' or not, in order: [lo, hi) and which.
+inline std::vector<Bucket> expert_runs(const std::vector<layers::ParamSpec>& specs) {
+  return make_buckets(specs, 1, static_cast<std::size_t>(-1));
 }
 
 namespace detail {
@@ -127,9 +146,10 @@ class GradientAverage {
 
   explicit GradientAverage(bool in_storage) : widen_(!std::is_same_v<R, T> && !in_storage) {}
 
-  //! Starts the average of g over comm.
+  //! Starts the average of g over comm; finish() then multiplies it by `then` (an expert's 1 / ep).
   template <class Comm>
-  comm::Handle start(Comm& comm, std::span<T> g) {
+  comm::Handle start(Comm& comm, std::span<T> g, double then = 1.0) {
+    if (then != 1.0) scaled_.emplace_back(g, then);
     if constexpr (!std::is_same_v<R, T>) {
       if (widen_) {
         MemoryUseScope use(MemoryUse::communication);
@@ -140,16 +160,36 @@ class GradientAverage {
     }
     return comm.all_reduce_async(g, comm::Reduce::avg);
   }
-  //! Once every average started has completed: the widened ones rounded back into their buffers.
+  //! Starts the averages of a model's gradients g (laid out by specs) over `groups`: the experts' over the
+  //! expert-data-parallel group (then divided by ep), the others' over the data-parallel group.
+  template <class Comm>
+  comm::Handles start(const AverageGroups<Comm>& groups, const std::vector<layers::ParamSpec>& specs,
+                      std::span<T> g) {
+    comm::Handles h;
+    if (!groups.edp) {
+      h.all.push_back(start(*groups.dp, g));
+      return h;
+    }
+    for (const Bucket& b : expert_runs(specs))  // from the last run back, as backward completes them
+      h.all.push_back(start(b.expert ? *groups.edp : *groups.dp, g.subspan(std::size_t(b.lo), std::size_t(b.hi - b.lo)),
+                            b.expert ? 1.0 / groups.ep : 1.0));
+    return h;
+  }
+  //! Once every average started has completed: the widened ones rounded back into their buffers, the experts'
+  //! divided by ep.
   void finish() {
     for (auto& [to, copy] : wide_)
       std::transform(copy.data(), copy.data() + to.size(), to.begin(), [](R x) { return static_cast<T>(x); });
     wide_.clear();
+    for (auto& [to, by] : scaled_)
+      for (T& x : to) x = static_cast<T>(static_cast<R>(x) * static_cast<R>(by));
+    scaled_.clear();
   }
 
  private:
   bool widen_;
   std::vector<std::pair<std::span<T>, Tensor<R>>> wide_;  //!< while averaged: each widened buffer and its copy
+  std::vector<std::pair<std::span<T>, double>> scaled_;    //!< what finish() multiplies, and by what
 };
 
 //! Averages a model's gradients over a data-parallel communicator, bucket by bucket, overlapped with backward.
@@ -159,10 +199,14 @@ class DataParallel {
   using T = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::value_type;
 
   //! `in_storage`: average gradients in their own type even where it is narrower than acc_t (ReduceIn<bf16>).
+  //! With expert parallelism over ep ranks, the experts' gradients are averaged over edp, the
+  //! expert-data-parallel group (AverageGroups).
   DataParallel(Model& model, Comm& comm, std::size_t bucket_bytes = std::size_t{25} << 20, bool overlap = true,
-               bool in_storage = false)
-      : model_(model), comm_(comm), buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        overlap_(overlap), average_(in_storage) {}
+               bool in_storage = false, Comm* edp = nullptr, int ep = 1)
+      : model_(model), comm_(comm), edp_(edp), ep_(ep),
+        buckets_(make_buckets(model.specs(), sizeof(T), bucket_bytes)), overlap_(overlap), average_(in_storage) {
+    LOOM_CHECK(ep == 1 || edp != nullptr, "expert parallelism over ", ep, " ranks needs an expert-data-parallel group");
+  }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -193,10 +237,16 @@ class DataParallel {
   std::span<T> grads_of(const Bucket& b) {
     return {model_.grads().data() + b.lo, static_cast<std::size_t>(b.hi - b.lo)};
   }
-  comm::Handle start(std::size_t b) { return average_.start(comm_, grads_of(buckets_[b])); }
+  comm::Handle start(std::size_t b) {
+    const Bucket& k = buckets_[b];
+    if (k.expert && edp_) return average_.start(*edp_, grads_of(k), 1.0 / ep_);
+    return average_.start(comm_, grads_of(k));
+  }
 
   Model& model_;
   Comm& comm_;
+  Comm* edp_;
+  int ep_;
   std::vector<Bucket> buckets_;
   bool overlap_;
   GradientAverage<T, Dev> average_;

@@ -49,6 +49,8 @@ struct StepResult {
   double grad_norm;  //!< before clipping
   bool skipped;      //!< the loss or a gradient was not finite on some rank: no update anywhere
   double lr;
+  //! What a mixture of experts routed in the step, summed over every rank and MoE layer (empty without experts).
+  layers::MoeStats moe;
 };
 
 //! The first block of each of `parts` virtual stages and, last, `layers`: from an explicit split (blocks per virtual
@@ -152,6 +154,10 @@ struct RankInLayout {
   bool reduce_in_storage = false;  //!< ReduceIn<bf16>: gradients averaged in their own type, not widened
   Comm* cp = nullptr;  //!< with context parallelism: the cp group
   int dp_size = 1;     //!< the DP degree, over which the batch's sequences are split
+  Comm* ep = nullptr;   //!< with expert parallelism: the ep group (a split of dp x cp), which splits the experts
+  Comm* edp = nullptr;  //!< with expert parallelism: the expert-data-parallel group, over which experts' gradients
+                        //!< are averaged
+  int ep_size = 1;
 };
 
 //! Rank ctx's RankInLayout in layout Cfg. The first call for a context is collective over its groups.
@@ -161,6 +167,10 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   constexpr bool pipelined = stages > 1;
   constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
   constexpr int cp = Cfg::template size<Axis::cp>;
+  constexpr int ep = Cfg::template size<Axis::ep>;
+  static_assert(ep == 1 || Cfg::zero_stage == 0,
+                "loom: DP<n, ZeRO<k>> with EP<m> (m > 1) is not implemented yet (the experts' shards would be over "
+                "the expert-data-parallel group)");
   static_assert(cp == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,
                 "loom: DP<n, ZeRO<k>, HybridShard<s>> with CP<m> (m > 1) is not implemented (its shard groups are "
                 "data-parallel ranks alone; with context parallelism they would span dp x cp)");
@@ -177,6 +187,11 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   at.reduce_in_storage = Cfg::reduce_in_storage_type;
   at.dp_size = Cfg::template size<Axis::dp>;
   if constexpr (cp > 1) at.cp = &ctx.template comm<Axis::cp>();
+  if constexpr (ep > 1) {
+    at.ep = &ctx.template comm<Axis::ep>();
+    at.edp = &ctx.template comm<Axis::edp>();
+    at.ep_size = ep;
+  }
   if constexpr (Cfg::shard_group < Cfg::template size<Axis::dp>) {  // hybrid sharding: groups of s, replicated
     constexpr int s = Cfg::shard_group, dp = Cfg::template size<Axis::dp>;
     const auto all = Cfg::template group<Axis::dp>(ctx.rank());
@@ -215,9 +230,11 @@ class AnyRankInLayout {
         shard_(at.shard ? std::make_unique<comm::AnyComm>(*at.shard) : nullptr),
         replicas_(at.replicas ? std::make_unique<comm::AnyComm>(*at.replicas) : nullptr),
         cp_(at.cp ? std::make_unique<comm::AnyComm>(*at.cp) : nullptr),
+        ep_(at.ep ? std::make_unique<comm::AnyComm>(*at.ep) : nullptr),
+        edp_(at.edp ? std::make_unique<comm::AnyComm>(*at.edp) : nullptr),
         at_{at.keep_gathered, &tp_,     &dp_,      &pp_,        &world_,   tied_.get(),  at.dp_rank,
             at.stage,         at.stages, at.schedule, at.chunks, shard_.get(), replicas_.get(), at.reduce_in_storage,
-            cp_.get(),        at.dp_size} {}
+            cp_.get(),        at.dp_size, ep_.get(), edp_.get(), at.ep_size} {}
   AnyRankInLayout(const AnyRankInLayout&) = delete;
   AnyRankInLayout& operator=(const AnyRankInLayout&) = delete;
 
@@ -225,7 +242,7 @@ class AnyRankInLayout {
 
  private:
   comm::AnyComm tp_, dp_, pp_, world_;
-  std::unique_ptr<comm::AnyComm> tied_, shard_, replicas_, cp_;
+  std::unique_ptr<comm::AnyComm> tied_, shard_, replicas_, cp_, ep_, edp_;
   RankInLayout<comm::AnyComm, Pipelined, Zero> at_;
 };
 
@@ -326,7 +343,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     } else {
       if constexpr (Zero == 0)
         ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
-                                                            cfg.overlap, at.reduce_in_storage);
+                                                            cfg.overlap, at.reduce_in_storage, at.edp, at.ep_size);
       in_.resize(1);
       tg_.resize(1);
     }
@@ -359,11 +376,12 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     }
     if constexpr (Pipelined) at_.pp->all_reduce(s, comm::Reduce::sum);
     const double norm = std::sqrt(s[0]);
+    const layers::MoeStats moe = routed();
     // Every rank skips the update, or none does (StepResult).
     std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
     at_.world->all_reduce(finite, comm::Reduce::min);
     const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
-    if (!finite[0]) return {l[0], norm, true, lr};
+    if (!finite[0]) return {l[0], norm, true, lr, moe};
     for (std::size_t c = 0; c < parts.size(); ++c) {
       if constexpr (Zero > 0) {  // this rank's shard, then every rank's updated parameters
         zero_[c]->clip(norm, cfg_.grad_clip);
@@ -374,7 +392,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
         this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
       }
     }
-    return {l[0], norm, false, lr};
+    return {l[0], norm, false, lr, moe};
   }
 
   void sum_over_pipeline(std::span<T> x) override {
@@ -432,6 +450,20 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
 
  private:
+  //! What the parts' mixtures of experts routed in this step, summed over every rank (a collective over the world
+  //! when the model has experts).
+  layers::MoeStats routed() {
+    layers::MoeStats moe;
+    if constexpr (requires(Model& m) { m.take_moe_stats(); }) {
+      if (this->parts.front()->shape().experts == 0) return moe;
+      for (auto& p : this->parts) moe += p->take_moe_stats();
+      std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
+      at_.world->all_reduce(v, comm::Reduce::sum);
+      moe = {v[0], v[1], v[2], v[3], v[4], v[5]};
+    }
+    return moe;
+  }
+
   //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
   std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
 
@@ -497,8 +529,10 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
                                             micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
         },
         [&](int chunk) {
-          return dp.size() > 1 && Zero == 0 ? average_.start(dp, parts[std::size_t(chunk)]->grads().span())
-                                            : comm::Handle();
+          const auto& p = *parts[std::size_t(chunk)];
+          return dp.size() > 1 && Zero == 0
+                     ? average_.start(AverageGroups<Comm>{&dp, at_.edp, at_.ep_size}, p.specs(), p.grads().span())
+                     : comm::Handles();
         });
     average_.finish();
     reduce_tied();
@@ -645,8 +679,15 @@ class TrainerOf {
     constexpr int cp = Part::config::template size<Axis::cp>;
     LOOM_CHECK(cp == 1 || at.cp, "the model is split over ", cp, " context-parallel ranks but the rank was given no "
                "context-parallel group (RankInLayout::cp)");
+    constexpr int ep = Part::config::template size<Axis::ep>;
+    LOOM_CHECK(ep == 1 || (at.ep && at.edp), "the model's experts are split over ", ep, " expert-parallel ranks but "
+               "the rank was given no expert-parallel groups (RankInLayout::ep, edp)");
     const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
-      if constexpr (cp > 1 && requires { Model::static_shape; })
+      if constexpr (ep > 1 && requires { Model::static_shape; })
+        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, at.cp, at.ep, part, model));
+      else if constexpr (ep > 1)
+        return std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, at.ep, part, model);
+      else if constexpr (cp > 1 && requires { Model::static_shape; })
         return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, *at.cp, part, model));
       else if constexpr (cp > 1)
         return std::make_unique<Model>(shape, options.seed, *at.tp, *at.cp, part, model);

@@ -12,7 +12,7 @@ namespace detail {
 
 LOOM_COMPILED std::shared_ptr<LocalGroup> LocalWorld::group(const GroupInfo& info) {
   std::lock_guard lk(m_);
-  auto& g = groups_[info.ranks];
+  auto& g = groups_[{info.name, info.ranks}];
   if (!g) g = std::make_shared<LocalGroup>(this, info);
   return g;
 }

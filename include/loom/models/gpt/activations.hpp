@@ -57,6 +57,7 @@ struct GptActivationShape {
   int blocks;
   bool embedding, head;
   Recompute recompute;
+  int first = 0;  //!< the part's first block
   bool full() const { return recompute == Recompute::full; }
   bool selective() const { return recompute == Recompute::selective; }
 };
@@ -88,7 +89,8 @@ struct GptActivations {
         st.act[0].x = Buf({rows, d});
         for (std::size_t i = 1; i < st.inputs.size(); ++i) st.inputs[i] = Buf({rows, d});
       } else {
-        for (auto& a : st.act) a = block.make_acts(true, !s.selective());
+        for (int i = 0; i < s.blocks; ++i)
+          st.act[std::size_t(i)] = block.make_acts(true, !s.selective(), s.first + i);
       }
       st.out = Buf({rows, d});
       if (s.head) {
@@ -119,7 +121,7 @@ struct GptActivations {
     auto& sp = splits[static_cast<std::size_t>(slot)];
     if (sp.blocks.empty()) {
       MemoryUseScope use(MemoryUse::activations);
-      for (int l = 0; l < s.blocks; ++l) sp.blocks.push_back(block.make_grads(s.selective()));
+      for (int i = 0; i < s.blocks; ++i) sp.blocks.push_back(block.make_grads(s.selective(), s.first + i));
       if (s.head) sp.dlnf = Buf({s.rows, s.d_model});
       if (s.embedding) sp.dx = Buf({s.rows, s.d_model});
     }

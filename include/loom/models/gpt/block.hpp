@@ -1,5 +1,6 @@
 // One pre-LayerNorm GPT block on this rank's rows: x2 = x + drop(attention(ln1(x))), y = x2 + drop(mlp(ln2(x2))),
-// the attention and the MLP split over the tensor-parallel group. Every call names the storage it uses: the block's
+// the attention and the MLP split over the tensor-parallel group; in a mixture-of-experts block the MLP is a
+// layers::MoeLayer, its experts split over the expert-parallel group. Every call names the storage it uses: the block's
 // parameters, the activations one micro-batch keeps, the branch gradients, the dropout of that micro-batch.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <loom/layers/attention.hpp>
 #include <loom/layers/ring_attention.hpp>
 #include <loom/layers/mlp.hpp>
+#include <loom/layers/moe.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/models/gpt/shape.hpp>
 #include <loom/tensor/tensor.hpp>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace loom::models {
@@ -83,6 +86,7 @@ class GptBlock {
   using acc = loom::acc_t<T>;
   using Attention = layers::ParallelAttention<T, Dev, Tp>;
   using Mlp = layers::ParallelMlp<T, Dev, Tp>;
+  using Moe = layers::MoeLayer<T, Tp>;  //!< on the host only
   using Buf = Tensor<T, Dev>;
   using AccBuf = Tensor<acc, Dev>;
 
@@ -91,12 +95,17 @@ class GptBlock {
     T *ln1_w, *ln1_b;
     typename Attention::Params attn;
     T *ln2_w, *ln2_b;
-    typename Mlp::Params mlp;
+    typename Mlp::Params mlp;  //!< a dense block's
+    typename Moe::Params moe;  //!< a mixture-of-experts block's
 
-    //! The block whose first parameter is specs[p], in the flat buffer `flat` laid out by specs.
-    static Params in(T* flat, const std::vector<layers::ParamSpec>& specs, std::size_t p) {
+    //! The block whose first parameter is specs[p], in the flat buffer `flat` laid out by specs; a mixture of
+    //! experts with `shared` shared experts when moe.
+    static Params in(T* flat, const std::vector<layers::ParamSpec>& specs, std::size_t p, bool moe = false,
+                     int shared = 0) {
       auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
-      return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}};
+      if (moe)
+        return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {}, Moe::in(flat, specs, p + 8, shared)};
+      return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}, {}};
     }
   };
   //! What one block keeps from forward for backward, on this rank's rows: its input (unless the caller keeps it),
@@ -106,42 +115,63 @@ class GptBlock {
     AccBuf mean1, rstd1, mean2, rstd2;
     typename Attention::Acts attn;
     typename Mlp::Acts mlp;
+    typename Moe::Acts moe;
   };
   //! The branch gradients that backward_input leaves for backward_weight.
   struct Grads {
     Buf dfcp, dln2, dtmp, dattp, dln1;
     typename Attention::Grads attn;
     typename Mlp::Grads mlp;
+    typename Moe::Grads moe;
   };
 
-  //! B sequences of T_ tokens on this rank (its zigzag share of each with context parallelism over cp).
-  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps, layers::CpGroup cp = {})
-      : region_(region), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp), mlp_(region, s.ffn()),
-        eps_(ln_eps) {}
+  //! B sequences of T_ tokens on this rank (its zigzag share of each with context parallelism over cp); a
+  //! mixture-of-experts block routes as moe says, over the expert-parallel group ep.
+  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps, layers::CpGroup cp = {},
+           const MoeOptions& moe = {}, layers::EpGroup ep = {})
+      : region_(region), shape_(s), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp), mlp_(region, s.ffn()),
+        eps_(ln_eps) {
+    if constexpr (std::is_same_v<Dev, Host>)
+      if (s.experts > 0)
+        moe_.emplace(region, B, T_, s.d_model, s.experts, s.expert_width(), s.shared_experts,
+                     layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, moe.capacity_factor, moe.aux_loss_coeff,
+                                          moe.z_loss_coeff},
+                     ep);
+  }
+
+  //! Whether block l's MLP is a mixture of experts.
+  bool moe_block(int l) const { return shape_.moe_block(l); }
 
   int rows() const { return region_.rows(); }
   int width() const { return region_.C; }
 
-  //! What forward keeps: with the block's input or without (the caller keeps it), with the attention core's result
-  //! or without (selective recompute).
-  Acts make_acts(bool with_input, bool keep_core = true) const {
+  //! What forward keeps for block l (-1: for any block, as scratch shared by all): with the block's input or
+  //! without (the caller keeps it), with the attention core's result or without (selective recompute).
+  Acts make_acts(bool with_input, bool keep_core = true, int l = -1) const {
     const std::int64_t r = rows(), d = width();
     Acts a{with_input ? Buf({r, d}) : Buf(), Buf({r, d}), Buf({r, d}), Buf({r, d}), AccBuf({r}), AccBuf({r}),
-           AccBuf({r}), AccBuf({r}), attn_.make_acts(keep_core), mlp_.make_acts()};
+           AccBuf({r}), AccBuf({r}), attn_.make_acts(keep_core), {}, {}};
+    if (dense_mlp(l)) a.mlp = mlp_.make_acts();
+    if constexpr (std::is_same_v<Dev, Host>)
+      if (moe_ && (l < 0 || moe_block(l))) a.moe = moe_->make_acts();
     return a;
   }
-  //! Backward's scratch; recompute_core: with room for the attention core selective recompute recomputes (which
-  //! forward, not keeping it, also writes there).
-  Grads make_grads(bool recompute_core = false) const {
+  //! Backward's scratch for block l (-1: any); recompute_core: with room for the attention core selective
+  //! recompute recomputes (which forward, not keeping it, also writes there).
+  Grads make_grads(bool recompute_core = false, int l = -1) const {
     const std::int64_t r = rows(), d = width();
-    return Grads{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core),
-                 mlp_.make_grads()};
+    Grads g{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core), {}, {}};
+    if (dense_mlp(l)) g.mlp = mlp_.make_grads();
+    if constexpr (std::is_same_v<Dev, Host>)
+      if (moe_ && (l < 0 || moe_block(l))) g.moe = moe_->make_grads();
+    return g;
   }
 
   //! Block l: out from x, keeping what backward needs in a; partial is N x d scratch (sequence parallelism); the
   //! attention core's result goes to a, or where a does not keep it (selective recompute) to g's.
-  void forward(int l, const Params& w, const T* x, Acts& a, T* partial, T* out, const Dropout& drop,
-               Grads& g) const {
+  //! A mixture-of-experts block adds what it routed to stats, when given.
+  void forward(int l, const Params& w, const T* x, Acts& a, T* partial, T* out, const Dropout& drop, Grads& g,
+               layers::MoeStats* stats = nullptr) const {
     trace::Scope span("forward block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
@@ -152,21 +182,34 @@ class GptBlock {
     drop.forward(ops, x2, x2, l, 1);
     ops.add(x, x2, x2, nd);
     ops.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d, eps_);
-    mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
+    if (moe_block(l)) {
+      if constexpr (std::is_same_v<Dev, Host>) {
+        layers::MoeStats ignored;
+        moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats ? *stats : ignored);
+      }
+    } else {
+      mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
+    }
     drop.forward(ops, out, out, l, 2);
     ops.add(x2, out, out, nd);
   }
 
   //! Block l's part of backward that gives the gradient of its input: on entry dx holds d(output), on return
-  //! d(x). Leaves in g what backward_weight needs.
-  void backward_input(int l, const Params& w, const T* x, const Acts& a, Grads& g, T* dx, const Dropout& drop) const {
+  //! d(x). Leaves in g what backward_weight needs. `scale` scales a mixture of experts' router losses as the loss is.
+  void backward_input(int l, const Params& w, const T* x, const Acts& a, Grads& g, T* dx, const Dropout& drop,
+                      double scale = 1.0) const {
     trace::Scope span("backward_input block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
     const std::size_t nd = std::size_t(r) * d;
     // MLP branch: y = x2 + drop(mlp(ln2(x2)))
     drop.backward(ops, dx, g.dfcp.data(), l, 2);
-    mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
+    if (moe_block(l)) {
+      if constexpr (std::is_same_v<Dev, Host>)
+        moe_->backward_input(g.dfcp.data(), w.moe, a.moe, g.moe, g.dln2.data(), scale);
+    } else {
+      mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
+    }
     ops.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(),
                                  r, d);
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x2)
@@ -177,12 +220,16 @@ class GptBlock {
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x)
   }
 
-  //! The block's weight gradients (accumulated into dw) from the branch gradients in g.
-  void backward_weight(const Params& dw, const T* x, const Acts& a, const Grads& g) const {
+  //! Block l's weight gradients (accumulated into dw) from the branch gradients in g.
+  void backward_weight(int l, const Params& dw, const T* x, const Acts& a, const Grads& g) const {
     trace::Scope span("backward_weight block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
-    mlp_.backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, dw.mlp);
+    if (moe_block(l)) {
+      if constexpr (std::is_same_v<Dev, Host>) moe_->backward_weight(a.ln2.data(), g.dfcp.data(), a.moe, g.moe, dw.moe);
+    } else {
+      mlp_.backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, dw.mlp);
+    }
     ops.layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), dw.ln2_w, dw.ln2_b, r,
                                   d);
     attn_.backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, dw.attn);
@@ -192,11 +239,13 @@ class GptBlock {
   //! Bytes held by one block's activations and by one set of branch gradients.
   static std::size_t bytes(const Acts& a) {
     return held(a.x, a.ln1, a.x2, a.ln2, a.mean1, a.rstd1, a.mean2, a.rstd2, a.attn.in_full, a.attn.qkv,
-                a.attn.core.out, a.attn.core.lse, a.mlp.in_full, a.mlp.h, a.mlp.g);
+                a.attn.core.out, a.attn.core.lse, a.mlp.in_full, a.mlp.h, a.mlp.g) +
+           Moe::bytes(a.moe);
   }
   static std::size_t bytes(const Grads& g) {
     return held(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
-                g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full);
+                g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full) +
+           Moe::bytes(g.moe);
   }
   //! The bytes of the tensors given that hold storage.
   template <class... U>
@@ -205,9 +254,19 @@ class GptBlock {
   }
 
  private:
+  //! Whether block l (-1: any block of the shape) has a dense MLP.
+  bool dense_mlp(int l) const {
+    if (l >= 0) return !moe_block(l);
+    for (int i = 0; i < shape_.layers; ++i)
+      if (!moe_block(i)) return true;
+    return false;
+  }
+
   layers::Region<T, Dev, Tp> region_;
+  GptShape shape_;
   Attention attn_;
   Mlp mlp_;
+  std::optional<Moe> moe_;
   float eps_;
 };
 

@@ -23,6 +23,8 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -52,30 +54,38 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   using Options = GptOptions;
   using ParamRange = models::ParamRange;
   using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::cp_size, Weights::cp_algorithm,
-      Weights::embedding, Weights::head;
+      Weights::ep_size, Weights::embedding, Weights::head;
 
   //! The single-rank model of shape s, initialised from seed: element i of parameter p is a function of (seed, p,
   //! i) alone.
   GptModel(const GptShape& s, std::uint64_t seed, GptOptions opt = {})
-    requires(tp_size == 1 && cp_size == 1)
-      : GptModel(s, layers::TpGroup<T, Tp>{}, nullptr, seed, opt, GptPart{}) {}
+    requires(tp_size == 1 && cp_size == 1 && ep_size == 1)
+      : GptModel(s, layers::TpGroup<T, Tp>{}, nullptr, nullptr, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptOptions opt = {})
-    requires(cp_size == 1)
-      : GptModel(s, group_of(tp), nullptr, seed, opt, GptPart{}) {}
+    requires(cp_size == 1 && ep_size == 1)
+      : GptModel(s, group_of(tp), nullptr, nullptr, seed, opt, GptPart{}) {}
   //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-    requires(cp_size == 1)
-      : GptModel(s, group_of(tp), nullptr, seed, opt, part) {}
+    requires(cp_size == 1 && ep_size == 1)
+      : GptModel(s, group_of(tp), nullptr, nullptr, seed, opt, part) {}
   //! Part `part` (GptPart{}: the whole model) on the tensor-parallel communicator tp and the context-parallel
   //! communicator cp (of cp_size ranks): this rank holds its zigzag share of every sequence.
   template <class Comm, class CpComm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
-    requires(cp_size > 1)
-      : GptModel(s, group_of(tp), context_of(cp), seed, opt, part) {}
+    requires(cp_size > 1 && ep_size == 1)
+      : GptModel(s, group_of(tp), context_of(cp), nullptr, seed, opt, part) {}
+  //! Part `part` on the tensor-parallel communicator tp and, where the layout has them, the context-parallel
+  //! communicator cp and the expert-parallel communicator ep (null where the layout's degree is 1): any layout.
+  template <class Comm>
+  GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, std::type_identity_t<Comm>* cp,
+           std::type_identity_t<Comm>* ep, GptPart part, GptOptions opt = {})
+      : GptModel(s, group_of(tp), cp_size > 1 ? context_of(*checked_group(cp, "cp", cp_size)) : nullptr,
+                 ep_size > 1 ? group_comm(*checked_group(ep, "ep", ep_size), ep_size, "expert") : nullptr, seed, opt,
+                 part) {}
 
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -178,7 +188,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
       auto counted = tp_.counting(layers::Phase::forward);
       const auto i = block_index(l);
       block_->forward(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
-                      acts_.partial.data(), st.output_of(i, full()), st.dropout, acts_.grads);
+                      acts_.partial.data(), st.output_of(i, full()), st.dropout, acts_.grads, &moe_stats_);
       return 0;
     }
     return head_->forward(st, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b));
@@ -249,7 +259,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     }
     if (c <= ix_.last - ix_.first) {
       const int l = ix_.last - c;
-      block_backward_input(st, l, acts_.grads);
+      block_backward_input(st, l, acts_.grads, scale);
       block_backward_weight(st, l, acts_.grads);
       return ix_.of_block(l);
     }
@@ -268,7 +278,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     auto& sp = acts_.split(slot, activation_shape(), *block_);
     if (head()) head_input(st, scale, sp.dlnf.data());
     else if (doutput != nullptr) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
-    for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_input(st, l, sp.blocks[block_index(l)]);
+    for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_input(st, l, sp.blocks[block_index(l)], scale);
     if (embedding()) ops_.copy(acts_.dx.data(), sp.dx.data(), static_cast<std::size_t>(sp.dx.numel()));
   }
   //! W: the weight gradients of the micro-batch in `slot`, after backward_inputs(slot); accumulates into grads().
@@ -296,6 +306,9 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! Bytes of activations and gradient scratch held for the current batch shape.
   std::size_t activation_bytes() const { return acts_.bytes(); }
 
+  //! What this part's mixture-of-experts layers routed since the last call (layers::MoeStats), and none after.
+  layers::MoeStats take_moe_stats() { return std::exchange(moe_stats_, layers::MoeStats{}); }
+
 
  private:
   template <class Comm>
@@ -306,16 +319,27 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   }
   template <class CpComm>
   static std::unique_ptr<comm::AnyComm> context_of(CpComm& cp) {
-    LOOM_CHECK(cp.size() == cp_size, "the context-parallel communicator has ", cp.size(), " ranks but the layout ",
-               Cfg::name(), " has cp = ", cp_size);
-    if constexpr (std::is_same_v<CpComm, comm::AnyComm>)
-      return std::make_unique<comm::AnyComm>(comm::AnyComm::referring_to(cp));
-    else
-      return std::make_unique<comm::AnyComm>(cp);
+    return group_comm(cp, cp_size, "context");
   }
-  GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::unique_ptr<comm::AnyComm> cp, std::uint64_t seed,
-           GptOptions opt, GptPart part)
-      : Weights(s, std::move(tp), seed, part, opt.write_buffers), opt_(opt), cp_(std::move(cp)) {
+  //! An AnyComm over c, a communicator of the layout's `what`-parallel group of n ranks.
+  template <class C>
+  static std::unique_ptr<comm::AnyComm> group_comm(C& c, int n, const char* what) {
+    LOOM_CHECK(c.size() == n, "the ", what, "-parallel communicator has ", c.size(), " ranks but the layout ",
+               Cfg::name(), " has ", n);
+    if constexpr (std::is_same_v<C, comm::AnyComm>)
+      return std::make_unique<comm::AnyComm>(comm::AnyComm::referring_to(c));
+    else
+      return std::make_unique<comm::AnyComm>(c);
+  }
+  template <class C>
+  static C* checked_group(C* c, const char* axis, int n) {
+    LOOM_CHECK(c != nullptr, "the layout ", Cfg::name(), " has ", axis, " = ", n, " but the model was given no ", axis,
+               " communicator");
+    return c;
+  }
+  GptModel(const GptShape& s, layers::TpGroup<T, Tp> tp, std::unique_ptr<comm::AnyComm> cp,
+           std::unique_ptr<comm::AnyComm> ep, std::uint64_t seed, GptOptions opt, GptPart part)
+      : Weights(s, std::move(tp), seed, part, opt.write_buffers, std::move(ep)), opt_(opt), cp_(std::move(cp)) {
     slice_ = layers::vocab_slice(shape_.vocab, tp_size, tp_.rank());
     region_ = layers::Region<T, Dev, Tp>{nullptr, 0, shape_.d_model};
     acts_.slots.resize(1);
@@ -335,7 +359,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   }
   std::size_t block_index(int l) const { return static_cast<std::size_t>(l - ix_.first); }
   typename Block::Params block_params(const Buf& buf, int l) const {
-    return Block::Params::in(buf.data(), specs_, ix_.block(l));
+    return Block::Params::in(buf.data(), specs_, ix_.block(l), shape_.moe_block(l), shape_.shared_experts);
   }
   //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
   T* full_or(const Buf& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
@@ -372,13 +396,13 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   }
 
   //! Block l's backward to the gradient of its input, in acts_.dx, keeping its branch gradients in g; recomputes
-  //! its forward first with recompute.
-  void block_backward_input(Slot& st, int l, typename Block::Grads& g) {
+  //! its forward first with recompute. `scale` scales a mixture of experts' router losses as the loss is.
+  void block_backward_input(Slot& st, int l, typename Block::Grads& g, double scale) {
     if (full()) recompute(st, l, g);
     auto counted = tp_.counting(layers::Phase::backward);
     const auto i = block_index(l);
     block_->backward_input(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
-                           g, acts_.dx.data(), st.dropout);
+                           g, acts_.dx.data(), st.dropout, scale);
   }
   //! Under full recompute: block l's forward again, from its kept input, into acts_.scratch_act.
   void recompute(Slot& st, int l, typename Block::Grads& g) {
@@ -391,8 +415,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     const auto i = block_index(l);
     const ParamRange r = ix_.of_block(l);
     keep_shared(r);
-    block_->backward_weight(block_params(grads_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
-                            g);
+    block_->backward_weight(l, block_params(grads_, l), st.input_of(i, full()),
+                            full() ? acts_.scratch_act : st.act[i], g);
     sum_shared(r);
   }
 
@@ -420,7 +444,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   GptActivationShape activation_shape() const {
     return {region_.rows(), std::int64_t{B_} * T_, shape_.d_model, slice_.count, ix_.last - ix_.first,
-            embedding(),    head(),                opt_.recompute};
+            embedding(),    head(),                opt_.recompute, ix_.first};
   }
   //! The layers and the activation storage for B sequences of T tokens on this rank (its share with context
   //! parallelism); nothing when the shape is the same.
@@ -429,13 +453,15 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     B_ = B, T_ = T_new;
     const int N = B * T_new;
     region_ = layers::Region<T, Dev, Tp>{&tp_, N, shape_.d_model, ops_};
-    block_.emplace(region_, B, T_new, shape_, opt_.ln_eps, layers::CpGroup{cp_.get(), cp_algorithm});
+    block_.emplace(region_, B, T_new, shape_, opt_.ln_eps, layers::CpGroup{cp_.get(), cp_algorithm}, opt_.moe,
+                   layers::EpGroup{this->ep()});
     emb_.emplace(region_, slice_, place());
     head_.emplace(region_, slice_, opt_.ln_eps);
     acts_.allocate(slots(), activation_shape(), *block_);
   }
 
   GptOptions opt_;
+  layers::MoeStats moe_stats_;
   std::unique_ptr<comm::AnyComm> cp_;  //!< with context parallelism: the cp group's communicator
   layers::VocabSlice slice_{0, 0};
   int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for (T_: local tokens)
@@ -457,26 +483,36 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(TensorParallelRules<S, Model::tp_size, Model::sequence_parallel>::ok);
   static_assert(ContextParallelRules<S, Model::tp_size, Model::cp_size, Model::cp_algorithm>::ok);
+  static_assert(ExpertParallelRules<S, Model::ep_size, Model::sequence_parallel, Model::cp_size>::ok);
+  static_assert(S.experts == 0 || std::is_same_v<Dev, Host>,
+                "loom: mixture-of-experts layers run on the host only (no CUDA kernels for routing and dispatch yet)");
+  static_assert(S.experts == 0 || (S.top_k >= 1 && S.top_k <= S.experts && S.moe_every >= 1),
+                "loom: a mixture of experts needs 1 <= top_k <= experts and moe_every >= 1");
 
  public:
   static constexpr GptShape static_shape = S;
 
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
-    requires(Model::tp_size == 1 && Model::cp_size == 1)
+    requires(Model::tp_size == 1 && Model::cp_size == 1 && Model::ep_size == 1)
       : Model(S, seed, opt) {}
   template <class Comm>
   Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {})
-    requires(Model::cp_size == 1)
+    requires(Model::cp_size == 1 && Model::ep_size == 1)
       : Model(S, seed, tp, opt) {}
   template <class Comm>
   Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-    requires(Model::cp_size == 1)
+    requires(Model::cp_size == 1 && Model::ep_size == 1)
       : Model(S, seed, tp, part, opt) {}
   //! On the tensor- and context-parallel communicators tp and cp (GptModel).
   template <class Comm, class CpComm>
   Gpt(std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
-    requires(Model::cp_size > 1)
+    requires(Model::cp_size > 1 && Model::ep_size == 1)
       : Model(S, seed, tp, cp, part, opt) {}
+  //! On tp and, where the layout has them, cp and ep (null where its degree is 1): any layout (GptModel).
+  template <class Comm>
+  Gpt(std::uint64_t seed, Comm& tp, std::type_identity_t<Comm>* cp, std::type_identity_t<Comm>* ep, GptPart part,
+      GptOptions opt = {})
+      : Model(S, seed, tp, cp, ep, part, opt) {}
 
   //! The parameters of tensor-parallel rank tp_rank in part `part`; global: the whole model's.
   static std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) {

@@ -6,6 +6,7 @@
 #include <loom/core/device.hpp>
 
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -13,21 +14,40 @@
 namespace loom::models {
 
 //! The shape of a GPT. vocab is the full vocabulary, max_seq the number of learned positions, d_ff the MLP's width
-//! (0: 4 d_model, GPT-2's).
+//! (0: 4 d_model, GPT-2's). A mixture-of-experts GPT has `experts` > 0: block l's MLP is a mixture of experts when
+//! l % moe_every == 0, each token going to top_k of them; every expert is an MLP of width expert_ff (0: the dense
+//! width), and shared_experts such MLPs (one of their summed width) take every token as well (DeepSeek's shared
+//! experts).
 struct GptShape {
   int layers, heads, kv_heads, d_model, vocab, max_seq, d_ff = 0;
+  int experts = 0, top_k = 2, moe_every = 1, expert_ff = 0, shared_experts = 0;
 
   constexpr int head_dim() const { return d_model / heads; }
   constexpr int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   constexpr int ffn() const { return d_ff > 0 ? d_ff : 4 * d_model; }
-  constexpr std::int64_t block_params() const {
+  //! Whether block l's MLP is a mixture of experts.
+  constexpr bool moe_block(int l) const { return experts > 0 && moe_every > 0 && l % moe_every == 0; }
+  constexpr int expert_width() const { return expert_ff > 0 ? expert_ff : ffn(); }
+  //! Parameters of an MLP of width f: c_fc (d x f and f), c_proj (f x d and d).
+  constexpr std::int64_t mlp_params(int f) const { return 2 * std::int64_t{d_model} * f + f + d_model; }
+  //! Block l's parameters; with `held_experts` >= 0, counting that many of its experts (a rank's share).
+  constexpr std::int64_t block_params(int l, int held_experts = -1) const {
     const std::int64_t d = d_model;
-    return 2 * d + d * qkv_width() + qkv_width() + d * d + d + 2 * d + d * ffn() + ffn() + ffn() * d + d;
+    const std::int64_t common = 4 * d + d * qkv_width() + qkv_width() + d * d + d;
+    if (!moe_block(l)) return common + mlp_params(ffn());
+    const int e = held_experts < 0 ? experts : held_experts;
+    return common + d * experts + (shared_experts > 0 ? mlp_params(shared_experts * expert_width()) : 0) +
+           e * mlp_params(expert_width());
   }
   //! Parameters, counting the tied embedding once.
-  constexpr std::int64_t params() const {
-    return std::int64_t{vocab} * d_model + std::int64_t{max_seq} * d_model + layers * block_params() + 2 * d_model;
+  constexpr std::int64_t params() const { return active_params(-1); }
+  //! Parameters a token's computation reads: every expert counted (-1), or top_k of each MoE layer's (active).
+  constexpr std::int64_t active_params(int held_experts) const {
+    std::int64_t n = std::int64_t{vocab} * d_model + std::int64_t{max_seq} * d_model + 2 * d_model;
+    for (int l = 0; l < layers; ++l) n += block_params(l, held_experts);
+    return n;
   }
+  constexpr std::int64_t active_params() const { return active_params(top_k); }
 };
 
 //! The shapes train_gpt knows by name.
@@ -36,6 +56,10 @@ inline constexpr GptShape small{4, 8, 8, 256, 256, 256};
 inline constexpr GptShape gpt2{12, 12, 12, 768, 50257, 1024};
 //! tiny's width and depth with 32768 learned positions: the long-context shape context parallelism is shown on.
 inline constexpr GptShape long_context{2, 4, 4, 64, 256, 32768};
+//! tiny and small with a mixture of 8 experts, top-2, in every block; each expert half the dense MLP's width, so
+//! that a token reads as many MLP parameters as in the dense model.
+inline constexpr GptShape tiny_moe{2, 4, 4, 64, 256, 128, 0, 8, 2, 1, 128};
+inline constexpr GptShape small_moe{4, 8, 8, 256, 256, 256, 0, 8, 2, 1, 512};
 
 //! The part of the model a pipeline stage holds: blocks [first, last) (last -1: to the end); the part with block 0
 //! holds the embedding, the part with the last block the final norm, the tied output layer and the loss.
@@ -60,8 +84,17 @@ constexpr std::optional<Recompute> recompute_named(std::string_view name) {
   return std::nullopt;
 }
 
+//! How a mixture-of-experts layer routes (layers::RouterConfig takes the experts and top_k from the shape).
+struct MoeOptions {
+  double capacity_factor = 1.25;  //!< capacity = ceil(T k / E x factor) per sequence of T tokens; 0: dropless
+  double aux_loss_coeff = 0.01;   //!< the Switch load-balancing loss's coefficient
+  double z_loss_coeff = 0.0;      //!< the router z-loss's
+  bool sigmoid = false;           //!< sigmoid scores (DeepSeek-V3) instead of the softmax
+};
+
 struct GptOptions {
   Recompute recompute = Recompute::none;
+  MoeOptions moe{};
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
   float ln_eps = 1e-5f;
   //! Whether building the model writes its buffers: the parameters initialised from the seed, the gradients zeroed.
@@ -77,6 +110,10 @@ constexpr std::string_view shape_violation(GptShape s) {
     return "every GPT dimension must be at least 1";
   if (s.d_model % s.heads != 0) return "d_model must be divisible by heads";
   if (s.heads % s.kv_heads != 0) return "heads must be divisible by kv_heads";
+  if (s.experts < 0 || s.shared_experts < 0 || s.expert_ff < 0) return "experts, expert_ff and shared_experts must "
+                                                                        "not be negative";
+  if (s.experts > 0 && (s.top_k < 1 || s.top_k > s.experts)) return "top_k must be in 1..experts";
+  if (s.experts > 0 && s.moe_every < 1) return "moe_every must be at least 1";
   return {};
 }
 
@@ -133,6 +170,31 @@ struct ContextParallelRules {
   static constexpr bool ok = true;
 };
 
+//! The first rule of ExpertParallelRules that a shape breaks over ep ranks (with sequence or context parallelism
+//! as given), or an empty view.
+constexpr std::string_view expert_parallel_violation(GptShape s, int ep, bool sequence_parallel, int cp) {
+  if (ep > 1 && s.experts == 0) return "EP<n> needs a mixture-of-experts model (experts > 0)";
+  if (s.experts > 0 && s.experts % ep != 0) return "the experts must be divisible by EP";
+  if (s.experts > 0 && (sequence_parallel || cp > 1))
+    return "a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence or context "
+           "parallelism yet";
+  return {};
+}
+
+//! The rules a shape must meet for its experts to be split over EP ranks: each rank holds experts / EP of every
+//! MoE layer's; a rank routes each sequence as one group, so the sequence must be whole on it (no sequence or
+//! context parallelism with experts, for now).
+template <GptShape S, int EP, bool SequenceParallel, int CP>
+struct ExpertParallelRules {
+  static_assert(EP == 1 || S.experts > 0, "loom: EP<n> (n > 1) needs a mixture-of-experts model (experts > 0)");
+  static_assert(S.experts == 0 || S.experts % EP == 0,
+                "loom: the experts must be divisible by EP (each expert-parallel rank holds experts / EP)");
+  static_assert(S.experts == 0 || (!SequenceParallel && CP == 1),
+                "loom: a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence "
+                "or context parallelism yet");
+  static constexpr bool ok = true;
+};
+
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.
 //!
 //! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
@@ -147,32 +209,31 @@ struct DeviceRules {
                 "tensor-parallel collectives take host memory)");
   static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1,
                 "loom: a model on a CUDA device supports cp = 1 only (ring and Ulysses attention run on the host)");
-  static constexpr bool ok = true;
-};
-
-//! What a layout may carry that no model or trainer reads yet. A layout that carries it does not compile, rather
-//! than train as something other than what its type says; checked where a model or its layout is declared.
-template <class Cfg>
-struct ImplementedRules {
-  static_assert(Cfg::template size<Axis::ep> == 1,
-                "loom: EP<n> with n > 1 (expert parallelism) is not implemented yet");
+  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,
+                "loom: a model on a CUDA device supports ep = 1 only (mixture-of-experts layers run on the host)");
   static constexpr bool ok = true;
 };
 
 namespace detail {
 template <class Cfg>
 struct ModelLayoutOf {
-  static_assert(ImplementedRules<Cfg>::ok);
   static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
+  static constexpr int ep = Cfg::template size<Axis::ep>;
   using TpAxis = std::conditional_t<Cfg::sequence_parallel, TP<tp, SequenceParallel>, TP<tp>>;
   using CpAxis = std::conditional_t<Cfg::cp_algorithm == CpAlgorithm::ulysses, CP<cp, Ulysses>, CP<cp, Ring>>;
-  using type = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
-                                  std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
+  // EP<n> splits dp x cp; a model layout without dp (every rank of it one model) still names it: ep divides cp,
+  // or the layout's DP is kept as DP<ep> so that EP<n> has the ranks it splits.
+  using Dense = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
+                                   std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
+  template <class... A>
+  static Parallel<A..., DP<ep / std::gcd(ep, cp)>, EP<ep>> with_ep(Parallel<A...>*);
+  using type = std::conditional_t<ep == 1, Dense, decltype(with_ep(static_cast<Dense*>(nullptr)))>;
 };
 }  // namespace detail
 
 //! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism, its
-//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>). Gpt<S, T, ModelLayout<Cfg>> is one type for every
+//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>), its expert-parallel degree (EP<n>, with the least
+//! DP<m> that lets n divide m x cp). Gpt<S, T, ModelLayout<Cfg>> is one type for every
 //! layout that differs from Cfg only in its other axes.
 template <class Cfg>
 using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;

@@ -3,6 +3,7 @@
 // gradient norm; and the whole model gathered from, or scattered to, the tensor-parallel group.
 #pragma once
 
+#include <loom/comm/any.hpp>
 #include <loom/config.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/layers/tp.hpp>
@@ -13,6 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -24,7 +27,6 @@ namespace loom::models {
 //! models::GptModel computes with them.
 template <class T, class Cfg, class Dev>
 class GptWeights {
-  static_assert(ImplementedRules<Cfg>::ok);
   static_assert(DeviceRules<Dev, Cfg>::ok);
 
  protected:
@@ -38,17 +40,25 @@ class GptWeights {
   //! The context-parallel degree and algorithm: each rank holds 1/cp_size of every sequence (ring_attention.hpp).
   static constexpr int cp_size = Cfg::template size<Axis::cp>;
   static constexpr CpAlgorithm cp_algorithm = Cfg::cp_algorithm;
+  //! The expert-parallel degree: each rank holds experts / ep_size of every mixture-of-experts layer.
+  static constexpr int ep_size = Cfg::template size<Axis::ep>;
   //! The tensor-parallel group the layers are compiled for.
   using tensor_parallel = layers::TensorParallel<tp_size, sequence_parallel>;
 
-  //! The parameters of tensor-parallel rank tp_rank in part `part` of a model of shape s (gpt_param_specs);
-  //! global: the whole model's.
-  static std::vector<ParamSpec> param_specs(const GptShape& s, int tp_rank, bool global, GptPart part = {}) {
-    return gpt_param_specs<T>(s, global ? 1 : tp_size, global ? 0 : tp_rank, part);
+  //! The parameters of tensor-parallel rank tp_rank (and expert-parallel rank ep_rank) in part `part` of a model of
+  //! shape s (gpt_param_specs); global: the whole model's.
+  static std::vector<ParamSpec> param_specs(const GptShape& s, int tp_rank, bool global, GptPart part = {},
+                                            int ep_rank = 0) {
+    return gpt_param_specs<T>(s, global ? 1 : tp_size, global ? 0 : tp_rank, part, global ? 1 : ep_size,
+                              global ? 0 : ep_rank);
   }
   std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) const {
-    return param_specs(shape_, tp_rank, global, part);
+    return param_specs(shape_, tp_rank, global, part, ep_rank());
   }
+  //! This rank's place in the expert-parallel group, and the group (null without expert parallelism); its
+  //! traffic() counts the model's all-to-alls.
+  int ep_rank() const { return ep_ ? ep_->rank() : 0; }
+  comm::AnyComm* ep() const { return ep_.get(); }
   //! The whole model's shape (a pipeline part holds some of its blocks).
   const GptShape& shape() const { return shape_; }
 
@@ -77,19 +87,27 @@ class GptWeights {
   double grad_norm() { return std::sqrt(grad_square()); }
   //! The sum of squares of this part's gradients over its tensor-parallel group, each element counted once;
   //! without the tied table when skip_tied (a pipeline counts it on one of the two stages that hold it).
+  //! With expert parallelism the experts' terms are summed over the expert-parallel group as well.
   double grad_square(bool skip_tied = false) {
-    double local = 0;
+    double local[2] = {0, 0};  // dense, experts
     for (std::size_t p = 0; p < specs_.size(); ++p) {
       if (skip_tied && p == ix_.wte) continue;
       const T* g = grad_ptr(p);
       specs_[p].layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
-        local += ops_.sum_squares(g + lo, static_cast<std::size_t>(n)) / replicas;
+        local[specs_[p].expert ? 1 : 0] += ops_.sum_squares(g + lo, static_cast<std::size_t>(n)) / replicas;
       });
     }
-    std::vector<acc> sq{static_cast<acc>(local)};
-    auto counted = tp_.counting(layers::Phase::grads);
-    tp_.all_reduce_acc(sq.data(), 1, comm::Reduce::sum);
-    return static_cast<double>(sq[0]);
+    std::vector<acc> sq{static_cast<acc>(local[0]), static_cast<acc>(local[1])};
+    {
+      auto counted = tp_.counting(layers::Phase::grads);
+      tp_.all_reduce_acc(sq.data(), 2, comm::Reduce::sum);
+    }
+    if (ep_size > 1) {
+      std::vector<double> e{static_cast<double>(sq[1])};
+      ep_->all_reduce(e, comm::Reduce::sum);
+      return static_cast<double>(sq[0]) + e[0];
+    }
+    return static_cast<double>(sq[0] + sq[1]);
   }
   //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else empty.
   std::span<T> tied_grad() {
@@ -128,7 +146,28 @@ class GptWeights {
       ops_.to_host(local, staged.data(), staged.size());
       local = staged.data();
     }
-    return gather_params(tp_, specs_, param_specs(0, true), shape_.params(), local);
+    const auto global = param_specs(0, true);
+    std::vector<U> whole = gather_params(tp_, specs_, global, shape_.params(), local);
+    if constexpr (ep_size > 1) {  // every expert-parallel rank's experts, each where the single-rank layout has it
+      std::vector<U> mine;
+      for (const auto& s : specs_)
+        if (s.expert) {
+          const auto& g = global[s.index];
+          mine.insert(mine.end(), whole.begin() + g.offset, whole.begin() + g.offset + numel_of(g.shape));
+        }
+      std::vector<U> all(mine.size() * ep_size);
+      ep_->all_gather(mine, all);
+      for (int q = 0; q < ep_size; ++q) {
+        std::size_t at = mine.size() * static_cast<std::size_t>(q);
+        for (const auto& s : param_specs(shape_, tp_.rank(), false, {ix_.first, ix_.last}, q))
+          if (s.expert) {
+            const auto& g = global[s.index];
+            std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at), numel_of(g.shape), whole.begin() + g.offset);
+            at += static_cast<std::size_t>(numel_of(g.shape));
+          }
+      }
+    }
+    return whole;
   }
   //! Sets this rank's part (local, in Dev's memory) from a buffer in the single-rank layout in host memory (no
   //! communication).
@@ -145,10 +184,14 @@ class GptWeights {
  protected:
   static constexpr bool on_host = kernels::is_host_v<Dev>;
 
+  //! ep: the expert-parallel group's communicator (null without expert parallelism).
   GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part,
-             bool write = true)
-      : shape_(checked(s)), tp_(std::move(tp)), ix_(s.layers, part), specs_(param_specs(s, tp_.rank(), false, part)),
-        shared_(specs_) {
+             bool write = true, std::unique_ptr<comm::AnyComm> ep = nullptr)
+      : shape_(checked(s)), ep_(std::move(ep)), tp_(std::move(tp)), ix_(s, ep_size, part),
+        specs_(param_specs(s, tp_.rank(), false, part, ep_ ? ep_->rank() : 0)), shared_(specs_) {
+    LOOM_CHECK(ep_size == 1 || (ep_ && ep_->size() == ep_size), "the layout ", Cfg::name(), " has ep = ", ep_size,
+               " but the model was given ", ep_ ? "an expert-parallel group of " + std::to_string(ep_->size()) +
+               " ranks" : std::string("no expert-parallel group"));
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
@@ -187,13 +230,17 @@ class GptWeights {
     std::string_view rule = shape_violation(s);
     if (rule.empty()) rule = tensor_parallel_violation(s, tp_size, sequence_parallel);
     if (rule.empty()) rule = context_parallel_violation(s, tp_size, cp_size, cp_algorithm);
+    if (rule.empty()) rule = expert_parallel_violation(s, ep_size, sequence_parallel, cp_size);
+    if (rule.empty() && s.experts > 0 && !on_host) rule = "mixture-of-experts layers run on the host only";
     LOOM_CHECK(rule.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads, ", d_model ",
-               s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, " and max_seq ", s.max_seq,
+               s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, s.experts > 0 ? ", max_seq " : " and max_seq ",
+               s.max_seq, s.experts > 0 ? " and " + std::to_string(s.experts) + " experts" : std::string(),
                " cannot be built on ", Cfg::name(), ": ", rule);
     return s;
   }
 
   GptShape shape_;
+  std::unique_ptr<comm::AnyComm> ep_;  //!< with expert parallelism: the ep group's communicator
   kernels::Ops<Dev> ops_{};
   layers::TpGroup<T, tensor_parallel> tp_;
   GptParamIndex ix_;

@@ -1,0 +1,416 @@
+// A mixture-of-experts MLP on the host, its experts split over an expert-parallel group: a router picks each token's
+// top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
+// which sorts them by the rank that holds the expert, and sent there with an all-to-all of variable counts; each
+// rank runs its local experts, one GEMM per expert over the rows it received for it (expert-major), and returns the
+// outputs with a second all-to-all; each token's output is the sum of its kept experts' outputs times their weights,
+// plus the shared experts' (an MLP every token passes through, split over the tensor-parallel group as the dense MLP
+// is). Backward mirrors it: the weighted output gradients go out and the input gradients come back by the same two
+// all-to-alls.
+//
+// The experts are whole on every tensor-parallel rank: without sequence parallelism each tp rank routes the same
+// rows and computes the same outputs, and its expert-parallel group is the ranks with its tp coordinate.
+#pragma once
+
+#include <loom/comm/any.hpp>
+#include <loom/core/memory.hpp>
+#include <loom/core/trace.hpp>
+#include <loom/layers/mlp.hpp>
+#include <loom/layers/moe_router.hpp>
+#include <loom/layers/param.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace loom::layers {
+
+//! The expert-parallel group a mixture of experts runs over: rank r of n holds experts [r E/n, (r + 1) E/n) of every
+//! MoE layer. No communicator: one rank holds every expert.
+struct EpGroup {
+  comm::AnyComm* comm = nullptr;
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
+};
+
+//! What MoE forwards routed, summed over layers and micro-batches until taken: the assignments (T·k per sequence)
+//! and those dropped over capacity, the largest expert load over the mean summed over layer forwards, the layer
+//! forwards, and the two router losses (each the mean over sequences, with its coefficient) summed over them.
+struct MoeStats {
+  double assignments = 0, dropped = 0, imbalance = 0, forwards = 0, aux_loss = 0, z_loss = 0;
+
+  MoeStats& operator+=(const MoeStats& o) {
+    assignments += o.assignments, dropped += o.dropped, imbalance += o.imbalance, forwards += o.forwards;
+    aux_loss += o.aux_loss, z_loss += o.z_loss;
+    return *this;
+  }
+  //! The dropped fraction, and the mean over layer forwards of the largest load over the mean load.
+  double dropped_fraction() const { return assignments > 0 ? dropped / assignments : 0.0; }
+  double mean_imbalance() const { return forwards > 0 ? imbalance / forwards : 1.0; }
+};
+
+template <class T, class Tp = TensorParallel<1>>
+class MoeLayer {
+ public:
+  using Tensor = loom::Tensor<T>;
+  using Mlp = ParallelMlp<T, Host, Tp>;
+
+  //! The router [d, E], the shared experts (when there are any), and the first of this rank's experts: each
+  //! c_fc.weight [d, f], c_fc.bias [f], c_proj.weight [f, d], c_proj.bias [d], one after the other.
+  struct Params {
+    T* router;
+    typename Mlp::Params shared;
+    T* experts;
+  };
+  //! Where this rank's kept assignments go and where the rows it receives are computed.
+  struct Plan {
+    std::vector<int> order;                  //!< A rows sent: assignment n·k + j, by expert, then token
+    std::vector<std::size_t> send, recv;     //!< rows to and from each expert-parallel rank
+    std::vector<int> grouped;                //!< R rows received (by source rank): its row in expert-major order
+    std::vector<int> expert_rows;            //!< local expert le's rows are [expert_rows[le], expert_rows[le + 1])
+    std::size_t sent() const { return order.size(); }
+    std::size_t received() const { return grouped.size(); }
+  };
+  struct Acts {
+    Tensor logits;                //!< N x E
+    std::vector<Routing> routes;  //!< one per sequence
+    Plan plan;
+    Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x f, R x f
+    Tensor yret;                  //!< A x d: the experts' outputs for this rank's kept assignments, in plan.order
+    typename Mlp::Acts shared;
+  };
+  struct Grads {
+    Tensor dlogits;   //!< N x E
+    Tensor dyin, dh;  //!< R x d, R x f: the output gradients of the rows computed here, and before the GELU
+    std::vector<double> dweight;  //!< N x k
+    typename Mlp::Grads shared;
+  };
+
+  //! The router, the shared experts and the experts of one MoE layer under prefix (Hugging Face's Mixtral-like
+  //! names: router.weight, shared_expert.c_fc ..., experts.<e>.c_fc ...). Only the experts expert-parallel rank
+  //! ep_rank of ep holds are kept; every one is numbered, so each starts as in the single-rank model.
+  static void declare(ParamTable& t, const std::string& prefix, int d, int experts, int f, int shared, int ep,
+                      int ep_rank, double std_w, double std_proj) {
+    t.add<Replicate>(prefix + "router.weight", {d, experts}, true, std_w);
+    if (shared > 0) Mlp::declare(t, prefix + "shared_expert.", d, shared * f, std_w, std_proj);
+    const bool skipping = t.skipping();
+    const int per = experts / ep;
+    t.expert(true);
+    for (int e = 0; e < experts; ++e) {
+      t.skip(skipping || e / per != ep_rank);
+      const std::string x = prefix + "experts." + std::to_string(e) + ".";
+      t.add<Replicate>(x + "c_fc.weight", {d, f}, true, std_w);
+      t.add<Replicate>(x + "c_fc.bias", {f}, false, 0);
+      t.add<Replicate>(x + "c_proj.weight", {f, d}, true, std_proj);
+      t.add<Replicate>(x + "c_proj.bias", {d}, false, 0);
+    }
+    t.expert(false);
+    t.skip(skipping);
+  }
+  //! The parameters of one MoE layer: the router, the shared experts (4 when there are any), 4 per expert held.
+  static std::size_t param_count(int held_experts, int shared) {
+    return 1 + (shared > 0 ? 4 : 0) + 4 * static_cast<std::size_t>(held_experts);
+  }
+  //! Params from the layer's first parameter specs[p] in the flat buffer `flat`.
+  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, int shared) {
+    auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
+    const std::size_t e = shared > 0 ? 5 : 1;
+    return {at(0), shared > 0 ? typename Mlp::Params{at(1), at(2), at(3), at(4)} : typename Mlp::Params{},
+            p + e < specs.size() ? at(e) : nullptr};
+  }
+
+  //! B sequences of T_ tokens on the rows of region r, each routed as one group.
+  MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
+           EpGroup ep)
+      : region_(r), B_(B), T_(T_), d_(d), E_(experts), f_(f), router_(router), ep_(ep),
+        shared_(r, std::max(shared, 1) * f), has_shared_(shared > 0) {
+    router_.experts = experts;
+    LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
+               " expert-parallel ranks");
+    local_ = experts / ep.size();
+  }
+
+  int local_experts() const { return local_; }
+  std::int64_t expert_stride() const { return 2 * std::int64_t{d_} * f_ + f_ + d_; }
+
+  Acts make_acts() const {
+    Acts a;
+    a.logits = Tensor({rows(), std::int64_t{E_}});
+    if (has_shared_) a.shared = shared_.make_acts();
+    return a;
+  }
+  Grads make_grads() const {
+    Grads g;
+    g.dlogits = Tensor({rows(), std::int64_t{E_}});
+    if (has_shared_) g.shared = shared_.make_grads();
+    return g;
+  }
+
+  //! y (N x d) from x (N x d); keeps in a what backward needs. `stats` gains what was routed.
+  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats& stats) const {
+    trace::Scope span("forward moe", "compute");
+    const auto& ops = region_.ops;
+    const int N = static_cast<int>(rows()), k = router_.top_k;
+    ops.matmul(x, w.router, a.logits.data(), N, E_, d_, false, false);
+    a.routes.resize(static_cast<std::size_t>(B_));
+    MoeStats s;
+    for (int b = 0; b < B_; ++b) {
+      Routing& r = a.routes[std::size_t(b)];
+      r = route(a.logits.data() + std::size_t(b) * T_ * E_, T_, router_);
+      s.assignments += static_cast<double>(T_) * k;
+      s.dropped += r.dropped() * T_ * k;
+      s.aux_loss += r.aux_loss / B_, s.z_loss += r.z_loss / B_;
+    }
+    std::vector<int> load(static_cast<std::size_t>(E_), 0);
+    for (const auto& r : a.routes)
+      for (int e = 0; e < E_; ++e) load[std::size_t(e)] += r.load[std::size_t(e)];
+    s.imbalance = imbalance_of(load), s.forwards = 1;
+    stats += s;
+    plan(a);
+    const Plan& p = a.plan;
+    // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
+    {
+      MemoryUseScope use(MemoryUse::activations);
+      ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), f_), ensure(a.g, p.received(), f_);
+      ensure(a.yret, p.sent(), d_);
+    }
+    Tensor out = scratch(p.received(), d_);
+    {
+      Tensor send = scratch(p.sent(), d_);
+      for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
+        ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
+      exchange(send.data(), p.send, out.data(), p.recv);
+      for (std::size_t i = 0; i < p.received(); ++i)
+        ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+    }
+    // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
+    Tensor y_grouped = scratch(p.received(), d_);
+    for (int le = 0; le < local_; ++le) {
+      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
+      if (n == 0) continue;
+      const Expert e = expert(w.experts, le);
+      T* h = a.h.data() + std::size_t(o) * f_;
+      ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, f_, d_, false, false);
+      ops.bias_add(h, e.fc_b, h, n, f_);
+      ops.gelu_forward(h, a.g.data() + std::size_t(o) * f_, std::size_t(n) * f_);
+      T* yo = y_grouped.data() + std::size_t(o) * d_;
+      ops.matmul(a.g.data() + std::size_t(o) * f_, e.proj_w, yo, n, d_, f_, false, false);
+      ops.bias_add(yo, e.proj_b, yo, n, d_);
+    }
+    for (std::size_t i = 0; i < p.received(); ++i)
+      ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
+    exchange(out.data(), p.recv, a.yret.data(), p.send);
+    // Combine: the shared experts' output, plus each kept expert's output times its weight.
+    if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
+    else ops.fill(y, std::size_t(N) * d_, T(0));
+    for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
+      const int at = p.order[s2], n = at / k;
+      const T wt = static_cast<T>(weight_of(a, at));
+      const T* yr = a.yret.data() + s2 * d_;
+      T* yn = y + std::size_t(n) * d_;
+      for (int c = 0; c < d_; ++c) yn[c] += wt * yr[c];
+    }
+  }
+
+  //! dx (N x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
+  //! losses as the step's loss is scaled (1/m over m micro-batches).
+  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale) const {
+    trace::Scope span("backward_input moe", "compute");
+    const auto& ops = region_.ops;
+    const int N = static_cast<int>(rows()), k = router_.top_k;
+    const Plan& p = a.plan;
+    if (has_shared_) shared_.backward_input(dy, w.shared, a.shared, g.shared, dx);
+    else ops.fill(dx, std::size_t(N) * d_, T(0));
+    // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
+    g.dweight.assign(std::size_t(N) * k, 0.0);
+    Tensor dout = scratch(p.received(), d_);
+    {
+      Tensor send = scratch(p.sent(), d_);
+      for (std::size_t s = 0; s < p.sent(); ++s) {
+        const int at = p.order[s], n = at / k;
+        const T* dyn = dy + std::size_t(n) * d_;
+        const T* yr = a.yret.data() + s * d_;
+        double dot = 0;
+        for (int c = 0; c < d_; ++c) dot += double(dyn[c]) * double(yr[c]);
+        g.dweight[std::size_t(at)] = dot;
+        const T wt = static_cast<T>(weight_of(a, at));
+        T* o = send.data() + s * d_;
+        for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
+      }
+      exchange(send.data(), p.send, dout.data(), p.recv);
+    }
+    {
+      MemoryUseScope use(MemoryUse::activations);
+      ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), f_);
+    }
+    for (std::size_t i = 0; i < p.received(); ++i)
+      ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+    // The experts' input gradients, expert-major, then back by source rank.
+    Tensor dx_grouped = scratch(p.received(), d_);
+    for (int le = 0; le < local_; ++le) {
+      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
+      if (n == 0) continue;
+      const Expert e = expert(w.experts, le);
+      T* dh = g.dh.data() + std::size_t(o) * f_;
+      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
+      ops.gelu_backward(a.h.data() + std::size_t(o) * f_, dh, dh, std::size_t(n) * f_);
+      ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, f_, false, true);
+    }
+    for (std::size_t i = 0; i < p.received(); ++i)
+      ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
+    Tensor dret = scratch(p.sent(), d_);
+    exchange(dout.data(), p.recv, dret.data(), p.send);
+    for (std::size_t s = 0; s < p.sent(); ++s)
+      ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
+    // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences).
+    for (int b = 0; b < B_; ++b)
+      route_backward(a.logits.data() + std::size_t(b) * T_ * E_, a.routes[std::size_t(b)], router_,
+                     g.dweight.data() + std::size_t(b) * T_ * k, scale / B_,
+                     g.dlogits.data() + std::size_t(b) * T_ * E_);
+    ops.matmul(g.dlogits.data(), w.router, dx, N, d_, E_, false, true, 1.0f, 1.0f);
+  }
+
+  //! The weight gradients (accumulated into dw) from x, the layer's input, and what backward_input left in g.
+  void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
+    trace::Scope span("backward_weight moe", "compute");
+    const auto& ops = region_.ops;
+    const int N = static_cast<int>(rows());
+    if (has_shared_) shared_.backward_weight(x, dy, a.shared, g.shared, dw.shared);
+    const Plan& p = a.plan;
+    for (int le = 0; le < local_; ++le) {
+      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
+      if (n == 0) continue;
+      const Expert e = expert(dw.experts, le);
+      const T* dyo = g.dyin.data() + std::size_t(o) * d_;
+      const T* dh = g.dh.data() + std::size_t(o) * f_;
+      ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
+      ops.bias_backward(dyo, e.proj_b, n, d_);
+      ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, f_, n, true, false, 1.0f, 1.0f);
+      ops.bias_backward(dh, e.fc_b, n, f_);
+    }
+    ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
+  }
+
+  //! Bytes held by one layer's activations and gradient scratch.
+  static std::size_t bytes(const Acts& a) {
+    return held(a.logits) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) + held(a.shared.in_full) +
+           held(a.shared.h) + held(a.shared.g);
+  }
+  static std::size_t bytes(const Grads& g) {
+    return held(g.dlogits) + held(g.dyin) + held(g.dh) + held(g.shared.dy_full) + held(g.shared.dg) +
+           held(g.shared.dx_full) + g.dweight.capacity() * sizeof(double);
+  }
+
+ private:
+  struct Expert {
+    T *fc_w, *fc_b, *proj_w, *proj_b;
+  };
+  Expert expert(T* first, int le) const {
+    T* at = first + le * expert_stride();
+    return {at, at + std::int64_t{d_} * f_, at + std::int64_t{d_} * f_ + f_, at + 2 * std::int64_t{d_} * f_ + f_};
+  }
+  std::int64_t rows() const { return std::int64_t{B_} * T_; }
+  template <class U>
+  static std::size_t held(const U& t) {
+    return t.defined() && t.data() != nullptr ? t.bytes() : 0;
+  }
+  static double imbalance_of(const std::vector<int>& load) {
+    double total = 0;
+    for (int l : load) total += l;
+    const double mean = total / static_cast<double>(load.size());
+    return mean == 0 ? 1.0 : *std::max_element(load.begin(), load.end()) / mean;
+  }
+  //! The combine weight of assignment n·k + j.
+  double weight_of(const Acts& a, int at) const {
+    const int k = router_.top_k, n = at / k;
+    return a.routes[std::size_t(n / T_)].weight[std::size_t(n % T_) * k + at % k];
+  }
+  //! t with room for at least `rows` x cols (one row when rows is 0), kept when it has it.
+  static void ensure(Tensor& t, std::size_t rows, int cols) {
+    const std::int64_t want = std::max<std::int64_t>(1, static_cast<std::int64_t>(rows)) * cols;
+    if (!t.defined() || t.data() == nullptr || t.numel() < want) t = Tensor({want});
+  }
+  //! Memory for rows x cols that lives for one call (counted as communication: it is what the all-to-alls send
+  //! and receive).
+  static Tensor scratch(std::size_t rows, int cols) {
+    MemoryUseScope use(MemoryUse::communication);
+    return Tensor({std::max<std::int64_t>(1, static_cast<std::int64_t>(rows)) * cols});
+  }
+
+  //! Sorts this rank's kept assignments by expert (then token) and learns, from every rank's counts, the rows it
+  //! receives for each of its experts.
+  void plan(Acts& a) const {
+    Plan& p = a.plan;
+    const int N = static_cast<int>(rows()), k = router_.top_k, n = ep_.size();
+    std::vector<int> count(static_cast<std::size_t>(E_), 0);
+    for (int t = 0; t < N; ++t) {
+      const Routing& r = a.routes[std::size_t(t / T_)];
+      for (int j = 0; j < k; ++j) {
+        const std::size_t at = std::size_t(t % T_) * k + j;
+        if (r.kept[at]) ++count[std::size_t(r.expert[at])];
+      }
+    }
+    std::vector<int> next(static_cast<std::size_t>(E_) + 1, 0);
+    for (int e = 0; e < E_; ++e) next[std::size_t(e) + 1] = next[std::size_t(e)] + count[std::size_t(e)];
+    p.order.assign(std::size_t(next.back()), 0);
+    for (int t = 0; t < N; ++t) {
+      const Routing& r = a.routes[std::size_t(t / T_)];
+      for (int j = 0; j < k; ++j) {
+        const std::size_t at = std::size_t(t % T_) * k + j;
+        if (r.kept[at]) p.order[std::size_t(next[std::size_t(r.expert[at])]++)] = t * k + j;
+      }
+    }
+    // Every rank's counts for this rank's experts: recv_count[q * local + le].
+    std::vector<int> recv_count(static_cast<std::size_t>(E_));
+    if (ep_.comm) ep_.comm->all_to_all(count, recv_count);
+    else recv_count = count;
+    p.send.assign(std::size_t(n), 0), p.recv.assign(std::size_t(n), 0);
+    for (int e = 0; e < E_; ++e) {
+      p.send[std::size_t(e / local_)] += std::size_t(count[std::size_t(e)]);
+      p.recv[std::size_t(e / local_)] += std::size_t(recv_count[std::size_t(e)]);
+    }
+    p.expert_rows.assign(std::size_t(local_) + 1, 0);
+    for (int le = 0; le < local_; ++le) {
+      int rows_le = 0;
+      for (int q = 0; q < n; ++q) rows_le += recv_count[std::size_t(q * local_ + le)];
+      p.expert_rows[std::size_t(le) + 1] = p.expert_rows[std::size_t(le)] + rows_le;
+    }
+    // Rows arrive by source rank, each source's by local expert: their places in expert-major order.
+    p.grouped.clear();
+    std::vector<int> filled(static_cast<std::size_t>(local_), 0);
+    for (int q = 0; q < n; ++q)
+      for (int le = 0; le < local_; ++le)
+        for (int i = 0; i < recv_count[std::size_t(q * local_ + le)]; ++i)
+          p.grouped.push_back(p.expert_rows[std::size_t(le)] + filled[std::size_t(le)]++);
+  }
+
+  //! Rows of d_ to each expert-parallel rank (send_rows[q] of them, by rank) and from each (recv_rows): the
+  //! all-to-all of variable counts, or a copy on one rank.
+  void exchange(const T* send, const std::vector<std::size_t>& send_rows, T* recv,
+                const std::vector<std::size_t>& recv_rows) const {
+    const std::size_t n = send_rows.size();
+    std::size_t total_send = 0, total_recv = 0;
+    std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+    for (std::size_t q = 0; q < n; ++q) {
+      sc[q] = send_rows[q] * d_, sd[q] = total_send, total_send += sc[q];
+      rc[q] = recv_rows[q] * d_, rd[q] = total_recv, total_recv += rc[q];
+    }
+    if (!ep_.comm) {
+      region_.ops.copy(send, recv, total_send);
+      return;
+    }
+    ep_.comm->all_to_all_v(std::span<const T>(send, total_send), sc, sd, std::span<T>(recv, total_recv), rc, rd);
+  }
+
+  Region<T, Host, Tp> region_;
+  int B_, T_, d_, E_, f_;
+  RouterConfig router_;
+  EpGroup ep_;
+  Mlp shared_;
+  bool has_shared_;
+  int local_ = 0;
+};
+
+}  // namespace loom::layers
