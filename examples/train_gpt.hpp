@@ -167,10 +167,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp, bytes[2] / mib,
                 bytes[3] / mib, master);
   if (lead && S.experts > 0)
-    std::printf("train_gpt: mixture of %d experts, top-%d, in every %s block (expert width %d, %d shared), capacity "
-                "factor %s, aux loss coefficient %s, z-loss coefficient %s, experts split over ep%d\n",
-                S.experts, S.top_k, S.moe_every == 1 ? "" : (std::to_string(S.moe_every) + "th").c_str(),
-                S.expert_width(), S.shared_experts, a.capacity_factor == 0 ? "0 (dropless)" : show(a.capacity_factor).c_str(),
+    std::printf("train_gpt: mixture of %d experts, top-%d, in %s (expert width %d, %d shared), capacity factor %s, "
+                "aux loss coefficient %s, z-loss coefficient %s, experts split over ep%d\n",
+                S.experts, S.top_k,
+                S.moe_every == 1 ? "every block" : ("blocks 0, " + std::to_string(S.moe_every) + ", ...").c_str(),
+                S.expert_width(), S.shared_experts,
+                a.capacity_factor == 0 ? "0 (dropless)" : show(a.capacity_factor).c_str(),
                 show(a.aux_loss_coeff).c_str(), show(a.z_loss_coeff).c_str(), layout.ep);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
   double first_loss = 0, loss = 0;

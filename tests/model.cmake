@@ -44,8 +44,7 @@ if(TARGET train_gpt)
   set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
   set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
-  set(_not_yet "is not implemented yet: train_gpt trains tpN, sp, cpN, ulysses, ppN, vN, dpN, zero1, zero2, zero3, keep and shardS")
-  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2")
+  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2, dp2.ep2, dp4.ep2, dp4.ep4, dp8.ep8, tp2.dp2.ep2, pp2.dp2.ep2")
   set(_changed "(--allow-changed-run continues the run with the new values)")
   file(WRITE ${_bin}/empty.txt "")
   # name | arguments separated by ^ | the message: a whole line of the output
@@ -54,7 +53,7 @@ if(TARGET train_gpt)
       "empty_data|--data^${_bin}/empty.txt|loom: the data file '${_bin}/empty.txt' is empty"
       "seq_too_long|--seq^500|loom: --seq 500 is longer than the model's max_seq 128"
       "unknown_flag|--colour^red|loom: unknown flag '--colour'"
-      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2, long)"
+      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2, long, tiny-moe, small-moe)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "warmup_negative|--warmup^-5|loom: --warmup must not be negative, got -5"
       "warmup_not_a_number|--warmup^inf|loom: --warmup needs a number, got 'inf'"
@@ -74,7 +73,11 @@ if(TARGET train_gpt)
       "repeated_chunks|--parallel^pp2,v2,v4|loom: --parallel pp2,v2,v4: vN is given twice (v2 and v4)"
       "chunks_without_pp|--parallel^dp2,v2|loom: --parallel dp2,v2: v2 sets the model chunks per pipeline stage, but the layout dp2 has none (add ppN)"
       "schedule_without_pp|--schedule^zb-h1|loom: --schedule zb-h1 orders the work of pipeline stages, but the layout single has none (add ppN to --parallel)"
-      "ep_not_implemented|--parallel^ep2|loom: --parallel ep2: ep2 (expert parallelism) ${_not_yet}"
+      "ep_needs_experts|--parallel^dp2,ep2|loom: --model tiny cannot run on --parallel dp2.ep2: EP<n> needs a mixture-of-experts model (experts > 0)"
+      "ep_must_divide|--parallel^dp2,ep4|loom: --parallel dp2,ep4: ep4 splits the experts over ranks carved out of dp x cp = 2, which it must divide"
+      "moe_with_sp|--model^tiny-moe^--parallel^tp2,sp|loom: --model tiny-moe cannot run on --parallel tp2.sp: a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence or context parallelism yet"
+      "capacity_negative|--capacity-factor^-1|loom: --capacity-factor must not be negative (0: dropless), got -1"
+      "aux_loss_negative|--aux-loss-coeff^-0.5|loom: --aux-loss-coeff must not be negative, got -0.5"
       "ulysses_without_cp|--parallel^tp2,ulysses|loom: --parallel tp2,ulysses: ulysses picks the all-to-all algorithm of context parallelism and needs cpN with N >= 2"
       "cp_seq_cannot_split|--parallel^cp4^--seq^60|loom: --parallel cp4: context parallelism over 4 ranks cuts each sequence into 2 x 4 = 8 chunks, but --seq 60 is not a multiple of 8"
       "ulysses_heads|--parallel^cp8,ulysses|loom: --model tiny cannot run on --parallel cp8.ulysses: Ulysses needs each tensor-parallel rank's heads and key/value heads divisible by CP"
@@ -215,6 +218,11 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
   endforeach()
   set_tests_properties(train_gpt_mpi_tp2_sp_dp2 PROPERTIES LABELS "mpi;model;tp")
   set_tests_properties(train_gpt_mpi_cp2_dp2 train_gpt_mpi_cp2_ulysses PROPERTIES LABELS "mpi;model;cp")
+  add_test(NAME train_gpt_mpi_dp4_ep2
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_dp4_ep2
+            "-DLAYOUTS=dp4,ep2" "-DEXTRA=--model;tiny-moe;--capacity-factor;1" -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_mpi_dp4_ep2 PROPERTIES LABELS "mpi;model;moe" ENVIRONMENT "${_mpi_env}")
   add_test(NAME train_gpt_mpi_resume
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mpi_resume
             -DMPIEXEC=${MPIEXEC_EXECUTABLE} -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_resume_mpi.cmake)
@@ -255,6 +263,17 @@ if(TARGET train_gpt)
             "-DLAYOUTS=cp2;cp8;cp4,ulysses;tp2,cp2;tp2,sp,cp2 --recompute selective;cp2,dp2,zero1;cp4,dp2 --recompute full;cp2,pp2 --micro-batches 2;tp2,cp2,pp2 --micro-batches 4 --recompute selective"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_context_layouts PROPERTIES LABELS "model;cp")
+  # Expert parallelism on tiny-moe: dropping (the default 1.25, and 1) and dropless, with DP, TP and PP.
+  add_test(NAME train_gpt_expert_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ep_layouts
+            "-DLAYOUTS=dp2,ep2;dp4,ep2 --capacity-factor 0;dp4,ep4 --capacity-factor 1;dp8,ep8;tp2,dp2,ep2;pp2,dp2,ep2 --micro-batches 2"
+            "-DEXTRA=--model;tiny-moe;--z-loss-coeff;0.001" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_expert_layouts PROPERTIES LABELS "model;moe")
+  # Each step reports the dropped share and the expert load, on stdout and in --log-json.
+  add_test(NAME train_gpt_moe_report
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_moe_report
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_moe_report.cmake)
+  set_tests_properties(train_gpt_moe_report PROPERTIES LABELS "model;moe")
   # ZeRO-1, 2 and 3 over data parallelism, alone, with tensor parallelism and with a pipeline.
   add_test(NAME train_gpt_zero_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_zero_layouts
@@ -312,6 +331,16 @@ if(TARGET context_parallel)
             "-DEXPECT_REGEX=single +256 +1 +[0-9.]+ +13656\\.0.*ring +256 +2 +[0-9.]+ +17640\\.0.*ulysses +256 +4 +[0-9.]+ +16264\\.0"
             -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
   set_tests_properties(bench_context_parallel_memory_per_token PROPERTIES LABELS "cp;bench")
+endif()
+if(TARGET moe)
+  # The benchmark runs: tiny beside tiny-moe (324,736 parameters, 125,824 active per token) on one rank and on
+  # dp2.ep2, dropping at capacity factor 1 and nothing dropless.
+  add_test(NAME bench_moe_runs
+    COMMAND ${CMAKE_COMMAND}
+            "-DCMD=$<TARGET_FILE:moe>;--model;tiny-moe;--ep;1,2;--capacity;1,0;--batch;4;--seq;32;--steps;1;--warmup;0"
+            "-DEXPECT_REGEX=tiny +single +1 +- .* 124672 +124672.*tiny-moe +dp2.ep2 +2 +1 .* 324736 +125824.*tiny-moe +dp2.ep2 +2 +dropless +[0-9]+ +[0-9.]+ +[0-9.]+ +0\\.0000 "
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set_tests_properties(bench_moe_runs PROPERTIES LABELS "moe;bench")
 endif()
 loom_add_test(test_pipeline_executor test_pipeline_executor.cpp LABELS "pipeline")
 set_tests_properties(test_pipeline_executor PROPERTIES RUN_SERIAL TRUE)  # it times sleeps: alone, or it measures the load

@@ -1,5 +1,6 @@
 // Mixture of experts in the model and the trainer: the layer's gradient against central differences; expert
-// parallelism (EP 2, 4 and 8, alone and with data, tensor and pipeline parallelism, micro-batches and recompute)
+// parallelism (EP 2, 4 and 8, alone and with data parallelism and ZeRO 1 and 2, tensor and pipeline parallelism,
+// micro-batches and recompute)
 // trains the single-rank model that holds every expert, with capacity dropping active and dropless, top-1 and top-2,
 // shared experts and dense blocks between MoE blocks (5 AdamW steps in double with dropout: losses, every parameter
 // and the optimizer state within 1e-9); the all-to-all volume per MoE layer is the routed rows x d_model x the
@@ -137,7 +138,8 @@ TEST_CASE("top-1 with a shared expert, and MoE blocks between dense ones, under 
   check<Parallel<DP<4>, EP<4>>, mixed>(0.0);
 }
 
-TEST_CASE("expert parallelism with data, tensor and pipeline parallelism, micro-batches and recompute",
+TEST_CASE("expert parallelism with data parallelism and ZeRO, tensor and pipeline parallelism, micro-batches and "
+          "recompute",
           "[moe][ep]") {
   check<Parallel<DP<2>>>(1.0);              // every expert on each data-parallel rank
   check<Parallel<DP<4>, EP<2>>>(1.0);       // expert-data-parallel groups of 2
@@ -148,6 +150,10 @@ TEST_CASE("expert parallelism with data, tensor and pipeline parallelism, micro-
   check<Parallel<DP<2>, EP<2>, PP<2, ZeroBubbleH1>>>(1.0, 4);
   check<Parallel<DP<2>, EP<2>>>(1.0, 2);
   check<Parallel<DP<2>, EP<2>>>(1.0, 1, models::Recompute::full);
+  check<Parallel<DP<2, ZeRO<1>>, EP<2>>>(1.0);
+  check<Parallel<DP<4, ZeRO<1>>, EP<2>>, top1>(0.0);
+  check<Parallel<DP<4, ZeRO<2>>, EP<2>>>(1.0, 2);
+  check<Parallel<TP<2>, DP<2, ZeRO<1>>, EP<2>, PP<2>>, mixed>(1.0, 2);
   check<Parallel<TP<2>, DP<4>, EP<4>, PP<2>>, mixed>(0.0, 2);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <type_traits>
 #include <vector>
 
 namespace loom::comm {
@@ -208,7 +209,7 @@ class Frontend {
           std::ranges::size(c), " entries but the group has ", n(), " ranks");
     std::vector<std::size_t> v;
     for (auto x : c) {
-      check(x >= 0, "all_to_all_v: ", what, " has a negative entry ", x);
+      if constexpr (std::is_signed_v<decltype(x)>) check(x >= 0, "all_to_all_v: ", what, " has a negative entry ", x);
       v.push_back(static_cast<std::size_t>(x));
     }
     return v;

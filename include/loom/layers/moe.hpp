@@ -19,6 +19,7 @@
 #include <loom/layers/param.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -38,12 +39,14 @@ struct EpGroup {
 //! What MoE forwards routed, summed over layers and micro-batches until taken: the assignments (T·k per sequence)
 //! and those dropped over capacity, the largest expert load over the mean summed over layer forwards, the layer
 //! forwards, and the two router losses (each the mean over sequences, with its coefficient) summed over them.
+//! a2a_seconds: the time this rank spent in the layers' all-to-alls or waiting for them (forward and backward).
 struct MoeStats {
   double assignments = 0, dropped = 0, imbalance = 0, forwards = 0, aux_loss = 0, z_loss = 0;
+  double a2a_seconds = 0;
 
   MoeStats& operator+=(const MoeStats& o) {
     assignments += o.assignments, dropped += o.dropped, imbalance += o.imbalance, forwards += o.forwards;
-    aux_loss += o.aux_loss, z_loss += o.z_loss;
+    aux_loss += o.aux_loss, z_loss += o.z_loss, a2a_seconds += o.a2a_seconds;
     return *this;
   }
   //! The dropped fraction, and the mean over layer forwards of the largest load over the mean load.
@@ -148,8 +151,9 @@ class MoeLayer {
     return g;
   }
 
-  //! y (N x d) from x (N x d); keeps in a what backward needs. `stats` gains what was routed.
-  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats& stats) const {
+  //! y (N x d) from x (N x d); keeps in a what backward needs. `stats` gains what was routed, when given (not when
+  //! recomputing). The shared experts compute while the dispatch travels.
+  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats* stats) const {
     trace::Scope span("forward moe", "compute");
     const auto& ops = region_.ops;
     const int N = static_cast<int>(rows()), k = router_.top_k;
@@ -167,8 +171,9 @@ class MoeLayer {
     for (const auto& r : a.routes)
       for (int e = 0; e < E_; ++e) load[std::size_t(e)] += r.load[std::size_t(e)];
     s.imbalance = imbalance_of(load), s.forwards = 1;
-    stats += s;
-    plan(a);
+    Clock clock(stats);
+    plan(a, clock);
+    if (stats) *stats += s;
     const Plan& p = a.plan;
     // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
     {
@@ -181,7 +186,11 @@ class MoeLayer {
       Tensor send = scratch(p.sent(), d_);
       for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
         ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
-      exchange(send.data(), p.send, out.data(), p.recv);
+      comm::Handle h = exchange(send.data(), p.send, out.data(), p.recv, clock, true);
+      // The shared experts, while the rows travel.
+      if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
+      else ops.fill(y, std::size_t(N) * d_, T(0));
+      clock.wait(h);
       for (std::size_t i = 0; i < p.received(); ++i)
         ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
     }
@@ -201,10 +210,8 @@ class MoeLayer {
     }
     for (std::size_t i = 0; i < p.received(); ++i)
       ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
-    exchange(out.data(), p.recv, a.yret.data(), p.send);
+    clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
     // Combine: the shared experts' output, plus each kept expert's output times its weight.
-    if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
-    else ops.fill(y, std::size_t(N) * d_, T(0));
     for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
       const int at = p.order[s2], n = at / k;
       const T wt = static_cast<T>(weight_of(a, at));
@@ -215,14 +222,15 @@ class MoeLayer {
   }
 
   //! dx (N x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
-  //! losses as the step's loss is scaled (1/m over m micro-batches).
-  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale) const {
+  //! losses as the step's loss is scaled (1/m over m micro-batches). The shared experts' backward runs while the
+  //! output gradients travel; `stats`, when given, gains the time in the all-to-alls.
+  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
+                      MoeStats* stats = nullptr) const {
     trace::Scope span("backward_input moe", "compute");
     const auto& ops = region_.ops;
     const int N = static_cast<int>(rows()), k = router_.top_k;
     const Plan& p = a.plan;
-    if (has_shared_) shared_.backward_input(dy, w.shared, a.shared, g.shared, dx);
-    else ops.fill(dx, std::size_t(N) * d_, T(0));
+    Clock clock(stats);
     // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
     g.dweight.assign(std::size_t(N) * k, 0.0);
     Tensor dout = scratch(p.received(), d_);
@@ -239,7 +247,10 @@ class MoeLayer {
         T* o = send.data() + s * d_;
         for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
       }
-      exchange(send.data(), p.send, dout.data(), p.recv);
+      comm::Handle h = exchange(send.data(), p.send, dout.data(), p.recv, clock, true);
+      if (has_shared_) shared_.backward_input(dy, w.shared, a.shared, g.shared, dx);
+      else ops.fill(dx, std::size_t(N) * d_, T(0));
+      clock.wait(h);
     }
     {
       MemoryUseScope use(MemoryUse::activations);
@@ -261,7 +272,7 @@ class MoeLayer {
     for (std::size_t i = 0; i < p.received(); ++i)
       ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
     Tensor dret = scratch(p.sent(), d_);
-    exchange(dout.data(), p.recv, dret.data(), p.send);
+    clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
     for (std::size_t s = 0; s < p.sent(); ++s)
       ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
     // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences).
@@ -304,6 +315,24 @@ class MoeLayer {
   }
 
  private:
+  //! Adds the time spent in (or waiting for) the all-to-alls to stats->a2a_seconds, when stats is given.
+  struct Clock {
+    MoeStats* stats;
+    template <class F>
+    auto time(F&& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto result = f();
+      if (stats) stats->a2a_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return result;
+    }
+    void wait(comm::Handle& h) {
+      time([&] {
+        h.wait();
+        return 0;
+      });
+    }
+    void wait(comm::Handle&& h) { wait(h); }
+  };
   struct Expert {
     T *fc_w, *fc_b, *proj_w, *proj_b;
   };
@@ -341,7 +370,7 @@ class MoeLayer {
 
   //! Sorts this rank's kept assignments by expert (then token) and learns, from every rank's counts, the rows it
   //! receives for each of its experts.
-  void plan(Acts& a) const {
+  void plan(Acts& a, Clock& clock) const {
     Plan& p = a.plan;
     const int N = static_cast<int>(rows()), k = router_.top_k, n = ep_.size();
     std::vector<int> count(static_cast<std::size_t>(E_), 0);
@@ -364,7 +393,10 @@ class MoeLayer {
     }
     // Every rank's counts for this rank's experts: recv_count[q * local + le].
     std::vector<int> recv_count(static_cast<std::size_t>(E_));
-    if (ep_.comm) ep_.comm->all_to_all(count, recv_count);
+    if (ep_.comm) clock.time([&] {
+        ep_.comm->all_to_all(count, recv_count);
+        return 0;
+      });
     else recv_count = count;
     p.send.assign(std::size_t(n), 0), p.recv.assign(std::size_t(n), 0);
     for (int e = 0; e < E_; ++e) {
@@ -387,9 +419,9 @@ class MoeLayer {
   }
 
   //! Rows of d_ to each expert-parallel rank (send_rows[q] of them, by rank) and from each (recv_rows): the
-  //! all-to-all of variable counts, or a copy on one rank.
-  void exchange(const T* send, const std::vector<std::size_t>& send_rows, T* recv,
-                const std::vector<std::size_t>& recv_rows) const {
+  //! all-to-all of variable counts, or a copy on one rank; started (async) or done, and its handle.
+  comm::Handle exchange(const T* send, const std::vector<std::size_t>& send_rows, T* recv,
+                        const std::vector<std::size_t>& recv_rows, Clock& clock, bool async = false) const {
     const std::size_t n = send_rows.size();
     std::size_t total_send = 0, total_recv = 0;
     std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
@@ -399,9 +431,14 @@ class MoeLayer {
     }
     if (!ep_.comm) {
       region_.ops.copy(send, recv, total_send);
-      return;
+      return {};
     }
-    ep_.comm->all_to_all_v(std::span<const T>(send, total_send), sc, sd, std::span<T>(recv, total_recv), rc, rd);
+    return clock.time([&] {
+      comm::Handle h = ep_.comm->all_to_all_v_async(std::span<const T>(send, total_send), sc, sd,
+                                                    std::span<T>(recv, total_recv), rc, rd);
+      if (!async) h.wait();
+      return h;
+    });
   }
 
   Region<T, Host, Tp> region_;

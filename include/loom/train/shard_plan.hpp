@@ -36,12 +36,14 @@ struct ShardPlan {
   std::int64_t numel = 0;              //!< elements of the shard
 
   //! Rank `rank` of `ranks`, over a part with parameters `specs` in `buckets`; the parameter at flat offset
-  //! `uncounted` (the tied table, where another part counts it) stays out of the norm; -1: none does.
+  //! `uncounted` (the tied table, where another part counts it) stays out of the norm; -1: none does. The experts'
+  //! buckets are sharded as rank expert_rank of expert_ranks (the expert-data-parallel group), when given.
   ShardPlan(const std::vector<Bucket>& buckets, const std::vector<layers::ParamSpec>& specs, int ranks, int rank,
-            std::int64_t uncounted = -1) {
+            std::int64_t uncounted = -1, int expert_ranks = 0, int expert_rank = 0) {
     for (const auto& b : buckets) {
-      const std::int64_t len = b.hi - b.lo, chunk = (len + ranks - 1) / ranks;
-      const std::int64_t own_lo = std::min(b.hi, b.lo + rank * chunk), own_hi = std::min(b.hi, own_lo + chunk);
+      const int n = b.expert && expert_ranks > 0 ? expert_ranks : ranks, r = b.expert && expert_ranks > 0 ? expert_rank : rank;
+      const std::int64_t len = b.hi - b.lo, chunk = (len + n - 1) / n;
+      const std::int64_t own_lo = std::min(b.hi, b.lo + r * chunk), own_hi = std::min(b.hi, own_lo + chunk);
       pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
       numel += own_hi - own_lo;
     }

@@ -168,9 +168,11 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
   constexpr int cp = Cfg::template size<Axis::cp>;
   constexpr int ep = Cfg::template size<Axis::ep>;
-  static_assert(ep == 1 || Cfg::zero_stage == 0,
-                "loom: DP<n, ZeRO<k>> with EP<m> (m > 1) is not implemented yet (the experts' shards would be over "
-                "the expert-data-parallel group)");
+  static_assert(ep == 1 || Cfg::zero_stage < 3,
+                "loom: DP<n, ZeRO<3>> with EP<m> (m > 1) is not implemented yet (ZeRO-3 would gather the experts' "
+                "shards over the expert-data-parallel group); ZeRO-1 and 2 shard them there");
+  static_assert(ep == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,
+                "loom: DP<n, ZeRO<k>, HybridShard<s>> with EP<m> (m > 1) is not implemented yet");
   static_assert(cp == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,
                 "loom: DP<n, ZeRO<k>, HybridShard<s>> with CP<m> (m > 1) is not implemented (its shard groups are "
                 "data-parallel ranks alone; with context parallelism they would span dp x cp)");
@@ -324,7 +326,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
             m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
-            at.keep_gathered, at.replicas, at.reduce_in_storage));
+            at.keep_gathered, at.replicas, at.reduce_in_storage, at.edp, at.ep_size));
         if constexpr (requires { m.initialise(o.seed, 0, 0); })
           if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
             for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
@@ -451,7 +453,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
  private:
   //! What the parts' mixtures of experts routed in this step, summed over every rank (a collective over the world
-  //! when the model has experts).
+  //! when the model has experts); the time in all-to-alls is this rank's own.
   layers::MoeStats routed() {
     layers::MoeStats moe;
     if constexpr (requires(Model& m) { m.take_moe_stats(); }) {
@@ -459,7 +461,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       for (auto& p : this->parts) moe += p->take_moe_stats();
       std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
       at_.world->all_reduce(v, comm::Reduce::sum);
-      moe = {v[0], v[1], v[2], v[3], v[4], v[5]};
+      moe = {v[0], v[1], v[2], v[3], v[4], v[5], moe.a2a_seconds};
     }
     return moe;
   }

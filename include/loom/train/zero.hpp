@@ -97,11 +97,15 @@ class ShardedDataParallel {
   //! reduced shard is averaged. `in_storage`: gradients reduced in their own type even where it is narrower than
   //! acc_t (ReduceIn<bf16>). Under ZeRO-2 and 3 over several ranks the
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
+  //! With expert parallelism over ep ranks the experts' buckets are sharded over edp, the expert-data-parallel
+  //! group, and their averages divided by ep (AverageGroups); ZeRO-1 and 2 only.
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
-                      bool keep = false, Comm* replicas = nullptr, bool in_storage = false)
-      : model_(model), comm_(comm),
+                      bool keep = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
+                      int ep = 1)
+      : model_(model), comm_(comm), edp_(edp), ep_(ep),
         buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T), bucket_bytes)),
-        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1),
+        plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1,
+              edp ? edp->size() : comm.size(), edp ? edp->rank() : comm.rank()),
         overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), replicas_(replicas),
         ledger_(rank_memory_ledger()), held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0),
         widen_(!std::is_same_v<R, T> && !in_storage) {
@@ -111,6 +115,9 @@ class ShardedDataParallel {
       if (stage >= 3 && comm.size() > 1)
         params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, plan_, bucket_of_);
     LOOM_CHECK(stage < 3 || UnitModel<Model>, "ZeRO-3 needs a model that runs in units (train::UnitModel)");
+    LOOM_CHECK(ep == 1 || (edp && stage < 3 && !(replicas && replicas->size() > 1)), "ZeRO-", stage,
+               " with expert parallelism over ", ep, " ranks needs the expert-data-parallel group, stage 1 or 2 and "
+               "no hybrid sharding");
     if (shard_grads_) {  // until the first backward writes them, a rank holds the gradients of its shard alone
       std::size_t own = 0;
       for (const auto& p : plan_.pieces) own += static_cast<std::size_t>(p.own()) * sizeof(T);
@@ -252,23 +259,25 @@ class ShardedDataParallel {
   //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners
   //! (not under ZeRO-3, which gathers each unit when it is next read).
   void gather_params() {
-    const int n = comm_.size();
-    if (n == 1 || params_) return;
+    if (comm_.size() == 1 || params_) return;
     const auto& ops = model_.ops();
     T* params = model_.params().data();
     MemoryUseScope use(MemoryUse::communication);
     Buf own({std::max<std::int64_t>(1, max_chunk())});  // the rank's chunk, sent from a copy: it is received in place
-    for (const auto& p : plan_.pieces) {
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+      const auto& p = plan_.pieces[b];
+      Comm& comm = comm_of(b);
+      const int n = comm.size();
       const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
       ops.copy(params + p.own_lo, own.data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(own.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
       const std::span<const T> send(own.data(), chunk);
       if (p.padded(n)) {
         Buf all({p.chunk * n});
-        comm_.all_gather(send, std::span<T>(all.data(), chunk * static_cast<std::size_t>(n)));
+        comm.all_gather(send, std::span<T>(all.data(), chunk * static_cast<std::size_t>(n)));
         ops.copy(all.data(), params + p.lo, len);
       } else {
-        comm_.all_gather(send, std::span<T>(params + p.lo, len));
+        comm.all_gather(send, std::span<T>(params + p.lo, len));
       }
     }
     ops.synchronize();
@@ -278,14 +287,15 @@ class ShardedDataParallel {
   //! every rank's chunks, gathered. A collective over the data-parallel group.
   template <class U>
   std::vector<U> gather_shard(const U* shard) {
-    const int n = comm_.size();
     std::vector<U> whole(static_cast<std::size_t>(model_.params().numel()), U(0));
     std::vector<U> own, all;
-    for (const auto& p : plan_.pieces) {
+    for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
+      const auto& p = plan_.pieces[b];
+      Comm& comm = comm_of(b);
       own.assign(static_cast<std::size_t>(p.chunk), U(0));
       std::copy_n(shard + p.at, p.own(), own.begin());
-      all.resize(own.size() * static_cast<std::size_t>(n));
-      comm_.all_gather(own, all);
+      all.resize(own.size() * static_cast<std::size_t>(comm.size()));
+      comm.all_gather(own, all);
       std::copy_n(all.begin(), p.hi - p.lo, whole.begin() + p.lo);
     }
     return whole;
@@ -468,8 +478,10 @@ class ShardedDataParallel {
   //! than the gradients (bf16 in fp32).
   template <class U>
   bool staged(std::size_t b) const {
-    return plan_.pieces[b].padded(comm_.size()) || !std::is_same_v<U, T>;
+    return plan_.pieces[b].padded(comm_of(b).size()) || !std::is_same_v<U, T>;
   }
+  //! Where bucket b is sharded: the experts' over the expert-data-parallel group, the others' over comm_.
+  Comm& comm_of(std::size_t b) const { return buckets_[b].expert && edp_ ? *edp_ : comm_; }
   //! dst = src converted, n elements (on the host; elsewhere R is T).
   template <class A, class B>
   void convert(const A* src, B* dst, std::size_t n) const {
@@ -494,19 +506,20 @@ class ShardedDataParallel {
     red.shard = Tensor<U, Dev>({std::max<std::int64_t>(1, plan_.numel)});
     red.staged.assign(plan_.pieces.size(), Tensor<U, Dev>());
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
-      if (staged<U>(b)) red.staged[b] = Tensor<U, Dev>({plan_.pieces[b].chunk * (comm_.size() + 1)});
+      if (staged<U>(b)) red.staged[b] = Tensor<U, Dev>({plan_.pieces[b].chunk * (comm_of(b).size() + 1)});
   }
   //! Starts bucket b's reduce-scatter: into the shard, or within its staging copy (zero-padded, widened).
   comm::Handle start(std::size_t b) { return widen_ ? start_in(b, wide_) : start_in(b, own_); }
   template <class U>
   comm::Handle start_in(std::size_t b, Reduction<U>& red) {
     const auto& p = plan_.pieces[b];
-    const int n = comm_.size();
+    Comm& comm = comm_of(b);
+    const int n = comm.size();
     const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
     const T* g = model_.grads().data() + p.lo;
     if constexpr (std::is_same_v<U, T>) {
       if (!p.padded(n)) {
-        comm::Handle h = comm_.reduce_scatter_async(std::span<const T>(g, len),
+        comm::Handle h = comm.reduce_scatter_async(std::span<const T>(g, len),
                                                     std::span<T>(red.shard.data() + p.at, chunk), comm::Reduce::avg);
         if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
           std::lock_guard lock(mu_);
@@ -526,7 +539,7 @@ class ShardedDataParallel {
     }
     // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
-    return comm_.reduce_scatter_async(std::span<const U>(s, all), std::span<U>(s + all, chunk), comm::Reduce::avg);
+    return comm.reduce_scatter_async(std::span<const U>(s, all), std::span<U>(s + all, chunk), comm::Reduce::avg);
   }
   //! Puts this rank's averages in place in the gradient buffer (with hybrid sharding, averaged over the replicas
   //! first; reduced in a wider type, rounded) and frees what they were received into.
@@ -541,11 +554,10 @@ class ShardedDataParallel {
   }
   template <class U>
   void finish_in(Reduction<U>& red) {
-    const int n = comm_.size();
     T* g = model_.grads().data();
     auto averages = [&](std::size_t b) -> const U* {
       const auto& p = plan_.pieces[b];
-      return staged<U>(b) ? red.staged[b].data() + n * p.chunk : red.shard.data() + p.at;
+      return staged<U>(b) ? red.staged[b].data() + comm_of(b).size() * p.chunk : red.shard.data() + p.at;
     };
     if (replicas_ && replicas_->size() > 1) {  // the shard, whole, then one average over the replicas
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
@@ -559,6 +571,8 @@ class ShardedDataParallel {
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
         const auto& p = plan_.pieces[b];
         convert(averages(b), g + p.own_lo, static_cast<std::size_t>(p.own()));
+        if (buckets_[b].expert && ep_ > 1)  // the average over edp, of sums over ep ranks' tokens: over dp x cp
+          model_.ops().scale(g + p.own_lo, static_cast<std::size_t>(p.own()), static_cast<loom::acc_t<T>>(1.0 / ep_));
       }
     }
     model_.ops().synchronize();
@@ -567,6 +581,8 @@ class ShardedDataParallel {
 
   Model& model_;
   Comm& comm_;
+  Comm* edp_;  //!< with expert parallelism: the experts' group
+  int ep_;
   std::vector<Bucket> buckets_;
   ShardPlan plan_;
   bool overlap_;

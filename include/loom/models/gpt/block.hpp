@@ -183,10 +183,7 @@ class GptBlock {
     ops.add(x, x2, x2, nd);
     ops.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d, eps_);
     if (moe_block(l)) {
-      if constexpr (std::is_same_v<Dev, Host>) {
-        layers::MoeStats ignored;
-        moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats ? *stats : ignored);
-      }
+      if constexpr (std::is_same_v<Dev, Host>) moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats);
     } else {
       mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
     }
@@ -196,8 +193,9 @@ class GptBlock {
 
   //! Block l's part of backward that gives the gradient of its input: on entry dx holds d(output), on return
   //! d(x). Leaves in g what backward_weight needs. `scale` scales a mixture of experts' router losses as the loss is.
+  //! `stats`, when given, gains the time of a mixture of experts' all-to-alls.
   void backward_input(int l, const Params& w, const T* x, const Acts& a, Grads& g, T* dx, const Dropout& drop,
-                      double scale = 1.0) const {
+                      double scale = 1.0, layers::MoeStats* stats = nullptr) const {
     trace::Scope span("backward_input block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
@@ -206,7 +204,7 @@ class GptBlock {
     drop.backward(ops, dx, g.dfcp.data(), l, 2);
     if (moe_block(l)) {
       if constexpr (std::is_same_v<Dev, Host>)
-        moe_->backward_input(g.dfcp.data(), w.moe, a.moe, g.moe, g.dln2.data(), scale);
+        moe_->backward_input(g.dfcp.data(), w.moe, a.moe, g.moe, g.dln2.data(), scale, stats);
     } else {
       mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     }

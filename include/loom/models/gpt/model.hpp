@@ -402,7 +402,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     auto counted = tp_.counting(layers::Phase::backward);
     const auto i = block_index(l);
     block_->backward_input(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
-                           g, acts_.dx.data(), st.dropout, scale);
+                           g, acts_.dx.data(), st.dropout, scale, &moe_stats_);
   }
   //! Under full recompute: block l's forward again, from its kept input, into acts_.scratch_act.
   void recompute(Slot& st, int l, typename Block::Grads& g) {
