@@ -46,7 +46,8 @@ struct Row {
 //! Steps of the model of shape S on n data-parallel ranks (with EP<n> when `experts`).
 template <models::GptShape S, int N, bool Experts>
 Row measure(const BenchOptions& o, const std::string& name, double capacity) {
-  using Cfg = std::conditional_t<N == 1, Parallel<>, std::conditional_t<Experts, Parallel<DP<N>, EP<N>>, Parallel<DP<N>>>>;
+  using Spread = std::conditional_t<Experts, Parallel<DP<N>, EP<N>>, Parallel<DP<N>>>;
+  using Cfg = std::conditional_t<N == 1, Parallel<>, Spread>;
   using Model = models::Gpt<S, float, models::ModelLayout<Cfg>>;
   using AdamW = optim::AdamW<float>;
   const auto tokens = train::builtin_corpus();

@@ -14,13 +14,14 @@
 namespace train_gpt {
 
 const char* usage =
-    "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe] [--steps N] [--batch B] [--micro-batches M]\n"
-    "                 [--seq T] [--lr LR]\n"
+    "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe] [--steps N] [--batch B]\n"
+    "                 [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
     "                 [--parallel SPEC (tpN,sp,cpN,ulysses,ppN,vN,dpN,zeroK,keep,shardS,epN)] [--bucket-mb MB]\n"
     "                 [--max-bytes B (per rank)] [--recompute none|selective|full]\n"
     "                 [--capacity-factor F (0: dropless)] [--aux-loss-coeff C] [--z-loss-coeff C]\n"
+    "                 [--router softmax|sigmoid]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
@@ -107,6 +108,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--capacity-factor") a.capacity_factor = number<double>(f, v);
     else if (f == "--aux-loss-coeff") a.aux_loss_coeff = number<double>(f, v);
     else if (f == "--z-loss-coeff") a.z_loss_coeff = number<double>(f, v);
+    else if (f == "--router") a.router = v;
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -123,6 +125,8 @@ Args parse(int argc, char** argv) {
              show(a.capacity_factor));
   LOOM_CHECK(a.aux_loss_coeff >= 0, "--aux-loss-coeff must not be negative, got ", show(a.aux_loss_coeff));
   LOOM_CHECK(a.z_loss_coeff >= 0, "--z-loss-coeff must not be negative, got ", show(a.z_loss_coeff));
+  LOOM_CHECK(a.router == "softmax" || a.router == "sigmoid", "--router must be softmax or sigmoid, got '", a.router,
+             "'");
   LOOM_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer must be adamw or sgd, got '",
              a.optimizer, "'");
   LOOM_CHECK(a.batch_order == "sequential" || a.batch_order == "shuffle",
@@ -315,6 +319,7 @@ train::TrainerOptions trainer_options(const Args& a) {
   o.model.moe.capacity_factor = a.capacity_factor;
   o.model.moe.aux_loss_coeff = a.aux_loss_coeff;
   o.model.moe.z_loss_coeff = a.z_loss_coeff;
+  o.model.moe.sigmoid = a.router == "sigmoid";
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;
@@ -342,6 +347,7 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const std::v
           {"capacity_factor", a.capacity_factor},
           {"aux_loss_coeff", a.aux_loss_coeff},
           {"z_loss_coeff", a.z_loss_coeff},
+          {"router", a.router},
           {"parallel", layout}};
 }
 

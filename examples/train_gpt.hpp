@@ -35,6 +35,7 @@ struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
   std::string recompute = "none";  //!< --recompute none|selective|full
+  std::string router = "softmax";  //!< --router softmax|sigmoid: a mixture of experts' scores
   int steps = 200, batch = 16, micro_batches = 1, seq = 64, warmup = 0;
   int chunks = 1;  //!< --parallel vN: model chunks per pipeline stage (interleaved)
   std::vector<int> layer_split;  //!< --layer-split: blocks per virtual pipeline stage; empty: even
@@ -167,9 +168,9 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 (bytes[0] + bytes[1]) / mib, bytes[0] / mib, bytes[1] / mib, layout.tp, bytes[2] / mib,
                 bytes[3] / mib, master);
   if (lead && S.experts > 0)
-    std::printf("train_gpt: mixture of %d experts, top-%d, in %s (expert width %d, %d shared), capacity factor %s, "
-                "aux loss coefficient %s, z-loss coefficient %s, experts split over ep%d\n",
-                S.experts, S.top_k,
+    std::printf("train_gpt: mixture of %d experts, top-%d %s, in %s (expert width %d, %d shared), capacity factor "
+                "%s, aux loss coefficient %s, z-loss coefficient %s, experts split over ep%d\n",
+                S.experts, S.top_k, a.router.c_str(),
                 S.moe_every == 1 ? "every block" : ("blocks 0, " + std::to_string(S.moe_every) + ", ...").c_str(),
                 S.expert_width(), S.shared_experts,
                 a.capacity_factor == 0 ? "0 (dropless)" : show(a.capacity_factor).c_str(),

@@ -44,7 +44,7 @@ if(TARGET train_gpt)
   set(_ef ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
   set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
-  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2, dp2.ep2, dp4.ep2, dp4.ep4, dp8.ep8, tp2.dp2.ep2, pp2.dp2.ep2")
+  set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2, dp2.ep2, dp4.ep2, dp4.ep4, dp8.ep8, tp2.dp2.ep2, pp2.dp2.ep2, dp4.zero1.ep2")
   set(_changed "(--allow-changed-run continues the run with the new values)")
   file(WRITE ${_bin}/empty.txt "")
   # name | arguments separated by ^ | the message: a whole line of the output
@@ -78,6 +78,7 @@ if(TARGET train_gpt)
       "moe_with_sp|--model^tiny-moe^--parallel^tp2,sp|loom: --model tiny-moe cannot run on --parallel tp2.sp: a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence or context parallelism yet"
       "capacity_negative|--capacity-factor^-1|loom: --capacity-factor must not be negative (0: dropless), got -1"
       "aux_loss_negative|--aux-loss-coeff^-0.5|loom: --aux-loss-coeff must not be negative, got -0.5"
+      "router_unknown|--router^top|loom: --router must be softmax or sigmoid, got 'top'"
       "ulysses_without_cp|--parallel^tp2,ulysses|loom: --parallel tp2,ulysses: ulysses picks the all-to-all algorithm of context parallelism and needs cpN with N >= 2"
       "cp_seq_cannot_split|--parallel^cp4^--seq^60|loom: --parallel cp4: context parallelism over 4 ranks cuts each sequence into 2 x 4 = 8 chunks, but --seq 60 is not a multiple of 8"
       "ulysses_heads|--parallel^cp8,ulysses|loom: --model tiny cannot run on --parallel cp8.ulysses: Ulysses needs each tensor-parallel rank's heads and key/value heads divisible by CP"
@@ -263,12 +264,18 @@ if(TARGET train_gpt)
             "-DLAYOUTS=cp2;cp8;cp4,ulysses;tp2,cp2;tp2,sp,cp2 --recompute selective;cp2,dp2,zero1;cp4,dp2 --recompute full;cp2,pp2 --micro-batches 2;tp2,cp2,pp2 --micro-batches 4 --recompute selective"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_context_layouts PROPERTIES LABELS "model;cp")
-  # Expert parallelism on tiny-moe: dropping (the default 1.25, and 1) and dropless, with DP, TP and PP.
+  # Expert parallelism on tiny-moe, with DP, ZeRO-1, TP and PP: dropping at the default capacity factor (1.25) and
+  # dropless; each against one rank run with the same flags.
   add_test(NAME train_gpt_expert_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ep_layouts
-            "-DLAYOUTS=dp2,ep2;dp4,ep2 --capacity-factor 0;dp4,ep4 --capacity-factor 1;dp8,ep8;tp2,dp2,ep2;pp2,dp2,ep2 --micro-batches 2"
+            "-DLAYOUTS=dp2,ep2;dp4,ep2;dp8,ep8;tp2,dp2,ep2;pp2,dp2,ep2 --micro-batches 2;dp4,zero1,ep2"
             "-DEXTRA=--model;tiny-moe;--z-loss-coeff;0.001" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
-  set_tests_properties(train_gpt_expert_layouts PROPERTIES LABELS "model;moe")
+  add_test(NAME train_gpt_expert_layouts_dropless
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_ep_dropless
+            "-DLAYOUTS=dp4,ep4;tp2,dp2,ep2"
+            "-DEXTRA=--model;tiny-moe;--capacity-factor;0;--router;sigmoid"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_expert_layouts train_gpt_expert_layouts_dropless PROPERTIES LABELS "model;moe")
   # Each step reports the dropped share and the expert load, on stdout and in --log-json.
   add_test(NAME train_gpt_moe_report
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_moe_report

@@ -41,7 +41,8 @@ struct ShardPlan {
   ShardPlan(const std::vector<Bucket>& buckets, const std::vector<layers::ParamSpec>& specs, int ranks, int rank,
             std::int64_t uncounted = -1, int expert_ranks = 0, int expert_rank = 0) {
     for (const auto& b : buckets) {
-      const int n = b.expert && expert_ranks > 0 ? expert_ranks : ranks, r = b.expert && expert_ranks > 0 ? expert_rank : rank;
+      const bool experts = b.expert && expert_ranks > 0;
+      const int n = experts ? expert_ranks : ranks, r = experts ? expert_rank : rank;
       const std::int64_t len = b.hi - b.lo, chunk = (len + n - 1) / n;
       const std::int64_t own_lo = std::min(b.hi, b.lo + r * chunk), own_hi = std::min(b.hi, own_lo + chunk);
       pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
