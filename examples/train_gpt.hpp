@@ -397,8 +397,7 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
                               ? models::tensor_parallel_violation(S, tp, ML::sequence_parallel)
                           : !models::context_parallel_violation(S, tp, cp, ML::cp_algorithm).empty()
                               ? models::context_parallel_violation(S, tp, cp, ML::cp_algorithm)
-                              : models::expert_parallel_violation(S, ML::template size<Axis::ep>,
-                                                                  ML::sequence_parallel, cp);
+                              : models::expert_parallel_violation(S, ML::template size<Axis::ep>);
     if constexpr (rule.empty()) {
       if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)

@@ -1,6 +1,6 @@
 // Mixture of experts in the model and the trainer: the layer's gradient against central differences; expert
-// parallelism (EP 2, 4 and 8, alone and with data parallelism and ZeRO 1 and 2, tensor and pipeline parallelism,
-// micro-batches and recompute)
+// parallelism (EP 2, 4 and 8, alone and with data parallelism and ZeRO 1 and 2, tensor (and sequence), context and
+// pipeline parallelism, micro-batches and recompute)
 // trains the single-rank model that holds every expert, with capacity dropping active and dropless, top-1 and top-2,
 // shared experts and dense blocks between MoE blocks (5 AdamW steps in double with dropout: losses, every parameter
 // and the optimizer state within 1e-9); the all-to-all volume per MoE layer is the routed rows x d_model x the
@@ -155,6 +155,16 @@ TEST_CASE("expert parallelism with data parallelism and ZeRO, tensor and pipelin
   check<Parallel<DP<4, ZeRO<2>>, EP<2>>>(1.0, 2);
   check<Parallel<TP<2>, DP<2, ZeRO<1>>, EP<2>, PP<2>>, mixed>(1.0, 2);
   check<Parallel<TP<2>, DP<4>, EP<4>, PP<2>>, mixed>(0.0, 2);
+}
+
+TEST_CASE("a sequence split over ranks is routed whole: sequence and context parallelism with experts",
+          "[moe][ep][cp]") {
+  check<Parallel<TP<2, SequenceParallel>>>(1.0);                  // each tp rank routes its rows of the sequences
+  check<Parallel<TP<2, SequenceParallel>, DP<2>, EP<2>>, top1>(1.0);
+  check<Parallel<CP<2>>>(1.0);                                    // each cp rank holds two chunks of each sequence
+  check<Parallel<CP<2>, EP<2>>>(1.0);                             // experts split over the cp ranks
+  check<Parallel<CP<2, Ulysses>, DP<2>, EP<4>>, top1>(0.0);
+  check<Parallel<TP<2, SequenceParallel>, CP<2>, EP<2>>, mixed>(1.0, 1, models::Recompute::selective);
 }
 
 TEST_CASE("the all-to-all volume per MoE layer is the routed rows x d_model x the element size", "[moe][ep]") {

@@ -9,6 +9,11 @@
 //
 // The experts are whole on every tensor-parallel rank: without sequence parallelism each tp rank routes the same
 // rows and computes the same outputs, and its expert-parallel group is the ranks with its tp coordinate.
+//
+// Each sequence is routed as one group, whichever ranks hold its tokens: with sequence parallelism (a share of the
+// rows on each tp rank) and context parallelism (two zigzag chunks of each sequence on each cp rank) the router's
+// logits are all-gathered over those groups, every rank routes the whole sequences alike, and each dispatches its
+// own tokens' assignments.
 #pragma once
 
 #include <loom/comm/any.hpp>
@@ -16,6 +21,7 @@
 #include <loom/core/trace.hpp>
 #include <loom/layers/mlp.hpp>
 #include <loom/layers/moe_router.hpp>
+#include <loom/layers/ring_attention.hpp>
 #include <loom/layers/param.hpp>
 
 #include <algorithm>
@@ -77,7 +83,8 @@ class MoeLayer {
     std::size_t received() const { return grouped.size(); }
   };
   struct Acts {
-    Tensor logits;                //!< N x E
+    Tensor logits;                //!< N x E (this rank's rows)
+    Tensor whole;                 //!< B x T x E, every token of the sequences (gathered with SP or CP)
     std::vector<Routing> routes;  //!< one per sequence
     Plan plan;
     Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x f, R x f
@@ -85,9 +92,10 @@ class MoeLayer {
     typename Mlp::Acts shared;
   };
   struct Grads {
-    Tensor dlogits;   //!< N x E
+    Tensor dlogits;   //!< N x E (this rank's rows)
+    Tensor dwhole;    //!< B x T x E (with SP or CP)
     Tensor dyin, dh;  //!< R x d, R x f: the output gradients of the rows computed here, and before the GELU
-    std::vector<double> dweight;  //!< N x k
+    std::vector<double> dweight;  //!< B x T x k (every token's; zero but this rank's)
     typename Mlp::Grads shared;
   };
 
@@ -124,15 +132,23 @@ class MoeLayer {
             p + e < specs.size() ? at(e) : nullptr};
   }
 
-  //! B sequences of T_ tokens on the rows of region r, each routed as one group.
+  //! B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each; with
+  //! sequence parallelism, the region's rows of them), each sequence routed as one group.
   MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
-           EpGroup ep)
-      : region_(r), B_(B), T_(T_), d_(d), E_(experts), f_(f), router_(router), ep_(ep),
+           EpGroup ep, comm::AnyComm* cp = nullptr)
+      : region_(r), B_(B), T_(T_), d_(d), E_(experts), f_(f), router_(router), ep_(ep), cp_(cp),
         shared_(r, std::max(shared, 1) * f), has_shared_(shared > 0) {
     router_.experts = experts;
     LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
                " expert-parallel ranks");
     local_ = experts / ep.size();
+    const int n = cp ? cp->size() : 1, q = cp ? cp->rank() : 0;
+    Tg_ = T_ * n;
+    token_.resize(static_cast<std::size_t>(rows()));
+    for (int i = 0; i < rows(); ++i) {  // row i: token t of sequence b on this cp rank, at g in the sequence
+      const int row = region_.first_row() + i, b = row / T_, t = row % T_;
+      token_[std::size_t(i)] = b * Tg_ + (n > 1 ? zigzag_position(t, q, n, T_ / 2) : t);
+    }
   }
 
   int local_experts() const { return local_; }
@@ -141,12 +157,14 @@ class MoeLayer {
   Acts make_acts() const {
     Acts a;
     a.logits = Tensor({rows(), std::int64_t{E_}});
+    if (split()) a.whole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
     if (has_shared_) a.shared = shared_.make_acts();
     return a;
   }
   Grads make_grads() const {
     Grads g;
     g.dlogits = Tensor({rows(), std::int64_t{E_}});
+    if (split()) g.dwhole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
     if (has_shared_) g.shared = shared_.make_grads();
     return g;
   }
@@ -156,15 +174,16 @@ class MoeLayer {
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats* stats) const {
     trace::Scope span("forward moe", "compute");
     const auto& ops = region_.ops;
-    const int N = static_cast<int>(rows()), k = router_.top_k;
+    const int N = rows(), k = router_.top_k;
     ops.matmul(x, w.router, a.logits.data(), N, E_, d_, false, false);
+    const T* whole = gather_logits(a);
     a.routes.resize(static_cast<std::size_t>(B_));
     MoeStats s;
     for (int b = 0; b < B_; ++b) {
       Routing& r = a.routes[std::size_t(b)];
-      r = route(a.logits.data() + std::size_t(b) * T_ * E_, T_, router_);
-      s.assignments += static_cast<double>(T_) * k;
-      s.dropped += r.dropped() * T_ * k;
+      r = route(whole + std::size_t(b) * Tg_ * E_, Tg_, router_);
+      s.assignments += static_cast<double>(Tg_) * k;
+      s.dropped += r.dropped() * Tg_ * k;
       s.aux_loss += r.aux_loss / B_, s.z_loss += r.z_loss / B_;
     }
     std::vector<int> load(static_cast<std::size_t>(E_), 0);
@@ -228,11 +247,11 @@ class MoeLayer {
                       MoeStats* stats = nullptr) const {
     trace::Scope span("backward_input moe", "compute");
     const auto& ops = region_.ops;
-    const int N = static_cast<int>(rows()), k = router_.top_k;
+    const int N = rows(), k = router_.top_k;
     const Plan& p = a.plan;
     Clock clock(stats);
     // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
-    g.dweight.assign(std::size_t(N) * k, 0.0);
+    g.dweight.assign(std::size_t(B_) * Tg_ * k, 0.0);
     Tensor dout = scratch(p.received(), d_);
     {
       Tensor send = scratch(p.sent(), d_);
@@ -242,7 +261,7 @@ class MoeLayer {
         const T* yr = a.yret.data() + s * d_;
         double dot = 0;
         for (int c = 0; c < d_; ++c) dot += double(dyn[c]) * double(yr[c]);
-        g.dweight[std::size_t(at)] = dot;
+        g.dweight[std::size_t(token_[std::size_t(n)]) * k + at % k] = dot;
         const T wt = static_cast<T>(weight_of(a, at));
         T* o = send.data() + s * d_;
         for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
@@ -275,11 +294,19 @@ class MoeLayer {
     clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
     for (std::size_t s = 0; s < p.sent(); ++s)
       ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
-    // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences).
+    // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences),
+    // for every token of the sequences, of which this rank keeps its own rows. Under context parallelism the cp
+    // ranks' gradients are averaged, so each scales its share of the losses' gradient by cp.
+    const T* whole = split() ? a.whole.data() : a.logits.data();
+    T* dwhole = split() ? g.dwhole.data() : g.dlogits.data();
+    const double losses = scale / B_ * (cp_ ? cp_->size() : 1);
     for (int b = 0; b < B_; ++b)
-      route_backward(a.logits.data() + std::size_t(b) * T_ * E_, a.routes[std::size_t(b)], router_,
-                     g.dweight.data() + std::size_t(b) * T_ * k, scale / B_,
-                     g.dlogits.data() + std::size_t(b) * T_ * E_);
+      route_backward(whole + std::size_t(b) * Tg_ * E_, a.routes[std::size_t(b)], router_,
+                     g.dweight.data() + std::size_t(b) * Tg_ * k, losses, dwhole + std::size_t(b) * Tg_ * E_);
+    if (split())
+      for (int i = 0; i < N; ++i)
+        ops.copy(dwhole + std::size_t(token_[std::size_t(i)]) * E_, g.dlogits.data() + std::size_t(i) * E_,
+                 std::size_t(E_));
     ops.matmul(g.dlogits.data(), w.router, dx, N, d_, E_, false, true, 1.0f, 1.0f);
   }
 
@@ -287,7 +314,7 @@ class MoeLayer {
   void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
     trace::Scope span("backward_weight moe", "compute");
     const auto& ops = region_.ops;
-    const int N = static_cast<int>(rows());
+    const int N = rows();
     if (has_shared_) shared_.backward_weight(x, dy, a.shared, g.shared, dw.shared);
     const Plan& p = a.plan;
     for (int le = 0; le < local_; ++le) {
@@ -306,11 +333,11 @@ class MoeLayer {
 
   //! Bytes held by one layer's activations and gradient scratch.
   static std::size_t bytes(const Acts& a) {
-    return held(a.logits) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) + held(a.shared.in_full) +
+    return held(a.logits) + held(a.whole) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) + held(a.shared.in_full) +
            held(a.shared.h) + held(a.shared.g);
   }
   static std::size_t bytes(const Grads& g) {
-    return held(g.dlogits) + held(g.dyin) + held(g.dh) + held(g.shared.dy_full) + held(g.shared.dg) +
+    return held(g.dlogits) + held(g.dwhole) + held(g.dyin) + held(g.dh) + held(g.shared.dy_full) + held(g.shared.dg) +
            held(g.shared.dx_full) + g.dweight.capacity() * sizeof(double);
   }
 
@@ -340,7 +367,29 @@ class MoeLayer {
     T* at = first + le * expert_stride();
     return {at, at + std::int64_t{d_} * f_, at + std::int64_t{d_} * f_ + f_, at + 2 * std::int64_t{d_} * f_ + f_};
   }
-  std::int64_t rows() const { return std::int64_t{B_} * T_; }
+  int rows() const { return region_.rows(); }
+  //! Whether a sequence's tokens are spread over ranks (sequence or context parallelism).
+  bool split() const { return Tp::sequence_parallel || (cp_ && cp_->size() > 1); }
+  //! The router's logits of every token of the B sequences, in order (B x Tg_ x E): this rank's own, or gathered
+  //! over the tensor-parallel group (sequence parallelism) and the context-parallel group.
+  const T* gather_logits(Acts& a) const {
+    if (!split()) return a.logits.data();
+    const std::size_t local = std::size_t(B_) * T_ * E_, mine = std::size_t(rows()) * E_;
+    const int n = cp_ ? cp_->size() : 1;
+    std::vector<T> rows_of_cp(local), all(local * std::size_t(n));
+    if constexpr (Tp::sequence_parallel) region_.tp->all_gather(a.logits.data(), rows_of_cp.data(), mine);
+    else std::copy_n(a.logits.data(), mine, rows_of_cp.data());
+    if (n > 1) cp_->all_gather(rows_of_cp, all);
+    else all = rows_of_cp;
+    for (int q = 0; q < n; ++q)  // cp rank q's token t of sequence b sits at its zigzag position
+      for (int b = 0; b < B_; ++b)
+        for (int t = 0; t < T_; ++t) {
+          const int g = n > 1 ? zigzag_position(t, q, n, T_ / 2) : t;
+          std::copy_n(all.data() + (std::size_t(q) * B_ * T_ + std::size_t(b) * T_ + t) * E_, E_,
+                      a.whole.data() + (std::size_t(b) * Tg_ + g) * E_);
+        }
+    return a.whole.data();
+  }
   template <class U>
   static std::size_t held(const U& t) {
     return t.defined() && t.data() != nullptr ? t.bytes() : 0;
@@ -351,10 +400,10 @@ class MoeLayer {
     const double mean = total / static_cast<double>(load.size());
     return mean == 0 ? 1.0 : *std::max_element(load.begin(), load.end()) / mean;
   }
-  //! The combine weight of assignment n·k + j.
+  //! The combine weight of assignment n·k + j (n: this rank's row).
   double weight_of(const Acts& a, int at) const {
-    const int k = router_.top_k, n = at / k;
-    return a.routes[std::size_t(n / T_)].weight[std::size_t(n % T_) * k + at % k];
+    const int k = router_.top_k, g = token_[std::size_t(at / k)];
+    return a.routes[std::size_t(g / Tg_)].weight[std::size_t(g % Tg_) * k + at % k];
   }
   //! t with room for at least `rows` x cols (one row when rows is 0), kept when it has it.
   static void ensure(Tensor& t, std::size_t rows, int cols) {
@@ -372,12 +421,13 @@ class MoeLayer {
   //! receives for each of its experts.
   void plan(Acts& a, Clock& clock) const {
     Plan& p = a.plan;
-    const int N = static_cast<int>(rows()), k = router_.top_k, n = ep_.size();
+    const int N = rows(), k = router_.top_k, n = ep_.size();
     std::vector<int> count(static_cast<std::size_t>(E_), 0);
     for (int t = 0; t < N; ++t) {
-      const Routing& r = a.routes[std::size_t(t / T_)];
+      const int tg = token_[std::size_t(t)];
+      const Routing& r = a.routes[std::size_t(tg / Tg_)];
       for (int j = 0; j < k; ++j) {
-        const std::size_t at = std::size_t(t % T_) * k + j;
+        const std::size_t at = std::size_t(tg % Tg_) * k + j;
         if (r.kept[at]) ++count[std::size_t(r.expert[at])];
       }
     }
@@ -385,9 +435,10 @@ class MoeLayer {
     for (int e = 0; e < E_; ++e) next[std::size_t(e) + 1] = next[std::size_t(e)] + count[std::size_t(e)];
     p.order.assign(std::size_t(next.back()), 0);
     for (int t = 0; t < N; ++t) {
-      const Routing& r = a.routes[std::size_t(t / T_)];
+      const int tg = token_[std::size_t(t)];
+      const Routing& r = a.routes[std::size_t(tg / Tg_)];
       for (int j = 0; j < k; ++j) {
-        const std::size_t at = std::size_t(t % T_) * k + j;
+        const std::size_t at = std::size_t(tg % Tg_) * k + j;
         if (r.kept[at]) p.order[std::size_t(next[std::size_t(r.expert[at])]++)] = t * k + j;
       }
     }
@@ -443,8 +494,11 @@ class MoeLayer {
 
   Region<T, Host, Tp> region_;
   int B_, T_, d_, E_, f_;
+  int Tg_ = 0;              //!< tokens of a whole sequence (T_ x cp)
+  std::vector<int> token_;  //!< per row of this rank: its sequence b and place g in it, as b Tg_ + g
   RouterConfig router_;
   EpGroup ep_;
+  comm::AnyComm* cp_;
   Mlp shared_;
   bool has_shared_;
   int local_ = 0;

@@ -136,7 +136,7 @@ class GptBlock {
         moe_.emplace(region, B, T_, s.d_model, s.experts, s.expert_width(), s.shared_experts,
                      layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, moe.capacity_factor, moe.aux_loss_coeff,
                                           moe.z_loss_coeff},
-                     ep);
+                     ep, cp.comm);
   }
 
   //! Whether block l's MLP is a mixture of experts.

@@ -170,28 +170,20 @@ struct ContextParallelRules {
   static constexpr bool ok = true;
 };
 
-//! The first rule of ExpertParallelRules that a shape breaks over ep ranks (with sequence or context parallelism
-//! as given), or an empty view.
-constexpr std::string_view expert_parallel_violation(GptShape s, int ep, bool sequence_parallel, int cp) {
+//! The first rule of ExpertParallelRules that a shape breaks over ep ranks, or an empty view.
+constexpr std::string_view expert_parallel_violation(GptShape s, int ep) {
   if (ep > 1 && s.experts == 0) return "EP<n> needs a mixture-of-experts model (experts > 0)";
   if (s.experts > 0 && s.experts % ep != 0) return "the experts must be divisible by EP";
-  if (s.experts > 0 && (sequence_parallel || cp > 1))
-    return "a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence or context "
-           "parallelism yet";
   return {};
 }
 
 //! The rules a shape must meet for its experts to be split over EP ranks: each rank holds experts / EP of every
-//! MoE layer's; a rank routes each sequence as one group, so the sequence must be whole on it (no sequence or
-//! context parallelism with experts, for now).
-template <GptShape S, int EP, bool SequenceParallel, int CP>
+//! MoE layer's.
+template <GptShape S, int EP>
 struct ExpertParallelRules {
   static_assert(EP == 1 || S.experts > 0, "loom: EP<n> (n > 1) needs a mixture-of-experts model (experts > 0)");
   static_assert(S.experts == 0 || S.experts % EP == 0,
                 "loom: the experts must be divisible by EP (each expert-parallel rank holds experts / EP)");
-  static_assert(S.experts == 0 || (!SequenceParallel && CP == 1),
-                "loom: a mixture-of-experts model routes whole sequences on a rank: it does not run with sequence "
-                "or context parallelism yet");
   static constexpr bool ok = true;
 };
 

@@ -230,7 +230,7 @@ class GptWeights {
     std::string_view rule = shape_violation(s);
     if (rule.empty()) rule = tensor_parallel_violation(s, tp_size, sequence_parallel);
     if (rule.empty()) rule = context_parallel_violation(s, tp_size, cp_size, cp_algorithm);
-    if (rule.empty()) rule = expert_parallel_violation(s, ep_size, sequence_parallel, cp_size);
+    if (rule.empty()) rule = expert_parallel_violation(s, ep_size);
     if (rule.empty() && s.experts > 0 && !on_host) rule = "mixture-of-experts layers run on the host only";
     LOOM_CHECK(rule.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads, ", d_model ",
                s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, s.experts > 0 ? ", max_seq " : " and max_seq ",
