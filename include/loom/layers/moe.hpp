@@ -333,8 +333,8 @@ class MoeLayer {
 
   //! Bytes held by one layer's activations and gradient scratch.
   static std::size_t bytes(const Acts& a) {
-    return held(a.logits) + held(a.whole) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) + held(a.shared.in_full) +
-           held(a.shared.h) + held(a.shared.g);
+    return held(a.logits) + held(a.whole) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) +
+           held(a.shared.in_full) + held(a.shared.h) + held(a.shared.g);
   }
   static std::size_t bytes(const Grads& g) {
     return held(g.dlogits) + held(g.dwhole) + held(g.dyin) + held(g.dh) + held(g.shared.dy_full) + held(g.shared.dg) +
