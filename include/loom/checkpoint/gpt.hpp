@@ -20,6 +20,10 @@ inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps
                               {"tie_word_embeddings", true}};
   if (s.kv_heads != s.heads) c["n_kv_head"] = s.kv_heads;
   if (s.ffn() != 4 * s.d_model) c["n_inner"] = s.ffn();
+  if (s.experts > 0) {  // a mixture of experts, in Mixtral's and DeepSeek's names
+    c["num_local_experts"] = s.experts, c["num_experts_per_tok"] = s.top_k, c["moe_layer_freq"] = s.moe_every;
+    c["moe_intermediate_size"] = s.expert_width(), c["n_shared_experts"] = s.shared_experts;
+  }
   return c;
 }
 
@@ -94,6 +98,16 @@ void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
   expect("n_embd", S.d_model);
   expect("n_positions", S.max_seq);
   expect("vocab_size", S.vocab);
+  if (S.experts > 0) {
+    expect("num_local_experts", S.experts);
+    expect("num_experts_per_tok", S.top_k);
+    expect("moe_layer_freq", S.moe_every);
+    expect("moe_intermediate_size", S.expert_width());
+    expect("n_shared_experts", S.shared_experts);
+  } else if (c.contains("num_local_experts")) {
+    throw Error(cat("loom: ", cfg_file, " has num_local_experts = ", c["num_local_experts"].dump(),
+                    " but the model has no experts"));
+  }
   if (c.contains("n_kv_head")) expect("n_kv_head", S.kv_heads);
   else if (S.kv_heads != S.heads)
     throw Error(cat("loom: ", cfg_file, " has no n_kv_head (so n_kv_head = n_head = ", S.heads,
