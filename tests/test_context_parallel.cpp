@@ -8,7 +8,7 @@
 
 #include <loom/comm/local.hpp>
 
-#include "pipeline_parallel_cases.hpp"
+#include "equivalence_checks.hpp"
 
 #include <memory>
 #include <string>
@@ -50,18 +50,7 @@ void check(int micro_batches = 1, models::Recompute recompute = models::Recomput
   std::vector<Run> runs(Cfg::world_size);
   const Setup su = cp_setup(recompute);
   run_local<Cfg>([&](auto& ctx) { runs[ctx.rank()] = pipeline_rank<Cfg, S>(ctx, micro_batches, {}, su); });
-  std::string disagreement;
-  const Run whole = combine(runs, disagreement);
-  CHECK(disagreement.empty());
-  INFO(disagreement);
-  for (std::size_t r = 0; r < runs.size(); ++r) CHECK(runs[r].losses == runs[0].losses);
-  const auto [loss, params] = difference(reference<S>(), whole);
-  INFO("loss difference " << loss << ", parameter difference " << params);
-  CHECK(loss <= 1e-9);
-  CHECK(params <= 1e-9);
-  const double state = state_difference(reference<S>(), whole);
-  INFO("optimizer state difference " << state);
-  CHECK(state <= 1e-9);
+  check_equivalent(reference<S>(), runs);
 }
 
 }  // namespace

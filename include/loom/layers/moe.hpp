@@ -215,10 +215,7 @@ class MoeLayer {
     }
     // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
     Tensor y_grouped = scratch(p.received(), d_);
-    for (int le = 0; le < local_; ++le) {
-      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
-      if (n == 0) continue;
-      const Expert e = expert(w.experts, le);
+    each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
       T* h = a.h.data() + std::size_t(o) * f_;
       ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, f_, d_, false, false);
       ops.bias_add(h, e.fc_b, h, n, f_);
@@ -226,7 +223,7 @@ class MoeLayer {
       T* yo = y_grouped.data() + std::size_t(o) * d_;
       ops.matmul(a.g.data() + std::size_t(o) * f_, e.proj_w, yo, n, d_, f_, false, false);
       ops.bias_add(yo, e.proj_b, yo, n, d_);
-    }
+    });
     for (std::size_t i = 0; i < p.received(); ++i)
       ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
     clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
@@ -279,15 +276,12 @@ class MoeLayer {
       ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
     // The experts' input gradients, expert-major, then back by source rank.
     Tensor dx_grouped = scratch(p.received(), d_);
-    for (int le = 0; le < local_; ++le) {
-      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
-      if (n == 0) continue;
-      const Expert e = expert(w.experts, le);
+    each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
       T* dh = g.dh.data() + std::size_t(o) * f_;
       ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
       ops.gelu_backward(a.h.data() + std::size_t(o) * f_, dh, dh, std::size_t(n) * f_);
       ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, f_, false, true);
-    }
+    });
     for (std::size_t i = 0; i < p.received(); ++i)
       ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
     Tensor dret = scratch(p.sent(), d_);
@@ -317,17 +311,14 @@ class MoeLayer {
     const int N = rows();
     if (has_shared_) shared_.backward_weight(x, dy, a.shared, g.shared, dw.shared);
     const Plan& p = a.plan;
-    for (int le = 0; le < local_; ++le) {
-      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
-      if (n == 0) continue;
-      const Expert e = expert(dw.experts, le);
+    each_expert(p, dw.experts, [&](int o, int n, const Expert& e) {
       const T* dyo = g.dyin.data() + std::size_t(o) * d_;
       const T* dh = g.dh.data() + std::size_t(o) * f_;
       ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
       ops.bias_backward(dyo, e.proj_b, n, d_);
       ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, f_, n, true, false, 1.0f, 1.0f);
       ops.bias_backward(dh, e.fc_b, n, f_);
-    }
+    });
     ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
   }
 
@@ -366,6 +357,15 @@ class MoeLayer {
   Expert expert(T* first, int le) const {
     T* at = first + le * expert_stride();
     return {at, at + std::int64_t{d_} * f_, at + std::int64_t{d_} * f_ + f_, at + 2 * std::int64_t{d_} * f_ + f_};
+  }
+  //! f(first row, rows, the expert's parameters or gradients in `first`) for each local expert that received rows,
+  //! its rows [first row, first row + rows) of the expert-major buffers.
+  template <class F>
+  void each_expert(const Plan& p, T* first, F&& f) const {
+    for (int le = 0; le < local_; ++le) {
+      const int o = p.expert_rows[std::size_t(le)], n = p.expert_rows[std::size_t(le) + 1] - o;
+      if (n > 0) f(o, n, expert(first, le));
+    }
   }
   int rows() const { return region_.rows(); }
   //! Whether a sequence's tokens are spread over ranks (sequence or context parallelism).
