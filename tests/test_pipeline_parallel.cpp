@@ -5,7 +5,7 @@
 
 #include <loom/comm/local.hpp>
 
-#include "pipeline_parallel_cases.hpp"
+#include "equivalence_checks.hpp"
 
 #include <string>
 
@@ -31,18 +31,7 @@ void check(const Run& ref, int micro_batches, const std::vector<int>& split = {}
       CHECK(runs[r].blocks.at(2 * c) == at[k]);
       CHECK(runs[r].blocks.at(2 * c + 1) == at[k + 1]);
     }
-  std::string disagreement;
-  const Run whole = combine(runs, disagreement);
-  CHECK(disagreement.empty());
-  INFO(disagreement);
-  for (std::size_t r = 0; r < runs.size(); ++r) CHECK(runs[r].losses == runs[0].losses);
-  const auto [loss, params] = difference(ref, whole);
-  INFO("loss difference " << loss << ", parameter difference " << params);
-  CHECK(loss <= 1e-9);
-  CHECK(params <= 1e-9);
-  const double state = state_difference(ref, whole);
-  INFO("optimizer state difference " << state);
-  CHECK(state <= 1e-9);
+  check_equivalent(ref, runs);
 }
 
 }  // namespace
