@@ -412,9 +412,7 @@ void check_resume(const Args& a, const nlohmann::json& run) {
 
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
-  for (auto* f : {&data_parallel_layouts, &tensor_parallel_layouts, &sequence_parallel_layouts,
-                  &pipeline_parallel_layouts, &pipeline_tensor_parallel_layouts, &context_parallel_layouts,
-                  &expert_parallel_layouts})
+  for (auto* f : {&replicated_layouts, &tensor_parallel_layouts, &context_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
 }
@@ -437,8 +435,7 @@ int main(int argc, char** argv) {
       if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;
       throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
     }
-    for (auto* run : {&run_data_parallel, &run_tensor_parallel, &run_sequence_parallel, &run_pipeline_parallel,
-                      &run_pipeline_tensor_parallel, &run_context_parallel, &run_expert_parallel})
+    for (auto* run : {&run_replicated, &run_tensor_parallel, &run_context_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);
   } catch (const std::exception& e) {

@@ -387,25 +387,30 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
 }
 
 //! A layout with model layout ML on device Dev, with the model and dtype that --model and --dtype name; a shape that
-//! cannot be split as ML says is refused with the rule it breaks (checked at compile time). Compiled once per model
+//! cannot be split as ML says is refused with the rule it breaks (checked at compile time; the experts' split over
+//! the layout's EP when it runs). Compiled once per model
 //! layout, Pipelined and ZeRO stage.
 template <class ML, class Dev, bool Pipelined, int Zero>
 int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<Pipelined, Zero>& layout) {
+  const auto refuse = [&](std::string_view rule) {
+    return Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", layout.facts.name, ": ",
+                                   rule));
+  };
   auto go = [&]<models::GptShape S>() -> int {
     constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
     constexpr auto rule = !models::tensor_parallel_violation(S, tp, ML::sequence_parallel).empty()
                               ? models::tensor_parallel_violation(S, tp, ML::sequence_parallel)
-                          : !models::context_parallel_violation(S, tp, cp, ML::cp_algorithm).empty()
-                              ? models::context_parallel_violation(S, tp, cp, ML::cp_algorithm)
-                              : models::expert_parallel_violation(S, ML::template size<Axis::ep>);
+                              : models::context_parallel_violation(S, tp, cp, ML::cp_algorithm);
     if constexpr (rule.empty()) {
+      // The expert-parallel degree is not part of the model layout (the model's experts split over its ep group).
+      if (const auto expert_rule = models::expert_parallel_violation(S, layout.facts.ep); !expert_rule.empty())
+        throw refuse(expert_rule);
       if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
       if constexpr (!std::is_same_v<Dev, Host>)
         if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
       return train<float, ML, Dev>(a, S, argc, argv, layout);
     } else {
-      throw Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", layout.facts.name,
-                                    ": ", rule));
+      throw refuse(rule);
     }
   };
   if (a.model == "tiny") return go.template operator()<models::tiny>();
@@ -478,22 +483,15 @@ template <template <class> class L, int P>
 using EverySchedule = LayoutList<L<PP<P>>, L<PP<P, GPipe>>, L<PP<P, ZeroBubbleH1>>, L<PP<P, ZeroBubbleV>>,
                                  L<PP<P, Interleaved<2>>>>;
 
-//! The families, each compiled in its own translation unit (train_gpt_<family>.cpp): run_* runs the layout if it
-//! is in the family; *_layouts lists the family's layouts.
-std::optional<int> run_data_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
+//! The families, each compiled in its own translation unit (train_gpt_<family>.cpp) and grouped by model layout, so
+//! that each model layout's model and trainers are compiled once: run_* runs the layout if it is in the family;
+//! *_layouts lists the family's layouts.
+std::optional<int> run_replicated(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
-std::optional<int> run_sequence_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
-std::optional<int> run_pipeline_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
-std::optional<int> run_pipeline_tensor_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::optional<int> run_context_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
-std::optional<int> run_expert_parallel(const std::string& layout, const Args& a, int& argc, char**& argv);
-std::vector<std::string> data_parallel_layouts();
+std::vector<std::string> replicated_layouts();
 std::vector<std::string> tensor_parallel_layouts();
-std::vector<std::string> sequence_parallel_layouts();
-std::vector<std::string> pipeline_parallel_layouts();
-std::vector<std::string> pipeline_tensor_parallel_layouts();
 std::vector<std::string> context_parallel_layouts();
-std::vector<std::string> expert_parallel_layouts();
 //! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> cuda_layouts();

@@ -189,16 +189,24 @@ TEST_CASE("the all-to-all volume per MoE layer is the routed rows x d_model x th
 TEST_CASE("a shape or layout that cannot split its experts is refused with its numbers", "[moe][ep]") {
   constexpr models::GptShape six{2, 4, 2, 16, 37, 8, 0, 6, 2, 1, 24, 0};
   using Cfg = Parallel<DP<4>, EP<4>>;
-  using Model = models::GptModel<double, models::ModelLayout<Cfg>>;
+  using Model = models::Gpt<top2, double, models::ModelLayout<Cfg>>;
   std::vector<std::string> messages(Cfg::world_size), missing(Cfg::world_size);
+  const Setup su = moe_setup(1.0);
   run_local<Cfg>([&](auto& ctx) {
     try {
-      Model m(six, 3, ctx.template comm<Axis::tp>(), nullptr, &ctx.template comm<Axis::ep>(), models::GptPart{});
+      models::GptModel<double, models::ModelLayout<Cfg>> m(six, 3, ctx.template comm<Axis::tp>(), nullptr,
+                                                           &ctx.template comm<Axis::ep>(), models::GptPart{});
     } catch (const Error& e) {
       messages[ctx.rank()] = e.what();
     }
-    try {  // the layout has an expert-parallel axis; the model is given no communicator for it
-      Model m(top2, 3, ctx.template comm<Axis::tp>(), nullptr, nullptr, models::GptPart{});
+    try {  // the layout has an expert-parallel axis; the trainer is given no communicator for it
+      auto at = train::rank_in_layout(ctx);
+      at.ep = nullptr;
+      train::TrainerOptions o;
+      o.step.batch = su.batch, o.step.seq = su.seq;
+      train::TrainerOf<Model, optim::AdamW<double>> t(at, su.data, o, [](const auto& specs, std::int64_t n) {
+        return optim::AdamW<double>(specs, n, {});
+      });
     } catch (const Error& e) {
       missing[ctx.rank()] = e.what();
     }
@@ -206,8 +214,8 @@ TEST_CASE("a shape or layout that cannot split its experts is refused with its n
   for (const auto& msg : messages)
     CHECK(msg == "loom: a GPT of 2 layers, heads 4/2, d_model 16, d_ff 64, vocabulary 37, max_seq 8 and 6 experts "
                  "cannot be built on " + std::string(models::ModelLayout<Cfg>::name()) +
-                 ": the experts must be divisible by EP");
+                 " with 4 expert-parallel ranks: the experts must be divisible by EP");
   for (const auto& msg : missing)
-    CHECK(msg == "loom: the layout " + std::string(models::ModelLayout<Cfg>::name()) +
-                     " has ep = 4 but the model was given no ep communicator");
+    CHECK(msg == "loom: the layout splits the experts over 4 expert-parallel ranks but the rank was given no "
+                 "expert-parallel groups (RankInLayout::ep, edp)");
 }

@@ -7,5 +7,6 @@ using Cfg = loom::Parallel<loom::DP<4>, loom::EP<4>>;  // 6 experts over 4 ranks
 #else
 using Cfg = loom::Parallel<loom::DP<4>, loom::EP<2>>;
 #endif
-static_assert(loom::models::Gpt<shape, float, loom::models::ModelLayout<Cfg>>::ep_size > 1);
+// The rules a trainer checks for a shape on the whole layout.
+static_assert(loom::models::LayoutRules<shape, Cfg>::ok);
 int main() {}

@@ -681,22 +681,16 @@ class TrainerOf {
     constexpr int cp = Part::config::template size<Axis::cp>;
     LOOM_CHECK(cp == 1 || at.cp, "the model is split over ", cp, " context-parallel ranks but the rank was given no "
                "context-parallel group (RankInLayout::cp)");
-    constexpr int ep = Part::config::template size<Axis::ep>;
-    LOOM_CHECK(ep == 1 || (at.ep && at.edp), "the model's experts are split over ", ep, " expert-parallel ranks but "
-               "the rank was given no expert-parallel groups (RankInLayout::ep, edp)");
+    LOOM_CHECK(at.ep_size == 1 || (at.ep && at.edp && at.ep->size() == at.ep_size), "the layout splits the experts "
+               "over ", at.ep_size, " expert-parallel ranks but the rank was given ",
+               at.ep ? "a group of " + std::to_string(at.ep->size()) : std::string("no expert-parallel groups"),
+               " (RankInLayout::ep, edp)");
+    Comm* ep = at.ep_size > 1 ? at.ep : nullptr;
     const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
-      if constexpr (ep > 1 && requires { Model::static_shape; })
-        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, at.cp, at.ep, part, model));
-      else if constexpr (ep > 1)
-        return std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, at.ep, part, model);
-      else if constexpr (cp > 1 && requires { Model::static_shape; })
-        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, *at.cp, part, model));
-      else if constexpr (cp > 1)
-        return std::make_unique<Model>(shape, options.seed, *at.tp, *at.cp, part, model);
-      else if constexpr (requires { Model::static_shape; })
-        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, part, model));
+      if constexpr (requires { Model::static_shape; })
+        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, at.cp, ep, part, model));
       else
-        return std::make_unique<Model>(shape, options.seed, *at.tp, part, model);
+        return std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, ep, part, model);
     };
     core_ = std::make_unique<detail::TrainerCore<Part, Optimizer, Comm, Pipelined, Zero>>(
         at, data, options, shape.layers, make_part, std::forward<MakeOptimizer>(make_optimizer));
@@ -706,6 +700,18 @@ class TrainerOf {
   bool pipelined_;
   int zero_;
 };
+
+namespace detail {
+//! Whether Model meets every rule of layout Cfg: a model whose type fixes its shape is checked against the whole
+//! layout at compile time (models::LayoutRules, its expert-parallel degree too), one of any shape when it is built.
+template <class Model, class Cfg>
+constexpr bool fits_layout() {
+  if constexpr (requires { Model::static_shape; })
+    return models::LayoutRules<Model::static_shape, Cfg, typename Model::device>::ok;
+  else
+    return true;
+}
+}  // namespace detail
 
 //! Trains Model (models::Gpt<S, T, ModelLayout<Cfg>, Dev>) on one rank of layout Cfg with Optimizer. The layout type
 //! is the whole configuration: its tensor-parallel degree and sequence parallelism are the model's, its pipeline
@@ -718,6 +724,8 @@ class Trainer : public TrainerOf<Model, Optimizer> {
   static_assert(std::is_same_v<typename Model::config, models::ModelLayout<Cfg>>,
                 "loom: the model's layout must be ModelLayout<Cfg>: its tensor-parallel degree and sequence "
                 "parallelism are the trainer's layout's");
+  static_assert(models::DeviceRules<typename Model::device, Cfg>::ok);
+  static_assert(detail::fits_layout<Model, Cfg>());
 
  public:
   static constexpr int stages = Cfg::template size<Axis::pp>;

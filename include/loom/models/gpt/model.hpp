@@ -54,38 +54,38 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   using Options = GptOptions;
   using ParamRange = models::ParamRange;
   using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::cp_size, Weights::cp_algorithm,
-      Weights::ep_size, Weights::embedding, Weights::head;
+      Weights::embedding, Weights::head;
 
   //! The single-rank model of shape s, initialised from seed: element i of parameter p is a function of (seed, p,
   //! i) alone.
   GptModel(const GptShape& s, std::uint64_t seed, GptOptions opt = {})
-    requires(tp_size == 1 && cp_size == 1 && ep_size == 1)
+    requires(tp_size == 1 && cp_size == 1)
       : GptModel(s, layers::TpGroup<T, Tp>{}, nullptr, nullptr, seed, opt, GptPart{}) {}
   //! This rank's part of the model over the tensor-parallel communicator tp (of tp_size ranks); the same seed
   //! gives the same whole model whatever the layout.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptOptions opt = {})
-    requires(cp_size == 1 && ep_size == 1)
+    requires(cp_size == 1)
       : GptModel(s, group_of(tp), nullptr, nullptr, seed, opt, GptPart{}) {}
   //! Part `part` of the model (a pipeline stage's), on the tensor-parallel communicator tp.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-    requires(cp_size == 1 && ep_size == 1)
+    requires(cp_size == 1)
       : GptModel(s, group_of(tp), nullptr, nullptr, seed, opt, part) {}
   //! Part `part` (GptPart{}: the whole model) on the tensor-parallel communicator tp and the context-parallel
   //! communicator cp (of cp_size ranks): this rank holds its zigzag share of every sequence.
   template <class Comm, class CpComm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
-    requires(cp_size > 1 && ep_size == 1)
+    requires(cp_size > 1)
       : GptModel(s, group_of(tp), context_of(cp), nullptr, seed, opt, part) {}
-  //! Part `part` on the tensor-parallel communicator tp and, where the layout has them, the context-parallel
-  //! communicator cp and the expert-parallel communicator ep (null where the layout's degree is 1): any layout.
+  //! Part `part` on the tensor-parallel communicator tp, the context-parallel communicator cp where the layout has
+  //! it (null where its degree is 1), and the expert-parallel communicator ep (EP<n>'s group; null without expert
+  //! parallelism): any layout. The experts split over ep's ranks.
   template <class Comm>
   GptModel(const GptShape& s, std::uint64_t seed, Comm& tp, std::type_identity_t<Comm>* cp,
            std::type_identity_t<Comm>* ep, GptPart part, GptOptions opt = {})
       : GptModel(s, group_of(tp), cp_size > 1 ? context_of(*checked_group(cp, "cp", cp_size)) : nullptr,
-                 ep_size > 1 ? group_comm(*checked_group(ep, "ep", ep_size), ep_size, "expert") : nullptr, seed, opt,
-                 part) {}
+                 ep && ep->size() > 1 ? group_comm(*ep, ep->size(), "expert") : nullptr, seed, opt, part) {}
 
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -483,7 +483,6 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(TensorParallelRules<S, Model::tp_size, Model::sequence_parallel>::ok);
   static_assert(ContextParallelRules<S, Model::tp_size, Model::cp_size, Model::cp_algorithm>::ok);
-  static_assert(ExpertParallelRules<S, Model::ep_size>::ok);
   static_assert(S.experts == 0 || std::is_same_v<Dev, Host>,
                 "loom: mixture-of-experts layers run on the host only (no CUDA kernels for routing and dispatch yet)");
   static_assert(S.experts == 0 || (S.top_k >= 1 && S.top_k <= S.experts && S.moe_every >= 1),
@@ -493,20 +492,20 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   static constexpr GptShape static_shape = S;
 
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
-    requires(Model::tp_size == 1 && Model::cp_size == 1 && Model::ep_size == 1)
+    requires(Model::tp_size == 1 && Model::cp_size == 1)
       : Model(S, seed, opt) {}
   template <class Comm>
   Gpt(std::uint64_t seed, Comm& tp, GptOptions opt = {})
-    requires(Model::cp_size == 1 && Model::ep_size == 1)
+    requires(Model::cp_size == 1)
       : Model(S, seed, tp, opt) {}
   template <class Comm>
   Gpt(std::uint64_t seed, Comm& tp, GptPart part, GptOptions opt = {})
-    requires(Model::cp_size == 1 && Model::ep_size == 1)
+    requires(Model::cp_size == 1)
       : Model(S, seed, tp, part, opt) {}
   //! On the tensor- and context-parallel communicators tp and cp (GptModel).
   template <class Comm, class CpComm>
   Gpt(std::uint64_t seed, Comm& tp, CpComm& cp, GptPart part, GptOptions opt = {})
-    requires(Model::cp_size > 1 && Model::ep_size == 1)
+    requires(Model::cp_size > 1)
       : Model(S, seed, tp, cp, part, opt) {}
   //! On tp and, where the layout has them, cp and ep (null where its degree is 1): any layout (GptModel).
   template <class Comm>

@@ -210,24 +210,32 @@ namespace detail {
 template <class Cfg>
 struct ModelLayoutOf {
   static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
-  static constexpr int ep = Cfg::template size<Axis::ep>;
   using TpAxis = std::conditional_t<Cfg::sequence_parallel, TP<tp, SequenceParallel>, TP<tp>>;
   using CpAxis = std::conditional_t<Cfg::cp_algorithm == CpAlgorithm::ulysses, CP<cp, Ulysses>, CP<cp, Ring>>;
-  // EP<n> splits dp x cp; a model layout without dp (every rank of it one model) still names it: ep divides cp,
-  // or the layout's DP is kept as DP<ep> so that EP<n> has the ranks it splits.
-  using Dense = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
-                                   std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
-  template <class... A>
-  static Parallel<A..., DP<ep / std::gcd(ep, cp)>, EP<ep>> with_ep(Parallel<A...>*);
-  using type = std::conditional_t<ep == 1, Dense, decltype(with_ep(static_cast<Dense*>(nullptr)))>;
+  using type = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
+                                  std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
 };
 }  // namespace detail
 
 //! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism, its
-//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>), its expert-parallel degree (EP<n>, with the least
-//! DP<m> that lets n divide m x cp). Gpt<S, T, ModelLayout<Cfg>> is one type for every
-//! layout that differs from Cfg only in its other axes.
+//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>). Gpt<S, T, ModelLayout<Cfg>> is one type for every
+//! layout that differs from Cfg only in its other axes. The expert-parallel degree is not part of it: a model's
+//! experts split over the expert-parallel communicator it is given (EP<n>'s group), so that dp4 and dp4.ep4 share
+//! one model's code; LayoutRules checks a shape against the whole layout.
 template <class Cfg>
 using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;
+
+//! Every rule a shape S must meet to be trained on the whole layout Cfg on device Dev: the tensor-, context- and
+//! expert-parallel rules and the device's. train::Trainer<Cfg, Gpt<S, ...>> checks them; Gpt<S, T, ModelLayout<Cfg>>
+//! checks those its model layout names (all but the expert-parallel degree's).
+template <GptShape S, class Cfg, class Dev = Host>
+struct LayoutRules {
+  static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
+  static_assert(TensorParallelRules<S, tp, Cfg::sequence_parallel>::ok);
+  static_assert(ContextParallelRules<S, tp, cp, Cfg::cp_algorithm>::ok);
+  static_assert(ExpertParallelRules<S, Cfg::template size<Axis::ep>>::ok);
+  static_assert(DeviceRules<Dev, Cfg>::ok);
+  static constexpr bool ok = true;
+};
 
 }  // namespace loom::models

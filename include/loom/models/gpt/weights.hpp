@@ -28,6 +28,9 @@ namespace loom::models {
 template <class T, class Cfg, class Dev>
 class GptWeights {
   static_assert(DeviceRules<Dev, Cfg>::ok);
+  static_assert(Cfg::template size<Axis::ep> == 1,
+                "loom: a model's layout is ModelLayout<Cfg>, without EP: its experts split over the expert-parallel "
+                "communicator it is given");
 
  protected:
   using Buf = Tensor<T, Dev>;
@@ -40,23 +43,23 @@ class GptWeights {
   //! The context-parallel degree and algorithm: each rank holds 1/cp_size of every sequence (ring_attention.hpp).
   static constexpr int cp_size = Cfg::template size<Axis::cp>;
   static constexpr CpAlgorithm cp_algorithm = Cfg::cp_algorithm;
-  //! The expert-parallel degree: each rank holds experts / ep_size of every mixture-of-experts layer.
-  static constexpr int ep_size = Cfg::template size<Axis::ep>;
   //! The tensor-parallel group the layers are compiled for.
   using tensor_parallel = layers::TensorParallel<tp_size, sequence_parallel>;
 
-  //! The parameters of tensor-parallel rank tp_rank (and expert-parallel rank ep_rank) in part `part` of a model of
-  //! shape s (gpt_param_specs); global: the whole model's.
+  //! The parameters of tensor-parallel rank tp_rank (and expert-parallel rank ep_rank of ep) in part `part` of a
+  //! model of shape s (gpt_param_specs); global: the whole model's.
   static std::vector<ParamSpec> param_specs(const GptShape& s, int tp_rank, bool global, GptPart part = {},
-                                            int ep_rank = 0) {
-    return gpt_param_specs<T>(s, global ? 1 : tp_size, global ? 0 : tp_rank, part, global ? 1 : ep_size,
+                                            int ep_rank = 0, int ep = 1) {
+    return gpt_param_specs<T>(s, global ? 1 : tp_size, global ? 0 : tp_rank, part, global ? 1 : ep,
                               global ? 0 : ep_rank);
   }
   std::vector<ParamSpec> param_specs(int tp_rank = 0, bool global = false, GptPart part = {}) const {
-    return param_specs(shape_, tp_rank, global, part, ep_rank());
+    return param_specs(shape_, tp_rank, global, part, ep_rank(), ep_size());
   }
-  //! This rank's place in the expert-parallel group, and the group (null without expert parallelism); its
-  //! traffic() counts the model's all-to-alls.
+  //! The expert-parallel degree (each rank holds experts / ep_size() of every mixture-of-experts layer), this
+  //! rank's place in the group, and the group (null without expert parallelism); its traffic() counts the model's
+  //! all-to-alls.
+  int ep_size() const { return ep_ ? ep_->size() : 1; }
   int ep_rank() const { return ep_ ? ep_->rank() : 0; }
   comm::AnyComm* ep() const { return ep_.get(); }
   //! The whole model's shape (a pipeline part holds some of its blocks).
@@ -102,7 +105,7 @@ class GptWeights {
       auto counted = tp_.counting(layers::Phase::grads);
       tp_.all_reduce_acc(sq.data(), 2, comm::Reduce::sum);
     }
-    if (ep_size > 1) {
+    if (ep_) {
       std::vector<double> e{static_cast<double>(sq[1])};
       ep_->all_reduce(e, comm::Reduce::sum);
       return static_cast<double>(sq[0]) + e[0];
@@ -148,18 +151,18 @@ class GptWeights {
     }
     const auto global = param_specs(0, true);
     std::vector<U> whole = gather_params(tp_, specs_, global, shape_.params(), local);
-    if constexpr (ep_size > 1) {  // every expert-parallel rank's experts, each where the single-rank layout has it
+    if (ep_) {  // every expert-parallel rank's experts, each where the single-rank layout has it
       std::vector<U> mine;
       for (const auto& s : specs_)
         if (s.expert) {
           const auto& g = global[s.index];
           mine.insert(mine.end(), whole.begin() + g.offset, whole.begin() + g.offset + numel_of(g.shape));
         }
-      std::vector<U> all(mine.size() * ep_size);
+      std::vector<U> all(mine.size() * static_cast<std::size_t>(ep_size()));
       ep_->all_gather(mine, all);
-      for (int q = 0; q < ep_size; ++q) {
+      for (int q = 0; q < ep_size(); ++q) {
         std::size_t at = mine.size() * static_cast<std::size_t>(q);
-        for (const auto& s : param_specs(shape_, tp_.rank(), false, {ix_.first, ix_.last}, q))
+        for (const auto& s : param_specs(shape_, tp_.rank(), false, {ix_.first, ix_.last}, q, ep_size()))
           if (s.expert) {
             const auto& g = global[s.index];
             std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at), numel_of(g.shape), whole.begin() + g.offset);
@@ -184,14 +187,12 @@ class GptWeights {
  protected:
   static constexpr bool on_host = kernels::is_host_v<Dev>;
 
-  //! ep: the expert-parallel group's communicator (null without expert parallelism).
+  //! ep: the expert-parallel group's communicator (null, or a group of one, without expert parallelism).
   GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part,
              bool write = true, std::unique_ptr<comm::AnyComm> ep = nullptr)
-      : shape_(checked(s)), ep_(std::move(ep)), tp_(std::move(tp)), ix_(s, ep_size, part),
-        specs_(param_specs(s, tp_.rank(), false, part, ep_ ? ep_->rank() : 0)), shared_(specs_) {
-    LOOM_CHECK(ep_size == 1 || (ep_ && ep_->size() == ep_size), "the layout ", Cfg::name(), " has ep = ", ep_size,
-               " but the model was given ", ep_ ? "an expert-parallel group of " + std::to_string(ep_->size()) +
-               " ranks" : std::string("no expert-parallel group"));
+      : shape_(checked(s, ep ? ep->size() : 1)), ep_(ep && ep->size() > 1 ? std::move(ep) : nullptr),
+        tp_(std::move(tp)), ix_(s, ep_size(), part),
+        specs_(param_specs(s, tp_.rank(), false, part, ep_rank(), ep_size())), shared_(specs_) {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
@@ -224,18 +225,19 @@ class GptWeights {
     if constexpr (tp_size > 1) shared_.sum(tp_, grads_.data(), r.first, r.last);
   }
 
-  //! s, if a model of that shape can be split over the layout's tensor-parallel group (the rules Gpt<S> checks at
-  //! compile time); else an error naming the rule.
-  static const GptShape& checked(const GptShape& s) {
+  //! s, if a model of that shape can be split over the layout's tensor- and context-parallel groups and ep
+  //! expert-parallel ranks (the rules LayoutRules checks at compile time); else an error naming the rule.
+  static const GptShape& checked(const GptShape& s, int ep) {
     std::string_view rule = shape_violation(s);
     if (rule.empty()) rule = tensor_parallel_violation(s, tp_size, sequence_parallel);
     if (rule.empty()) rule = context_parallel_violation(s, tp_size, cp_size, cp_algorithm);
-    if (rule.empty()) rule = expert_parallel_violation(s, ep_size);
+    if (rule.empty()) rule = expert_parallel_violation(s, ep);
     if (rule.empty() && s.experts > 0 && !on_host) rule = "mixture-of-experts layers run on the host only";
     LOOM_CHECK(rule.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads, ", d_model ",
                s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, s.experts > 0 ? ", max_seq " : " and max_seq ",
                s.max_seq, s.experts > 0 ? " and " + std::to_string(s.experts) + " experts" : std::string(),
-               " cannot be built on ", Cfg::name(), ": ", rule);
+               " cannot be built on ", Cfg::name(), ep > 1 ? " with " + std::to_string(ep) + " expert-parallel ranks"
+               : std::string(), ": ", rule);
     return s;
   }
 
