@@ -29,7 +29,8 @@ using DpLayouts =
                Parallel<DP<4, ZeRO<3>, HybridShard<2>>>, Parallel<DP<8, ZeRO<3>, HybridShard<4>>>>;
 // The experts split over ranks carved out of dp: the model's code is the single-rank model's.
 using EpLayouts = LayoutList<Parallel<DP<2>, EP<2>>, Parallel<DP<4>, EP<2>>, Parallel<DP<4>, EP<4>>,
-                                  Parallel<DP<8>, EP<8>>, Parallel<PP<2>, DP<2>, EP<2>>, Parallel<DP<4, ZeRO<1>>, EP<2>>>;
+                             Parallel<DP<8>, EP<8>>, Parallel<PP<2>, DP<2>, EP<2>>,
+                             Parallel<DP<4, ZeRO<1>>, EP<2>>>;
 
 }  // namespace
 

@@ -7,6 +7,10 @@
 // is). Backward mirrors it: the weighted output gradients go out and the input gradients come back by the same two
 // all-to-alls.
 //
+// The routed experts (RoutedExperts: the router, the dispatch, the local experts and the combine) depend on the element
+// type alone, so that loom::cpu_kernels compiles them once per type; MoeLayer<T, Tp> adds the shared experts, split
+// over the tensor-parallel group Tp, and hands the routed experts the tensor-parallel all-gather they need.
+//
 // The experts are whole on every tensor-parallel rank: without sequence parallelism each tp rank routes the same
 // rows and computes the same outputs, and its expert-parallel group is the ranks with its tp coordinate.
 //
@@ -17,6 +21,7 @@
 #pragma once
 
 #include <loom/comm/any.hpp>
+#include <loom/core/function_ref.hpp>
 #include <loom/core/memory.hpp>
 #include <loom/core/trace.hpp>
 #include <loom/layers/mlp.hpp>
@@ -60,17 +65,18 @@ struct MoeStats {
   double mean_imbalance() const { return forwards > 0 ? imbalance / forwards : 1.0; }
 };
 
-template <class T, class Tp = TensorParallel<1>>
-class MoeLayer {
+//! The routed experts of a mixture-of-experts layer, on the host: the router, the dispatch, this rank's experts and
+//! the combine. Its code depends on the element type alone (the tensor-parallel group reaches it through the calls
+//! it is given), so that loom::cpu_kernels compiles it once per type; MoeLayer adds the shared experts.
+template <class T>
+class RoutedExperts {
  public:
   using Tensor = loom::Tensor<T>;
-  using Mlp = ParallelMlp<T, Host, Tp>;
 
-  //! The router [d, E], the shared experts (when there are any), and the first of this rank's experts: each
-  //! c_fc.weight [d, f], c_fc.bias [f], c_proj.weight [f, d], c_proj.bias [d], one after the other.
+  //! The router [d, E] and the first of this rank's experts: each c_fc.weight [d, f], c_fc.bias [f],
+  //! c_proj.weight [f, d], c_proj.bias [d], one after the other.
   struct Params {
     T* router;
-    typename Mlp::Params shared;
     T* experts;
   };
   //! Where this rank's kept assignments go and where the rows it receives are computed.
@@ -89,247 +95,52 @@ class MoeLayer {
     Plan plan;
     Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x f, R x f
     Tensor yret;                  //!< A x d: the experts' outputs for this rank's kept assignments, in plan.order
-    typename Mlp::Acts shared;
   };
   struct Grads {
     Tensor dlogits;   //!< N x E (this rank's rows)
     Tensor dwhole;    //!< B x T x E (with SP or CP)
     Tensor dyin, dh;  //!< R x d, R x f: the output gradients of the rows computed here, and before the GELU
     std::vector<double> dweight;  //!< B x T x k (every token's; zero but this rank's)
-    typename Mlp::Grads shared;
   };
 
-  //! The router, the shared experts and the experts of one MoE layer under prefix (Hugging Face's Mixtral-like
-  //! names: router.weight, shared_expert.c_fc ..., experts.<e>.c_fc ...). Only the experts expert-parallel rank
-  //! ep_rank of ep holds are kept; every one is numbered, so each starts as in the single-rank model.
-  static void declare(ParamTable& t, const std::string& prefix, int d, int experts, int f, int shared, int ep,
-                      int ep_rank, double std_w, double std_proj) {
-    t.add<Replicate>(prefix + "router.weight", {d, experts}, true, std_w);
-    if (shared > 0) Mlp::declare(t, prefix + "shared_expert.", d, shared * f, std_w, std_proj);
-    const bool skipping = t.skipping();
-    const int per = experts / ep;
-    t.expert(true);
-    for (int e = 0; e < experts; ++e) {
-      t.skip(skipping || e / per != ep_rank);
-      const std::string x = prefix + "experts." + std::to_string(e) + ".";
-      t.add<Replicate>(x + "c_fc.weight", {d, f}, true, std_w);
-      t.add<Replicate>(x + "c_fc.bias", {f}, false, 0);
-      t.add<Replicate>(x + "c_proj.weight", {f, d}, true, std_proj);
-      t.add<Replicate>(x + "c_proj.bias", {d}, false, 0);
-    }
-    t.expert(false);
-    t.skip(skipping);
-  }
-  //! The parameters of one MoE layer: the router, the shared experts (4 when there are any), 4 per expert held.
-  static std::size_t param_count(int held_experts, int shared) {
-    return 1 + (shared > 0 ? 4 : 0) + 4 * static_cast<std::size_t>(held_experts);
-  }
-  //! Params from the layer's first parameter specs[p] in the flat buffer `flat`.
-  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, int shared) {
-    auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
-    const std::size_t e = shared > 0 ? 5 : 1;
-    return {at(0), shared > 0 ? typename Mlp::Params{at(1), at(2), at(3), at(4)} : typename Mlp::Params{},
-            p + e < specs.size() ? at(e) : nullptr};
-  }
-
-  //! B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each; with
-  //! sequence parallelism, the region's rows of them), each sequence routed as one group.
-  MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
-           EpGroup ep, comm::AnyComm* cp = nullptr)
-      : region_(r), B_(B), T_(T_), d_(d), E_(experts), f_(f), router_(router), ep_(ep), cp_(cp),
-        shared_(r, std::max(shared, 1) * f), has_shared_(shared > 0) {
-    router_.experts = experts;
-    LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
-               " expert-parallel ranks");
-    local_ = experts / ep.size();
-    const int n = cp ? cp->size() : 1, q = cp ? cp->rank() : 0;
-    Tg_ = T_ * n;
-    token_.resize(static_cast<std::size_t>(rows()));
-    for (int i = 0; i < rows(); ++i) {  // row i: token t of sequence b on this cp rank, at g in the sequence
-      const int row = region_.first_row() + i, b = row / T_, t = row % T_;
-      token_[std::size_t(i)] = b * Tg_ + (n > 1 ? zigzag_position(t, q, n, T_ / 2) : t);
-    }
-  }
+  //! The B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each), of
+  //! which it holds `rows` rows from `first_row` (all of them, or with sequence parallelism its share), each
+  //! sequence routed as one group. sequence_parallel: the tensor-parallel ranks hold the sequences' rows.
+  RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f, RouterConfig router, EpGroup ep,
+                comm::AnyComm* cp, bool sequence_parallel);
 
   int local_experts() const { return local_; }
   std::int64_t expert_stride() const { return 2 * std::int64_t{d_} * f_ + f_ + d_; }
 
-  Acts make_acts() const {
-    Acts a;
-    a.logits = Tensor({rows(), std::int64_t{E_}});
-    if (split()) a.whole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
-    if (has_shared_) a.shared = shared_.make_acts();
-    return a;
-  }
-  Grads make_grads() const {
-    Grads g;
-    g.dlogits = Tensor({rows(), std::int64_t{E_}});
-    if (split()) g.dwhole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
-    if (has_shared_) g.shared = shared_.make_grads();
-    return g;
-  }
+  Acts make_acts() const;
+  Grads make_grads() const;
 
-  //! y (N x d) from x (N x d); keeps in a what backward needs. `stats` gains what was routed, when given (not when
-  //! recomputing). The shared experts compute while the dispatch travels.
-  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats* stats) const {
-    trace::Scope span("forward moe", "compute");
-    const auto& ops = region_.ops;
-    const int N = rows(), k = router_.top_k;
-    ops.matmul(x, w.router, a.logits.data(), N, E_, d_, false, false);
-    const T* whole = gather_logits(a);
-    a.routes.resize(static_cast<std::size_t>(B_));
-    MoeStats s;
-    for (int b = 0; b < B_; ++b) {
-      Routing& r = a.routes[std::size_t(b)];
-      r = route(whole + std::size_t(b) * Tg_ * E_, Tg_, router_);
-      s.assignments += static_cast<double>(Tg_) * k;
-      s.dropped += r.dropped() * Tg_ * k;
-      s.aux_loss += r.aux_loss / B_, s.z_loss += r.z_loss / B_;
-    }
-    std::vector<int> load(static_cast<std::size_t>(E_), 0);
-    for (const auto& r : a.routes)
-      for (int e = 0; e < E_; ++e) load[std::size_t(e)] += r.load[std::size_t(e)];
-    s.imbalance = imbalance_of(load), s.forwards = 1;
-    Clock clock(stats);
-    plan(a, clock);
-    if (stats) *stats += s;
-    const Plan& p = a.plan;
-    // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
-    {
-      MemoryUseScope use(MemoryUse::activations);
-      ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), f_), ensure(a.g, p.received(), f_);
-      ensure(a.yret, p.sent(), d_);
-    }
-    Tensor out = scratch(p.received(), d_);
-    {
-      Tensor send = scratch(p.sent(), d_);
-      for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
-        ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
-      comm::Handle h = exchange(send.data(), p.send, out.data(), p.recv, clock, true);
-      // The shared experts, while the rows travel.
-      if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
-      else ops.fill(y, std::size_t(N) * d_, T(0));
-      clock.wait(h);
-      for (std::size_t i = 0; i < p.received(); ++i)
-        ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
-    }
-    // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
-    Tensor y_grouped = scratch(p.received(), d_);
-    each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
-      T* h = a.h.data() + std::size_t(o) * f_;
-      ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, f_, d_, false, false);
-      ops.bias_add(h, e.fc_b, h, n, f_);
-      ops.gelu_forward(h, a.g.data() + std::size_t(o) * f_, std::size_t(n) * f_);
-      T* yo = y_grouped.data() + std::size_t(o) * d_;
-      ops.matmul(a.g.data() + std::size_t(o) * f_, e.proj_w, yo, n, d_, f_, false, false);
-      ops.bias_add(yo, e.proj_b, yo, n, d_);
-    });
-    for (std::size_t i = 0; i < p.received(); ++i)
-      ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
-    clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
-    // Combine: the shared experts' output, plus each kept expert's output times its weight.
-    for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
-      const int at = p.order[s2], n = at / k;
-      const T wt = static_cast<T>(weight_of(a, at));
-      const T* yr = a.yret.data() + s2 * d_;
-      T* yn = y + std::size_t(n) * d_;
-      for (int c = 0; c < d_; ++c) yn[c] += wt * yr[c];
-    }
-  }
-
-  //! dx (N x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
-  //! losses as the step's loss is scaled (1/m over m micro-batches). The shared experts' backward runs while the
-  //! output gradients travel; `stats`, when given, gains the time in the all-to-alls.
-  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
-                      MoeStats* stats = nullptr) const {
-    trace::Scope span("backward_input moe", "compute");
-    const auto& ops = region_.ops;
-    const int N = rows(), k = router_.top_k;
-    const Plan& p = a.plan;
-    Clock clock(stats);
-    // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
-    g.dweight.assign(std::size_t(B_) * Tg_ * k, 0.0);
-    Tensor dout = scratch(p.received(), d_);
-    {
-      Tensor send = scratch(p.sent(), d_);
-      for (std::size_t s = 0; s < p.sent(); ++s) {
-        const int at = p.order[s], n = at / k;
-        const T* dyn = dy + std::size_t(n) * d_;
-        const T* yr = a.yret.data() + s * d_;
-        double dot = 0;
-        for (int c = 0; c < d_; ++c) dot += double(dyn[c]) * double(yr[c]);
-        g.dweight[std::size_t(token_[std::size_t(n)]) * k + at % k] = dot;
-        const T wt = static_cast<T>(weight_of(a, at));
-        T* o = send.data() + s * d_;
-        for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
-      }
-      comm::Handle h = exchange(send.data(), p.send, dout.data(), p.recv, clock, true);
-      if (has_shared_) shared_.backward_input(dy, w.shared, a.shared, g.shared, dx);
-      else ops.fill(dx, std::size_t(N) * d_, T(0));
-      clock.wait(h);
-    }
-    {
-      MemoryUseScope use(MemoryUse::activations);
-      ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), f_);
-    }
-    for (std::size_t i = 0; i < p.received(); ++i)
-      ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
-    // The experts' input gradients, expert-major, then back by source rank.
-    Tensor dx_grouped = scratch(p.received(), d_);
-    each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
-      T* dh = g.dh.data() + std::size_t(o) * f_;
-      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
-      ops.gelu_backward(a.h.data() + std::size_t(o) * f_, dh, dh, std::size_t(n) * f_);
-      ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, f_, false, true);
-    });
-    for (std::size_t i = 0; i < p.received(); ++i)
-      ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
-    Tensor dret = scratch(p.sent(), d_);
-    clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
-    for (std::size_t s = 0; s < p.sent(); ++s)
-      ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
-    // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences),
-    // for every token of the sequences, of which this rank keeps its own rows. Under context parallelism the cp
-    // ranks' gradients are averaged, so each scales its share of the losses' gradient by cp.
-    const T* whole = split() ? a.whole.data() : a.logits.data();
-    T* dwhole = split() ? g.dwhole.data() : g.dlogits.data();
-    const double losses = scale / B_ * (cp_ ? cp_->size() : 1);
-    for (int b = 0; b < B_; ++b)
-      route_backward(whole + std::size_t(b) * Tg_ * E_, a.routes[std::size_t(b)], router_,
-                     g.dweight.data() + std::size_t(b) * Tg_ * k, losses, dwhole + std::size_t(b) * Tg_ * E_);
-    if (split())
-      for (int i = 0; i < N; ++i)
-        ops.copy(dwhole + std::size_t(token_[std::size_t(i)]) * E_, g.dlogits.data() + std::size_t(i) * E_,
-                 std::size_t(E_));
-    ops.matmul(g.dlogits.data(), w.router, dx, N, d_, E_, false, true, 1.0f, 1.0f);
-  }
-
+  //! y (rows x d) from x; keeps in a what backward needs. `stats` gains what was routed, when given (not when
+  //! recomputing). While the dispatch travels, `meanwhile` sets y to the shared experts' output (or zero), and the
+  //! experts' outputs are added to it. With sequence parallelism, gather_rows(in, out, n) all-gathers n elements of
+  //! each tensor-parallel rank's rows.
+  void forward(const T* x, const Params& w, Acts& a, T* y, MoeStats* stats, FunctionRef<void()> meanwhile,
+               FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const;
+  //! dx (rows x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
+  //! losses as the step's loss is scaled (1/m over m micro-batches). While the output gradients travel,
+  //! `meanwhile` sets dx to the shared experts' input gradient (or zero), and the routed experts' are added to it.
+  //! `stats`, when given, gains the time in the all-to-alls.
+  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale, MoeStats* stats,
+                      FunctionRef<void()> meanwhile) const;
   //! The weight gradients (accumulated into dw) from x, the layer's input, and what backward_input left in g.
-  void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
-    trace::Scope span("backward_weight moe", "compute");
-    const auto& ops = region_.ops;
-    const int N = rows();
-    if (has_shared_) shared_.backward_weight(x, dy, a.shared, g.shared, dw.shared);
-    const Plan& p = a.plan;
-    each_expert(p, dw.experts, [&](int o, int n, const Expert& e) {
-      const T* dyo = g.dyin.data() + std::size_t(o) * d_;
-      const T* dh = g.dh.data() + std::size_t(o) * f_;
-      ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
-      ops.bias_backward(dyo, e.proj_b, n, d_);
-      ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, f_, n, true, false, 1.0f, 1.0f);
-      ops.bias_backward(dh, e.fc_b, n, f_);
-    });
-    ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
-  }
+  void backward_weight(const T* x, const Acts& a, const Grads& g, const Params& dw) const;
 
   //! Bytes held by one layer's activations and gradient scratch.
   static std::size_t bytes(const Acts& a) {
-    return held(a.logits) + held(a.whole) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret) +
-           held(a.shared.in_full) + held(a.shared.h) + held(a.shared.g);
+    return held(a.logits) + held(a.whole) + held(a.xin) + held(a.h) + held(a.g) + held(a.yret);
   }
   static std::size_t bytes(const Grads& g) {
-    return held(g.dlogits) + held(g.dwhole) + held(g.dyin) + held(g.dh) + held(g.shared.dy_full) + held(g.shared.dg) +
-           held(g.shared.dx_full) + g.dweight.capacity() * sizeof(double);
+    return held(g.dlogits) + held(g.dwhole) + held(g.dyin) + held(g.dh) + g.dweight.capacity() * sizeof(double);
+  }
+  //! Bytes of a tensor's storage, none when it holds none.
+  template <class U>
+  static std::size_t held(const U& t) {
+    return t.defined() && t.data() != nullptr ? t.bytes() : 0;
   }
 
  private:
@@ -367,17 +178,17 @@ class MoeLayer {
       if (n > 0) f(o, n, expert(first, le));
     }
   }
-  int rows() const { return region_.rows(); }
+  int rows() const { return rows_; }
   //! Whether a sequence's tokens are spread over ranks (sequence or context parallelism).
-  bool split() const { return Tp::sequence_parallel || (cp_ && cp_->size() > 1); }
+  bool split() const { return sequence_parallel_ || (cp_ && cp_->size() > 1); }
   //! The router's logits of every token of the B sequences, in order (B x Tg_ x E): this rank's own, or gathered
   //! over the tensor-parallel group (sequence parallelism) and the context-parallel group.
-  const T* gather_logits(Acts& a) const {
+  const T* gather_logits(Acts& a, FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const {
     if (!split()) return a.logits.data();
     const std::size_t local = std::size_t(B_) * T_ * E_, mine = std::size_t(rows()) * E_;
     const int n = cp_ ? cp_->size() : 1;
     std::vector<T> rows_of_cp(local), all(local * std::size_t(n));
-    if constexpr (Tp::sequence_parallel) region_.tp->all_gather(a.logits.data(), rows_of_cp.data(), mine);
+    if (sequence_parallel_) gather_rows(a.logits.data(), rows_of_cp.data(), mine);
     else std::copy_n(a.logits.data(), mine, rows_of_cp.data());
     if (n > 1) cp_->all_gather(rows_of_cp, all);
     else all = rows_of_cp;
@@ -389,10 +200,6 @@ class MoeLayer {
                       a.whole.data() + (std::size_t(b) * Tg_ + g) * E_);
         }
     return a.whole.data();
-  }
-  template <class U>
-  static std::size_t held(const U& t) {
-    return t.defined() && t.data() != nullptr ? t.bytes() : 0;
   }
   static double imbalance_of(const std::vector<int>& load) {
     double total = 0;
@@ -481,7 +288,7 @@ class MoeLayer {
       rc[q] = recv_rows[q] * d_, rd[q] = total_recv, total_recv += rc[q];
     }
     if (!ep_.comm) {
-      region_.ops.copy(send, recv, total_send);
+      ops_.copy(send, recv, total_send);
       return {};
     }
     return clock.time([&] {
@@ -492,16 +299,334 @@ class MoeLayer {
     });
   }
 
-  Region<T, Host, Tp> region_;
+  kernels::Ops<Host> ops_{};
+  int rows_;
+  bool sequence_parallel_;
   int B_, T_, d_, E_, f_;
   int Tg_ = 0;              //!< tokens of a whole sequence (T_ x cp)
   std::vector<int> token_;  //!< per row of this rank: its sequence b and place g in it, as b Tg_ + g
   RouterConfig router_;
   EpGroup ep_;
   comm::AnyComm* cp_;
-  Mlp shared_;
-  bool has_shared_;
   int local_ = 0;
 };
 
+// RoutedExperts' members that a program built with LOOM_EXTERN_KERNELS takes from loom::cpu_kernels.
+
+template <class T>
+RoutedExperts<T>::RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f,
+                                RouterConfig router, EpGroup ep, comm::AnyComm* cp, bool sequence_parallel)
+    : rows_(rows), sequence_parallel_(sequence_parallel), B_(B), T_(T_), d_(d),
+      E_(experts), f_(f), router_(router), ep_(ep), cp_(cp) {
+  router_.experts = experts;
+  LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
+             " expert-parallel ranks");
+  local_ = experts / ep.size();
+  const int n = cp ? cp->size() : 1, q = cp ? cp->rank() : 0;
+  Tg_ = T_ * n;
+  token_.resize(static_cast<std::size_t>(rows));
+  for (int i = 0; i < rows; ++i) {  // row i: token t of sequence b on this cp rank, at g in the sequence
+    const int row = first_row + i, b = row / T_, t = row % T_;
+    token_[std::size_t(i)] = b * Tg_ + (n > 1 ? zigzag_position(t, q, n, T_ / 2) : t);
+  }
+}
+
+template <class T>
+typename RoutedExperts<T>::Acts RoutedExperts<T>::make_acts() const {
+  Acts a;
+  a.logits = Tensor({rows(), std::int64_t{E_}});
+  if (split()) a.whole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  return a;
+}
+
+template <class T>
+typename RoutedExperts<T>::Grads RoutedExperts<T>::make_grads() const {
+  Grads g;
+  g.dlogits = Tensor({rows(), std::int64_t{E_}});
+  if (split()) g.dwhole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  return g;
+}
+
+template <class T>
+void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeStats* stats,
+                               FunctionRef<void()> meanwhile,
+                               FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const {
+  trace::Scope span("forward moe", "compute");
+  const auto& ops = ops_;
+  const int N = rows(), k = router_.top_k;
+  ops.matmul(x, w.router, a.logits.data(), N, E_, d_, false, false);
+  const T* whole = gather_logits(a, gather_rows);
+  a.routes.resize(static_cast<std::size_t>(B_));
+  MoeStats s;
+  for (int b = 0; b < B_; ++b) {
+    Routing& r = a.routes[std::size_t(b)];
+    r = route(whole + std::size_t(b) * Tg_ * E_, Tg_, router_);
+    s.assignments += static_cast<double>(Tg_) * k;
+    s.dropped += r.dropped() * Tg_ * k;
+    s.aux_loss += r.aux_loss / B_, s.z_loss += r.z_loss / B_;
+  }
+  std::vector<int> load(static_cast<std::size_t>(E_), 0);
+  for (const auto& r : a.routes)
+    for (int e = 0; e < E_; ++e) load[std::size_t(e)] += r.load[std::size_t(e)];
+  s.imbalance = imbalance_of(load), s.forwards = 1;
+  Clock clock(stats);
+  plan(a, clock);
+  if (stats) *stats += s;
+  const Plan& p = a.plan;
+  // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
+  {
+    MemoryUseScope use(MemoryUse::activations);
+    ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), f_), ensure(a.g, p.received(), f_);
+    ensure(a.yret, p.sent(), d_);
+  }
+  Tensor out = scratch(p.received(), d_);
+  {
+    Tensor send = scratch(p.sent(), d_);
+    for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
+      ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
+    comm::Handle h = exchange(send.data(), p.send, out.data(), p.recv, clock, true);
+    // The shared experts, while the rows travel.
+    meanwhile();
+    clock.wait(h);
+    for (std::size_t i = 0; i < p.received(); ++i)
+      ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+  }
+  // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
+  Tensor y_grouped = scratch(p.received(), d_);
+  each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
+    T* h = a.h.data() + std::size_t(o) * f_;
+    ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, f_, d_, false, false);
+    ops.bias_add(h, e.fc_b, h, n, f_);
+    ops.gelu_forward(h, a.g.data() + std::size_t(o) * f_, std::size_t(n) * f_);
+    T* yo = y_grouped.data() + std::size_t(o) * d_;
+    ops.matmul(a.g.data() + std::size_t(o) * f_, e.proj_w, yo, n, d_, f_, false, false);
+    ops.bias_add(yo, e.proj_b, yo, n, d_);
+  });
+  for (std::size_t i = 0; i < p.received(); ++i)
+    ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
+  clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
+  // Combine: the shared experts' output, plus each kept expert's output times its weight.
+  for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
+    const int at = p.order[s2], n = at / k;
+    const T wt = static_cast<T>(weight_of(a, at));
+    const T* yr = a.yret.data() + s2 * d_;
+    T* yn = y + std::size_t(n) * d_;
+    for (int c = 0; c < d_; ++c) yn[c] += wt * yr[c];
+  }
+}
+
+template <class T>
+void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
+                                      MoeStats* stats, FunctionRef<void()> meanwhile) const {
+  trace::Scope span("backward_input moe", "compute");
+  const auto& ops = ops_;
+  const int N = rows(), k = router_.top_k;
+  const Plan& p = a.plan;
+  Clock clock(stats);
+  // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
+  g.dweight.assign(std::size_t(B_) * Tg_ * k, 0.0);
+  Tensor dout = scratch(p.received(), d_);
+  {
+    Tensor send = scratch(p.sent(), d_);
+    for (std::size_t s = 0; s < p.sent(); ++s) {
+      const int at = p.order[s], n = at / k;
+      const T* dyn = dy + std::size_t(n) * d_;
+      const T* yr = a.yret.data() + s * d_;
+      double dot = 0;
+      for (int c = 0; c < d_; ++c) dot += double(dyn[c]) * double(yr[c]);
+      g.dweight[std::size_t(token_[std::size_t(n)]) * k + at % k] = dot;
+      const T wt = static_cast<T>(weight_of(a, at));
+      T* o = send.data() + s * d_;
+      for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
+    }
+    comm::Handle h = exchange(send.data(), p.send, dout.data(), p.recv, clock, true);
+    meanwhile();
+    clock.wait(h);
+  }
+  {
+    MemoryUseScope use(MemoryUse::activations);
+    ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), f_);
+  }
+  for (std::size_t i = 0; i < p.received(); ++i)
+    ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+  // The experts' input gradients, expert-major, then back by source rank.
+  Tensor dx_grouped = scratch(p.received(), d_);
+  each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
+    T* dh = g.dh.data() + std::size_t(o) * f_;
+    ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
+    ops.gelu_backward(a.h.data() + std::size_t(o) * f_, dh, dh, std::size_t(n) * f_);
+    ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, f_, false, true);
+  });
+  for (std::size_t i = 0; i < p.received(); ++i)
+    ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
+  Tensor dret = scratch(p.sent(), d_);
+  clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
+  for (std::size_t s = 0; s < p.sent(); ++s)
+    ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
+  // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences),
+  // for every token of the sequences, of which this rank keeps its own rows. Under context parallelism the cp
+  // ranks' gradients are averaged, so each scales its share of the losses' gradient by cp.
+  const T* whole = split() ? a.whole.data() : a.logits.data();
+  T* dwhole = split() ? g.dwhole.data() : g.dlogits.data();
+  const double losses = scale / B_ * (cp_ ? cp_->size() : 1);
+  for (int b = 0; b < B_; ++b)
+    route_backward(whole + std::size_t(b) * Tg_ * E_, a.routes[std::size_t(b)], router_,
+                   g.dweight.data() + std::size_t(b) * Tg_ * k, losses, dwhole + std::size_t(b) * Tg_ * E_);
+  if (split())
+    for (int i = 0; i < N; ++i)
+      ops.copy(dwhole + std::size_t(token_[std::size_t(i)]) * E_, g.dlogits.data() + std::size_t(i) * E_,
+               std::size_t(E_));
+  ops.matmul(g.dlogits.data(), w.router, dx, N, d_, E_, false, true, 1.0f, 1.0f);
+}
+
+template <class T>
+void RoutedExperts<T>::backward_weight(const T* x, const Acts& a, const Grads& g, const Params& dw) const {
+  trace::Scope span("backward_weight moe", "compute");
+  const auto& ops = ops_;
+  const int N = rows();
+  const Plan& p = a.plan;
+  each_expert(p, dw.experts, [&](int o, int n, const Expert& e) {
+    const T* dyo = g.dyin.data() + std::size_t(o) * d_;
+    const T* dh = g.dh.data() + std::size_t(o) * f_;
+    ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
+    ops.bias_backward(dyo, e.proj_b, n, d_);
+    ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, f_, n, true, false, 1.0f, 1.0f);
+    ops.bias_backward(dh, e.fc_b, n, f_);
+  });
+  ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
+}
+
+//! A mixture-of-experts MLP: the routed experts (RoutedExperts, compiled once per element type) and, when there are
+//! any, shared experts that every token passes through, split over the tensor-parallel group Tp as the dense MLP is;
+//! they compute while the routed experts' rows travel.
+template <class T, class Tp = TensorParallel<1>>
+class MoeLayer {
+ public:
+  using Tensor = loom::Tensor<T>;
+  using Routed = RoutedExperts<T>;
+  using Mlp = ParallelMlp<T, Host, Tp>;
+  using Plan = typename Routed::Plan;
+
+  //! The router [d, E], the shared experts (when there are any), and the first of this rank's experts.
+  struct Params {
+    T* router;
+    typename Mlp::Params shared;
+    T* experts;
+  };
+  struct Acts : Routed::Acts {
+    typename Mlp::Acts shared;
+  };
+  struct Grads : Routed::Grads {
+    typename Mlp::Grads shared;
+  };
+
+  //! The router, the shared experts and the experts of one MoE layer under prefix (Hugging Face's Mixtral-like
+  //! names: router.weight, shared_expert.c_fc ..., experts.<e>.c_fc ...). Only the experts expert-parallel rank
+  //! ep_rank of ep holds are kept; every one is numbered, so each starts as in the single-rank model.
+  static void declare(ParamTable& t, const std::string& prefix, int d, int experts, int f, int shared, int ep,
+                      int ep_rank, double std_w, double std_proj) {
+    t.add<Replicate>(prefix + "router.weight", {d, experts}, true, std_w);
+    if (shared > 0) Mlp::declare(t, prefix + "shared_expert.", d, shared * f, std_w, std_proj);
+    const bool skipping = t.skipping();
+    const int per = experts / ep;
+    t.expert(true);
+    for (int e = 0; e < experts; ++e) {
+      t.skip(skipping || e / per != ep_rank);
+      const std::string x = prefix + "experts." + std::to_string(e) + ".";
+      t.add<Replicate>(x + "c_fc.weight", {d, f}, true, std_w);
+      t.add<Replicate>(x + "c_fc.bias", {f}, false, 0);
+      t.add<Replicate>(x + "c_proj.weight", {f, d}, true, std_proj);
+      t.add<Replicate>(x + "c_proj.bias", {d}, false, 0);
+    }
+    t.expert(false);
+    t.skip(skipping);
+  }
+  //! The parameters of one MoE layer: the router, the shared experts (4 when there are any), 4 per expert held.
+  static std::size_t param_count(int held_experts, int shared) {
+    return 1 + (shared > 0 ? 4 : 0) + 4 * static_cast<std::size_t>(held_experts);
+  }
+  //! Params from the layer's first parameter specs[p] in the flat buffer `flat`.
+  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, int shared) {
+    auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
+    const std::size_t e = shared > 0 ? 5 : 1;
+    return {at(0), shared > 0 ? typename Mlp::Params{at(1), at(2), at(3), at(4)} : typename Mlp::Params{},
+            p + e < specs.size() ? at(e) : nullptr};
+  }
+
+  //! B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each; with
+  //! sequence parallelism, the region's rows of them), each sequence routed as one group.
+  MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
+           EpGroup ep, comm::AnyComm* cp = nullptr)
+      : region_(r), routed_(r.rows(), r.first_row(), B, T_, d, experts, f, router, ep, cp, Tp::sequence_parallel),
+        shared_(r, std::max(shared, 1) * f), has_shared_(shared > 0) {}
+
+  int local_experts() const { return routed_.local_experts(); }
+  std::int64_t expert_stride() const { return routed_.expert_stride(); }
+
+  Acts make_acts() const {
+    Acts a;
+    static_cast<typename Routed::Acts&>(a) = routed_.make_acts();
+    if (has_shared_) a.shared = shared_.make_acts();
+    return a;
+  }
+  Grads make_grads() const {
+    Grads g;
+    static_cast<typename Routed::Grads&>(g) = routed_.make_grads();
+    if (has_shared_) g.shared = shared_.make_grads();
+    return g;
+  }
+
+  //! y (N x d) from x (N x d); keeps in a what backward needs. `stats` gains what was routed, when given (not when
+  //! recomputing). The shared experts compute while the dispatch travels.
+  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, MoeStats* stats) const {
+    routed_.forward(
+        x, {w.router, w.experts}, a, y, stats,
+        [&] {
+          if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
+          else region_.ops.fill(y, std::size_t(region_.rows()) * region_.C, T(0));
+        },
+        [&](const T* in, T* out, std::size_t n) { region_.tp->all_gather(in, out, n); });
+  }
+  //! dx (N x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
+  //! losses as the step's loss is scaled (1/m over m micro-batches). The shared experts' backward runs while the
+  //! output gradients travel; `stats`, when given, gains the time in the all-to-alls.
+  void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
+                      MoeStats* stats = nullptr) const {
+    routed_.backward_input(dy, {w.router, w.experts}, a, g, dx, scale, stats, [&] {
+      if (has_shared_) shared_.backward_input(dy, w.shared, a.shared, g.shared, dx);
+      else region_.ops.fill(dx, std::size_t(region_.rows()) * region_.C, T(0));
+    });
+  }
+  //! The weight gradients (accumulated into dw) from x, the layer's input, and what backward_input left in g.
+  void backward_weight(const T* x, const T* dy, const Acts& a, const Grads& g, const Params& dw) const {
+    if (has_shared_) shared_.backward_weight(x, dy, a.shared, g.shared, dw.shared);
+    routed_.backward_weight(x, a, g, {dw.router, dw.experts});
+  }
+
+  //! Bytes held by one layer's activations and gradient scratch.
+  static std::size_t bytes(const Acts& a) {
+    return Routed::bytes(a) + Routed::held(a.shared.in_full) + Routed::held(a.shared.h) + Routed::held(a.shared.g);
+  }
+  static std::size_t bytes(const Grads& g) {
+    return Routed::bytes(g) + Routed::held(g.shared.dy_full) + Routed::held(g.shared.dg) +
+           Routed::held(g.shared.dx_full);
+  }
+
+ private:
+  Region<T, Host, Tp> region_;
+  Routed routed_;
+  Mlp shared_;
+  bool has_shared_;
+};
+
 }  // namespace loom::layers
+
+// With LOOM_EXTERN_KERNELS the routed experts are instantiated once, in loom::cpu_kernels (src/moe.cpp).
+#ifdef LOOM_EXTERN_KERNELS
+namespace loom::layers {
+extern template class RoutedExperts<float>;
+extern template class RoutedExperts<double>;
+extern template class RoutedExperts<::loom::bf16>;
+extern template class RoutedExperts<::loom::fp16>;
+}  // namespace loom::layers
+#endif
