@@ -395,6 +395,13 @@ void check_resume(const Args& a, const nlohmann::json& run) {
   compare("grad_clip", "--grad-clip", a.grad_clip);
   compare("dropout", "--dropout", a.dropout);
   compare("batch_order", "--batch-order", a.batch_order);
+  // A mixture of experts' routing (kept for every model; a checkpoint written before it has none to compare).
+  if (ix.run.contains("capacity_factor")) {
+    compare("capacity_factor", "--capacity-factor", a.capacity_factor);
+    compare("aux_loss_coeff", "--aux-loss-coeff", a.aux_loss_coeff);
+    compare("z_loss_coeff", "--z-loss-coeff", a.z_loss_coeff);
+    compare("router", "--router", a.router);
+  }
   // The data by content: the same bytes under another path are the same data.
   const auto tokens = saved("data_tokens", std::uint64_t{});
   const auto hash = saved("data_fnv1a", std::string());

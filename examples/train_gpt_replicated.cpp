@@ -1,8 +1,8 @@
 // train_gpt's layouts whose model is the single-rank one, every rank holding it whole (or, with expert parallelism,
 // its share of the experts): data parallelism (and ZeRO 1, 2 and 3, hybrid sharding), pipeline parallelism alone and
 // with data parallelism under every schedule (--schedule, --parallel vN), and expert parallelism for the
-// mixture-of-experts models (--model tiny-moe, small-moe), up to 8 ranks. One model layout, so the model and each
-// trainer kind are compiled once here.
+// mixture-of-experts models (--model tiny-moe, small-moe; with ZeRO-1 and 3 too), up to 8 ranks. One model layout,
+// so the model and each trainer kind are compiled once here.
 #include "train_gpt.hpp"
 
 namespace train_gpt {
@@ -30,7 +30,7 @@ using DpLayouts =
 // The experts split over ranks carved out of dp: the model's code is the single-rank model's.
 using EpLayouts = LayoutList<Parallel<DP<2>, EP<2>>, Parallel<DP<4>, EP<2>>, Parallel<DP<4>, EP<4>>,
                              Parallel<DP<8>, EP<8>>, Parallel<PP<2>, DP<2>, EP<2>>,
-                             Parallel<DP<4, ZeRO<1>>, EP<2>>>;
+                             Parallel<DP<4, ZeRO<1>>, EP<2>>, Parallel<DP<4, ZeRO<3>>, EP<2>>>;
 
 }  // namespace
 

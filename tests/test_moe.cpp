@@ -1,5 +1,5 @@
 // Mixture of experts in the model and the trainer: the layer's gradient against central differences; expert
-// parallelism (EP 2, 4 and 8, alone and with data parallelism and ZeRO 1 and 2, tensor (and sequence), context and
+// parallelism (EP 2, 4 and 8, alone and with data parallelism and ZeRO 1, 2 and 3, tensor (and sequence), context and
 // pipeline parallelism, micro-batches and recompute)
 // trains the single-rank model that holds every expert, with capacity dropping active and dropless, top-1 and top-2,
 // shared experts and dense blocks between MoE blocks (5 AdamW steps in double with dropout: losses, every parameter
@@ -142,6 +142,9 @@ TEST_CASE("expert parallelism with data parallelism and ZeRO, tensor and pipelin
   check<Parallel<DP<2, ZeRO<1>>, EP<2>>>(1.0);
   check<Parallel<DP<4, ZeRO<1>>, EP<2>>, top1>(0.0);
   check<Parallel<DP<4, ZeRO<2>>, EP<2>>>(1.0, 2);
+  check<Parallel<DP<4, ZeRO<3>>, EP<2>>>(1.0, 2);  // the experts' parameters gathered over edp, unit by unit
+  check<Parallel<DP<4, ZeRO<3>>, EP<4>>, top1>(0.0);
+  check<Parallel<DP<2, ZeRO<3>, KeepGathered>, EP<2>, PP<2>>, mixed>(1.0, 2);
   check<Parallel<TP<2>, DP<2, ZeRO<1>>, EP<2>, PP<2>>, mixed>(1.0, 2);
   check<Parallel<TP<2>, DP<4>, EP<4>, PP<2>>, mixed>(0.0, 2);
 }

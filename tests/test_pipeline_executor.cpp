@@ -23,7 +23,7 @@ void check(Schedule s, int m, int v, Costs c) {
   const auto sim = simulate(table, c);
   const auto check = verify(table, c);
   REQUIRE(sim.completed);
-  const double unit = 0.02;  // seconds
+  double unit = 0.02;  // seconds
   // Within 10%, and one unit: a run now and then ends one unit late (ZB-H1 and ZB-V, p = 4, m = 8: one task
   // started a unit after the table's time), as often with 20 ms units as with 40, so not the wake-up latency.
   const double bubble_slack = 0.1 * std::max(sim.bubble, 0.1) + 1.0 / sim.makespan;
@@ -32,8 +32,12 @@ void check(Schedule s, int m, int v, Costs c) {
            std::abs(g.bubble - sim.bubble) <= bubble_slack;
   };
   MeasuredStep got = time_schedule<P>(table, unit, c);
-  for (int retry = 0; retry < 4 && !fits(got); ++retry)
-    got = time_schedule<P>(table, unit, c);  // a loaded machine oversleeps; a fair run shows the schedule
+  // A loaded machine oversleeps (other tests share its cores): a fair run shows the schedule, and a longer unit makes
+  // each late wake-up a smaller part of it.
+  for (int retry = 0; retry < 4 && !fits(got); ++retry) {
+    unit *= 2;
+    got = time_schedule<P>(table, unit, c);
+  }
   INFO(describe_schedule(s) << " p=" << P << " m=" << m << " v=" << v << ": measured step " << got.makespan
                             << " units, bubble " << got.bubble << "; table " << sim.makespan << ", " << sim.bubble);
   CHECK(std::abs(got.makespan - sim.makespan) <= 0.1 * sim.makespan);

@@ -18,9 +18,11 @@ namespace loom::train {
 //! Which elements of a model part's flat buffer one data-parallel rank owns under ZeRO: chunk `rank` of each bucket.
 struct ShardPlan {
   //! One bucket as it is reduce-scattered: elements [lo, hi) of the flat buffer in `ranks` chunks of `chunk`
-  //! elements (the last ones padded); this rank's part of it, [own_lo, own_hi), is at `at` in the shard.
+  //! elements (the last ones padded); this rank's part of it, [own_lo, own_hi), is at `at` in the shard. experts:
+  //! the bucket is the experts' and sharded over the expert-data-parallel group.
   struct Piece {
     std::int64_t lo, hi, chunk, own_lo, own_hi, at;
+    bool experts = false;
     std::int64_t own() const { return own_hi - own_lo; }
     bool padded(int ranks) const { return chunk * ranks != hi - lo; }
   };
@@ -45,7 +47,7 @@ struct ShardPlan {
       const int n = experts ? expert_ranks : ranks, r = experts ? expert_rank : rank;
       const std::int64_t len = b.hi - b.lo, chunk = (len + n - 1) / n;
       const std::int64_t own_lo = std::min(b.hi, b.lo + r * chunk), own_hi = std::min(b.hi, own_lo + chunk);
-      pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel});
+      pieces.push_back({b.lo, b.hi, chunk, own_lo, own_hi, numel, experts});
       numel += own_hi - own_lo;
     }
     for (const auto& p : pieces)

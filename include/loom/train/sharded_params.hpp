@@ -1,8 +1,9 @@
 // ZeRO-3's parameters: a model part's flat parameter buffer of which a data-parallel rank holds its chunk of every
-// unit (ShardPlan's pieces, one per unit: the embedding, each block, the final norm) and, for a while, the units it
-// has gathered. A unit is gathered (all-gathered from the chunks of its owners) before a forward unit or backward
-// chunk reads it and released after the last one that reads it: the ledger is charged for what is held, and on the
-// host the released whole pages are offered back to the system (madvise(MADV_FREE)). The buffer is made whole and
+// unit (ShardPlan's pieces, one per unit: the embedding, each block, the final norm; a block with experts is two,
+// its experts' chunks over the expert-data-parallel group) and, for a while, the units it has gathered. A unit is
+// gathered (all-gathered from the chunks of its owners) before a forward unit or backward chunk reads it and
+// released after the last one that reads it: the ledger is charged for what is held, and on the host the released
+// whole pages are offered back to the system (madvise(MADV_FREE)). The buffer is made whole and
 // uncounted (UncountedMemoryScope); this class charges the rank's ledger for its chunks and what it gathers.
 #pragma once
 
@@ -26,9 +27,11 @@ class ShardedParameters {
   using Buf = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>;
 
   //! The parameters of `model` over the data-parallel group `comm`, sharded as plan's pieces (the part's units, in
-  //! the order of unit_of's indices: unit_of[p] is parameter p's piece).
-  ShardedParameters(Model& model, Comm& comm, const ShardPlan& plan, const std::vector<std::size_t>& unit_of)
-      : model_(model), comm_(comm), plan_(plan), unit_of_(unit_of), ledger_(rank_memory_ledger()),
+  //! the order of unit_of's indices: unit_of[p] is parameter p's piece); the experts' pieces over `experts`, the
+  //! expert-data-parallel group, with expert parallelism.
+  ShardedParameters(Model& model, Comm& comm, const ShardPlan& plan, const std::vector<std::size_t>& unit_of,
+                    Comm* experts = nullptr)
+      : model_(model), comm_(comm), experts_(experts), plan_(plan), unit_of_(unit_of), ledger_(rank_memory_ledger()),
         gathered_(plan.pieces.size(), 0), send_(plan.pieces.size()), staged_(plan.pieces.size()) {
     ledger_->debit(MemoryUse::parameters, own_bytes());
     for (std::size_t u = 0; u < plan_.pieces.size(); ++u) release_pages(u);
@@ -60,10 +63,11 @@ class ShardedParameters {
   //! rank's chunk from a copy; finish(us) completes them once the handles have.
   comm::Handles start(std::span<const std::size_t> us) {
     comm::Handles hs;
-    const int n = comm_.size();
     const auto& ops = model_.ops();
     for (std::size_t u : us) {
       const auto& p = plan_.pieces[u];
+      Comm& comm = p.experts && experts_ ? *experts_ : comm_;
+      const int n = comm.size();
       LOOM_CHECK(!gathered_[u], "ZeRO-3: unit ", u, " is gathered twice");
       ledger_->debit(MemoryUse::parameters, other_bytes(u));
       gathered_[u] = 1;
@@ -76,9 +80,9 @@ class ShardedParameters {
       const std::span<const T> send(send_[u].data(), chunk);
       if (p.padded(n)) {
         staged_[u] = Buf({p.chunk * n});
-        hs.all.push_back(comm_.all_gather_async(send, std::span<T>(staged_[u].data(), chunk * std::size_t(n))));
+        hs.all.push_back(comm.all_gather_async(send, std::span<T>(staged_[u].data(), chunk * std::size_t(n))));
       } else {
-        hs.all.push_back(comm_.all_gather_async(send, std::span<T>(params + p.lo, len)));
+        hs.all.push_back(comm.all_gather_async(send, std::span<T>(params + p.lo, len)));
       }
     }
     return hs;
@@ -137,6 +141,7 @@ class ShardedParameters {
 
   Model& model_;
   Comm& comm_;
+  Comm* experts_;  //!< with expert parallelism: the experts' pieces' group
   const ShardPlan& plan_;
   const std::vector<std::size_t>& unit_of_;  //!< the owner's, as plan_
   std::shared_ptr<MemoryLedger> ledger_;

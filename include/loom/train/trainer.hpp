@@ -168,9 +168,6 @@ auto rank_in_layout(Context<Cfg, Backend>& ctx) {
   constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
   constexpr int cp = Cfg::template size<Axis::cp>;
   constexpr int ep = Cfg::template size<Axis::ep>;
-  static_assert(ep == 1 || Cfg::zero_stage < 3,
-                "loom: DP<n, ZeRO<3>> with EP<m> (m > 1) is not implemented yet (ZeRO-3 would gather the experts' "
-                "shards over the expert-data-parallel group); ZeRO-1 and 2 shard them there");
   static_assert(ep == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,
                 "loom: DP<n, ZeRO<k>, HybridShard<s>> with EP<m> (m > 1) is not implemented yet");
   static_assert(cp == 1 || Cfg::shard_group == Cfg::template size<Axis::dp>,

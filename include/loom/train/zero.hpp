@@ -62,7 +62,8 @@ concept UnitModel = requires(M& m, const M& cm, int i, const typename M::MicroBa
 };
 
 //! A model part's units (UnitModel::param_units) as buckets, the last first (the order backward completes them):
-//! what ZeRO-3 gathers, releases and reduce-scatters. Empty for a model that does not run in units.
+//! what ZeRO-3 gathers, releases and reduce-scatters. A unit that holds experts is two buckets, the experts' (sharded
+//! over the expert-data-parallel group) and the others'. Empty for a model that does not run in units.
 template <class Model>
 std::vector<Bucket> unit_buckets_of(const Model& m) {
   std::vector<Bucket> out;
@@ -70,8 +71,13 @@ std::vector<Bucket> unit_buckets_of(const Model& m) {
     const auto units = m.param_units();
     const auto& specs = m.specs();
     for (auto r = units.rbegin(); r != units.rend(); ++r) {
-      const auto& last = specs[r->last - 1];
-      out.push_back({r->first, r->last, specs[r->first].offset, last.offset + numel_of(last.shape)});
+      std::size_t end = r->last;
+      for (std::size_t i = r->last; i-- > r->first;) {
+        if (i > r->first && specs[i - 1].expert == specs[i].expert) continue;
+        const auto& last = specs[end - 1];
+        out.push_back({i, end, specs[i].offset, last.offset + numel_of(last.shape), specs[i].expert});
+        end = i;
+      }
     }
   }
   return out;
@@ -98,7 +104,7 @@ class ShardedDataParallel {
   //! acc_t (ReduceIn<bf16>). Under ZeRO-2 and 3 over several ranks the
   //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
   //! With expert parallelism over ep ranks the experts' buckets are sharded over edp, the expert-data-parallel
-  //! group, and their averages divided by ep (AverageGroups); ZeRO-1 and 2 only.
+  //! group, and their averages divided by ep (AverageGroups); under ZeRO-3 their parameters are gathered there.
   ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
                       bool keep = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
                       int ep = 1)
@@ -113,11 +119,10 @@ class ShardedDataParallel {
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
     if constexpr (UnitModel<Model>)
       if (stage >= 3 && comm.size() > 1)
-        params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, plan_, bucket_of_);
+        params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, plan_, bucket_of_, edp);
     LOOM_CHECK(stage < 3 || UnitModel<Model>, "ZeRO-3 needs a model that runs in units (train::UnitModel)");
-    LOOM_CHECK(ep == 1 || (edp && stage < 3 && !(replicas && replicas->size() > 1)), "ZeRO-", stage,
-               " with expert parallelism over ", ep, " ranks needs the expert-data-parallel group, stage 1 or 2 and "
-               "no hybrid sharding");
+    LOOM_CHECK(ep == 1 || (edp && !(replicas && replicas->size() > 1)), "ZeRO-", stage, " with expert parallelism "
+               "over ", ep, " ranks needs the expert-data-parallel group and no hybrid sharding");
     if (shard_grads_) {  // until the first backward writes them, a rank holds the gradients of its shard alone
       std::size_t own = 0;
       for (const auto& p : plan_.pieces) own += static_cast<std::size_t>(p.own()) * sizeof(T);
