@@ -1,4 +1,4 @@
-// Element-wise kernels, layer norm, embeddings, dropout and the optimizers: backward against finite differences in
+// Element-wise kernels, SwiGLU, layer and RMS norm, rotary positions, embeddings, dropout and the optimizers: backward against finite differences in
 // double, float/bf16/fp16 against double, AdamW and SGD against values torch.optim produced.
 #include "catch.hpp"
 #include "test_kernels_cpu_support.hpp"
@@ -462,4 +462,95 @@ TEST_CASE("sgd_step equals the formula and torch.optim.SGD", "[kernels][optim]")
   auto q = p0;
   k::sgd_step<double>(q.data(), grads[0].data(), nullptr, q.size(), 0.1, 0.0, 0.0, false);
   for (int i = 0; i < 5; ++i) REQUIRE(q[i] == p0[i] - 0.1 * grads[0][i]);
+}
+
+TEST_CASE("SwiGLU: silu(gate) times up, and its backward against finite differences", "[kernels][swiglu][backward]") {
+  const int R = 5, F = 7;
+  const auto h = random_vector(R * 2 * F, 41, -3.0, 3.0), W = random_vector(R * F, 42);
+  std::vector<double> out(R * F);
+  k::swiglu_forward(h.data(), out.data(), R, F);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < F; ++c) {
+      const double g = h[r * 2 * F + c], u = h[r * 2 * F + F + c];
+      REQUIRE(std::abs(out[r * F + c] - g / (1 + std::exp(-g)) * u) <= 1e-15 * (1 + std::abs(g * u)));
+    }
+  auto loss = [&](const std::vector<double>& x) {
+    std::vector<double> o(R * F);
+    k::swiglu_forward(x.data(), o.data(), R, F);
+    return dot(o, W);
+  };
+  std::vector<double> dh(R * 2 * F);
+  k::swiglu_backward(h.data(), W.data(), dh.data(), R, F);
+  REQUIRE(fd_error(loss, h, dh) < 1e-9);
+}
+
+TEMPLATE_TEST_CASE("SwiGLU in float, bf16 and fp16 against double", "[kernels][swiglu][dtype]", float, bf16, fp16) {
+  const int R = 9, F = 300;
+  const auto h = rounded<TestType>(random_vector(R * 2 * F, 43, -3.0, 3.0));
+  std::vector<double> out(R * F);
+  k::swiglu_forward(h.data(), out.data(), R, F);
+  const auto ht = convert<TestType>(h);
+  std::vector<TestType> o(R * F);
+  k::swiglu_forward(ht.data(), o.data(), R, F);
+  REQUIRE(rel_err(o, out) <= 4 * unit_roundoff<TestType>());
+}
+
+TEST_CASE("RMS norm: forward by its formula, backward against finite differences", "[kernels][rmsnorm][backward]") {
+  const int R = 4, C = 9;
+  const double eps = 1e-6;
+  const auto x = random_vector(R * C, 51, -2.0, 2.0), w = random_vector(C, 52, 0.5, 1.5), W = random_vector(R * C, 53);
+  std::vector<double> out(R * C), rstd(R);
+  k::rmsnorm_forward(x.data(), w.data(), out.data(), rstd.data(), R, C, eps);
+  for (int r = 0; r < R; ++r) {
+    double ms = 0;
+    for (int c = 0; c < C; ++c) ms += x[r * C + c] * x[r * C + c] / C;
+    REQUIRE(std::abs(rstd[r] - 1 / std::sqrt(ms + eps)) <= 1e-14 * rstd[r]);
+    for (int c = 0; c < C; ++c)
+      REQUIRE(std::abs(out[r * C + c] - x[r * C + c] / std::sqrt(ms + eps) * w[c]) <= 1e-14);
+  }
+  auto loss_x = [&](const std::vector<double>& xx) {
+    std::vector<double> o(R * C), rs(R);
+    k::rmsnorm_forward(xx.data(), w.data(), o.data(), rs.data(), R, C, eps);
+    return dot(o, W);
+  };
+  auto loss_w = [&](const std::vector<double>& ww) {
+    std::vector<double> o(R * C), rs(R);
+    k::rmsnorm_forward(x.data(), ww.data(), o.data(), rs.data(), R, C, eps);
+    return dot(o, W);
+  };
+  std::vector<double> dx(R * C);
+  k::rmsnorm_backward_input(W.data(), x.data(), w.data(), rstd.data(), dx.data(), R, C);
+  REQUIRE(fd_error(loss_x, x, dx) < 1e-8);
+  const auto dw0 = random_vector(C, 54);
+  auto dw = dw0;
+  k::rmsnorm_backward_weight(W.data(), x.data(), rstd.data(), dw.data(), R, C);
+  for (int c = 0; c < C; ++c) dw[c] -= dw0[c];
+  REQUIRE(fd_error(loss_w, w, dw) < 1e-9);
+}
+
+TEST_CASE("rotary positions: rotate-half by each position's angle, undone by the inverse", "[kernels][rope]") {
+  const int n = 3, heads = 2, hd = 4, ld = 10, t0 = 2, h = hd / 2, positions = t0 + n;
+  std::vector<double> cos(positions * h), sin(positions * h);
+  for (int t = 0; t < positions; ++t)
+    for (int j = 0; j < h; ++j) cos[t * h + j] = std::cos(0.3 * t * (j + 1)), sin[t * h + j] = std::sin(0.3 * t * (j + 1));
+  const auto x0 = random_vector(n * ld, 61);
+  auto x = x0;
+  k::rope_rotate(x.data(), cos.data(), sin.data(), n, ld, heads, hd, t0, false);
+  for (int i = 0; i < n; ++i) {
+    for (int hh = 0; hh < heads; ++hh)
+      for (int j = 0; j < h; ++j) {
+        const int a = i * ld + hh * hd + j, b = a + h;
+        const double th = 0.3 * (t0 + i) * (j + 1);
+        REQUIRE(std::abs(x[a] - (x0[a] * std::cos(th) - x0[b] * std::sin(th))) < 1e-15);
+        REQUIRE(std::abs(x[b] - (x0[b] * std::cos(th) + x0[a] * std::sin(th))) < 1e-15);
+      }
+    for (int c = heads * hd; c < ld; ++c) REQUIRE(x[i * ld + c] == x0[i * ld + c]);  // beyond the heads: untouched
+  }
+  // The rotation is orthogonal: its backward (the inverse) is its transpose, so <R x, y> = <x, R^-1 y>.
+  const auto y0 = random_vector(n * ld, 62);
+  auto y = y0;
+  k::rope_rotate(y.data(), cos.data(), sin.data(), n, ld, heads, hd, t0, true);
+  REQUIRE(std::abs(dot(x, y0) - dot(x0, y)) < 1e-13);
+  k::rope_rotate(x.data(), cos.data(), sin.data(), n, ld, heads, hd, t0, true);
+  for (int i = 0; i < n * ld; ++i) REQUIRE(std::abs(x[i] - x0[i]) < 1e-15);
 }

@@ -341,6 +341,67 @@ TEMPLATE_TEST_CASE("layer norm forward and backward match the CPU", "[cuda][laye
   }
 }
 
+// --- Llama's parts: RMS norm, rotary positions, SwiGLU ----------------------------------------------------------
+
+TEMPLATE_TEST_CASE("RMS norm forward and backward match the CPU", "[cuda][rmsnorm]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(14);
+  struct Shape {
+    int R, C;
+  };
+  for (const Shape sh : {Shape{7, 64}, Shape{33, 769}, Shape{5, 5000}}) {  // every block size
+    const std::size_t n = std::size_t(sh.R) * sh.C;
+    const auto x = rng.values<T>(n, -2.0, 3.0), w = rng.values<T>(sh.C, 0.5, 1.5);
+    std::vector<double> out(n), rstd(sh.R);
+    cpu::rmsnorm_forward(x.d.data(), w.d.data(), out.data(), rstd.data(), sh.R, sh.C, 1e-6);
+    Dev<T> dx(x.t), dw(w.t), dout(n);
+    Dev<A> drstd(sh.R);
+    gpu::rmsnorm_forward(dx.get(), dw.get(), dout.get(), drstd.get(), sh.R, sh.C, 1e-6, stream());
+    const std::string what = " R=" + std::to_string(sh.R) + " C=" + std::to_string(sh.C);
+    check_close(dout.host(), out, tol<T>(), "rmsnorm_forward out" + what);
+    check_close(drstd.host(), rstd, tol_acc<T>(), "rmsnorm_forward rstd" + what);
+    const auto r = rounded<A>(rstd);
+    const auto g = rng.values<T>(n), dw0 = rng.values<T>(sh.C);
+    std::vector<double> dxr(n), dwr = dw0.d;
+    cpu::rmsnorm_backward_input(g.d.data(), x.d.data(), w.d.data(), r.d.data(), dxr.data(), sh.R, sh.C);
+    cpu::rmsnorm_backward_weight(g.d.data(), x.d.data(), r.d.data(), dwr.data(), sh.R, sh.C);
+    Dev<T> dg(g.t), ddx(n), ddw(dw0.t);
+    Dev<A> dr(r.t);
+    gpu::rmsnorm_backward_input(dg.get(), dx.get(), dw.get(), dr.get(), ddx.get(), sh.R, sh.C, stream());
+    gpu::rmsnorm_backward_weight(dg.get(), dx.get(), dr.get(), ddw.get(), sh.R, sh.C, stream());
+    check_close(ddx.host(), dxr, tol<T>(), "rmsnorm_backward_input" + what);
+    check_close(ddw.host(), dwr, tol<T>(), "rmsnorm_backward_weight" + what);
+  }
+}
+
+TEMPLATE_TEST_CASE("rotary positions and SwiGLU match the CPU", "[cuda][rope][swiglu]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(15);
+  const int n = 37, heads = 3, hd = 16, ld = heads * hd + 8, t0 = 5, positions = n + t0;
+  const auto cos = rng.values<A>(std::size_t(positions) * hd / 2), sin = rng.values<A>(cos.d.size());
+  for (const bool inverse : {false, true}) {
+    const auto x = rng.values<T>(std::size_t(n) * ld);
+    auto ref = x.d;
+    cpu::rope_rotate(ref.data(), cos.d.data(), sin.d.data(), n, ld, heads, hd, t0, inverse);
+    Dev<T> dx(x.t);
+    Dev<A> dc(cos.t), ds(sin.t);
+    gpu::rope_rotate(dx.get(), dc.get(), ds.get(), n, ld, heads, hd, t0, inverse, stream());
+    check_close(dx.host(), ref, tol<T>(), inverse ? "rope_rotate inverse" : "rope_rotate");
+  }
+  const int R = 29, F = 75;
+  const auto h = rng.values<T>(std::size_t(R) * 2 * F, -3.0, 3.0), dy = rng.values<T>(std::size_t(R) * F);
+  std::vector<double> out(std::size_t(R) * F), dh(std::size_t(R) * 2 * F);
+  cpu::swiglu_forward(h.d.data(), out.data(), R, F);
+  cpu::swiglu_backward(h.d.data(), dy.d.data(), dh.data(), R, F);
+  Dev<T> dev_h(h.t), dev_dy(dy.t), dev_out(out.size()), dev_dh(dh.size());
+  gpu::swiglu_forward(dev_h.get(), dev_out.get(), R, F, stream());
+  gpu::swiglu_backward(dev_h.get(), dev_dy.get(), dev_dh.get(), R, F, stream());
+  check_close(dev_out.host(), out, tol<T>(), "swiglu_forward");
+  check_close(dev_dh.host(), dh, tol<T>(), "swiglu_backward");
+}
+
 // --- cross-entropy -----------------------------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary slices", "[cuda][cross_entropy]",

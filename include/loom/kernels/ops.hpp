@@ -69,6 +69,15 @@ struct Ops<Host> {
   }
 
   template <class T>
+  void swiglu_forward(const T* h, T* out, int R, int F) const {
+    cpu::swiglu_forward(h, out, R, F);
+  }
+  template <class T>
+  void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F) const {
+    cpu::swiglu_backward(h, dout, dh, R, F);
+  }
+
+  template <class T>
   void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
                          double eps) const {
     cpu::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps);
@@ -82,6 +91,25 @@ struct Ops<Host> {
   void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
                                  int R, int C) const {
     cpu::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C);
+  }
+
+  template <class T>
+  void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int C, double eps) const {
+    cpu::rmsnorm_forward(x, w, out, rstd, R, C, eps);
+  }
+  template <class T>
+  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R,
+                              int C) const {
+    cpu::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C);
+  }
+  template <class T>
+  void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C) const {
+    cpu::rmsnorm_backward_weight(dout, x, rstd, dw, R, C);
+  }
+  template <class T>
+  void rope_rotate(T* x, const acc_t<T>* cos, const acc_t<T>* sin, int n, int ld, int heads, int hd, int t0,
+                   bool inverse) const {
+    cpu::rope_rotate(x, cos, sin, n, ld, heads, hd, t0, inverse);
   }
 
   template <class T>
@@ -223,9 +251,15 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.accumulate(c, p, n);
   o.gelu_forward(c, p, n);
   o.gelu_backward(c, c, p, n);
+  o.swiglu_forward(c, p, i, i);
+  o.swiglu_backward(c, c, p, i, i);
   o.layernorm_forward(c, c, c, p, a, a, i, i, f);
   o.layernorm_backward_input(c, c, c, ca, ca, p, i, i);
   o.layernorm_backward_weight(c, c, ca, ca, p, p, i, i);
+  o.rmsnorm_forward(c, c, p, a, i, i, d);
+  o.rmsnorm_backward_input(c, c, c, ca, p, i, i);
+  o.rmsnorm_backward_weight(c, c, ca, p, i, i);
+  o.rope_rotate(p, ca, ca, i, i, i, i, i, b);
   o.ce_partials(c, a, a, i, i);
   o.template ce_rescale<T>(ca, ca, a, i);
   o.ce_target_logit(c, ids, a, i, i, i);

@@ -1,4 +1,4 @@
-// The operations of a GPT on the CPU, forward and backward, on raw row-major memory with explicit local shapes.
+// The operations of a transformer (GPT-2's and Llama's) on the CPU, forward and backward, on raw row-major memory with explicit local shapes.
 // Every later layout shards these: the cross-entropy works on a slice of the vocabulary through per-row max and
 // sum-exp partials, the embedding on a slice of the table, dropout is keyed by global element indices.
 // Backward is split where a layer's input and weight gradients are needed at different times (zero-bubble
@@ -47,6 +47,14 @@ void gelu_forward(const T* x, T* out, std::size_t n);
 template <class T>
 void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n);
 
+//! out[r, c] = silu(h[r, c]) h[r, F + c] for R rows of [gate | up] (2F columns): Llama's SwiGLU, silu(g) =
+//! g sigmoid(g). out is R x F.
+template <class T>
+void swiglu_forward(const T* h, T* out, int R, int F);
+//! dh (R x 2F, written: the gate's and the up projection's gradients) from dout (R x F).
+template <class T>
+void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F);
+
 // --- layer norm -----------------------------------------------------------------------------------------------
 //! out[r] = (x[r] - mean) * rstd * w + b over C columns; mean[r] and rstd[r] are kept for backward. eps is
 //! double as torch's (a float model rounds it to float).
@@ -61,6 +69,26 @@ void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t
 template <class T>
 void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
                                int R, int C);
+
+// --- RMS norm (Llama) -----------------------------------------------------------------------------------------
+//! out[r] = x[r] * rstd * w over C columns, rstd = (mean of x[r]^2 + eps)^-1/2, kept for backward.
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int C, double eps = 1e-6);
+//! dx = gradient of the input (written).
+template <class T>
+void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C);
+//! dw += sum_r dout * x * rstd.
+template <class T>
+void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C);
+
+// --- rotary positions (RoPE) ----------------------------------------------------------------------------------
+//! Rotates in place `heads` heads of hd elements in each of n rows (row i at x + i ld, its heads consecutive) by
+//! the angles of position t0 + i: for j < hd/2 the pair (x_j, x_{j + hd/2}) becomes (x_j cos - x_{j + hd/2} sin,
+//! x_{j + hd/2} cos + x_j sin), with cos and sin of plane j at that position from the tables cos, sin
+//! ([positions, hd/2], row-major). inverse: by the opposite angle, which is the rotation's backward.
+template <class T>
+void rope_rotate(T* x, const acc_t<T>* cos, const acc_t<T>* sin, int n, int ld, int heads, int hd, int t0,
+                 bool inverse);
 
 // --- cross-entropy over a slice of the vocabulary -------------------------------------------------------------
 // logits is R x V_local, holding vocabulary entries [v0, v0 + V_local) of V. Single rank: v0 = 0, V_local = V.
@@ -157,6 +185,8 @@ LOOM_CPU_KERNELS(extern)
 #include <loom/kernels/cpu/detail/matmul.hpp>
 #include <loom/kernels/cpu/detail/elementwise.hpp>
 #include <loom/kernels/cpu/detail/layernorm.hpp>
+#include <loom/kernels/cpu/detail/rmsnorm.hpp>
+#include <loom/kernels/cpu/detail/rope.hpp>
 #include <loom/kernels/cpu/detail/cross_entropy.hpp>
 #include <loom/kernels/cpu/detail/embedding.hpp>
 #include <loom/kernels/cpu/detail/dropout.hpp>

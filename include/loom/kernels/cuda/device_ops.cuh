@@ -116,6 +116,33 @@ struct Ops<Cuda> {
     cuda::gelu_backward(x, dout, dx, n, stream);
   }
 
+  template <class T>
+  void swiglu_forward(const T* h, T* out, int R, int F) const {
+    cuda::swiglu_forward(h, out, R, F, stream);
+  }
+  template <class T>
+  void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F) const {
+    cuda::swiglu_backward(h, dout, dh, R, F, stream);
+  }
+  template <class T>
+  void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int C, double eps) const {
+    cuda::rmsnorm_forward(x, w, out, rstd, R, C, eps, stream);
+  }
+  template <class T>
+  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R,
+                              int C) const {
+    cuda::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream);
+  }
+  template <class T>
+  void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C) const {
+    cuda::rmsnorm_backward_weight(dout, x, rstd, dw, R, C, stream);
+  }
+  template <class T>
+  void rope_rotate(T* x, const acc_t<T>* cos, const acc_t<T>* sin, int n, int ld, int heads, int hd, int t0,
+                   bool inverse) const {
+    cuda::rope_rotate(x, cos, sin, n, ld, heads, hd, t0, inverse, stream);
+  }
+
   //! eps in float, as the CUDA kernel takes it (the model's is a float).
   template <class T>
   void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,

@@ -1,4 +1,4 @@
-// Element-wise operations on the device (bias, sums, GELU) and the deterministic column sums that bias and
+// Element-wise operations on the device (bias, sums, GELU, SwiGLU) and the deterministic column sums that bias and
 // layer-norm weight gradients reduce with.
 #pragma once
 
@@ -179,6 +179,38 @@ struct GeluBackward {
   }
 };
 
+//! SwiGLU on rows [gate | up] of 2F: out = silu(gate) up.
+template <class T>
+struct SwigluForward {
+  static constexpr int width = 1;
+  const T* h;
+  T* out;
+  int F;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    using A = acc_t<T>;
+    const std::size_t r = i / F, c = i % F;
+    const A g = widen(h[r * 2 * F + c]), u = widen(h[r * 2 * F + F + c]);
+    out[i] = narrow<T>(g / (A(1) + exp_(-g)) * u);
+  }
+};
+template <class T>
+struct SwigluBackward {
+  static constexpr int width = 1;
+  const T* h;
+  const T* dout;
+  T* dh;
+  int F;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    using A = acc_t<T>;
+    const std::size_t r = i / F, c = i % F;
+    const A g = widen(h[r * 2 * F + c]), u = widen(h[r * 2 * F + F + c]), dy = widen(dout[i]);
+    const A s = A(1) / (A(1) + exp_(-g));
+    dh[r * 2 * F + c] = narrow<T>(dy * u * s * (A(1) + g * (A(1) - s)));
+    dh[r * 2 * F + F + c] = narrow<T>(dy * g * s);
+  }
+};
 //! x *= s over n elements (a product with K = 0 is beta * C).
 template <class T>
 struct Scale {
@@ -242,6 +274,19 @@ void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n, cudaStream_t
   using D = device_t<T>;
   detail::launch_map(detail::GeluBackward<D>{detail::dev(x), detail::dev(dout), detail::dev(dx)}, n,
                      detail::vec_ok({x, dout, dx}), stream, "gelu_backward");
+}
+
+//! out[r, c] = silu(h[r, c]) h[r, F + c] for R rows of [gate | up] (2F columns), as kernels::cpu::swiglu_forward.
+template <Floating T>
+void swiglu_forward(const T* h, T* out, int R, int F, cudaStream_t stream) {
+  detail::launch_map(detail::SwigluForward<device_t<T>>{detail::dev(h), detail::dev(out), F}, std::size_t(R) * F,
+                     false, stream, "swiglu_forward");
+}
+//! dh (R x 2F, written) from dout (R x F).
+template <Floating T>
+void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F, cudaStream_t stream) {
+  detail::launch_map(detail::SwigluBackward<device_t<T>>{detail::dev(h), detail::dev(dout), detail::dev(dh), F},
+                     std::size_t(R) * F, false, stream, "swiglu_backward");
 }
 
 }  // namespace loom::kernels::cuda

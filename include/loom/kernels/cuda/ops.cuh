@@ -5,8 +5,11 @@
 // cuBLAS code) or loom::Error (a shape the kernels do not take).
 //
 //   matmul.cuh          cuBLASLt products, row-major, batched by strides
-//   elementwise.cuh     bias_add, bias_backward, add, accumulate, gelu_forward, gelu_backward
+//   elementwise.cuh     bias_add, bias_backward, add, accumulate, gelu_forward, gelu_backward, swiglu_forward,
+//                       swiglu_backward
 //   layernorm.cuh       layernorm_forward, layernorm_backward_input, layernorm_backward_weight
+//   rmsnorm.cuh         rmsnorm_forward, rmsnorm_backward_input, rmsnorm_backward_weight
+//   rope.cuh            rope_rotate
 //   cross_entropy.cuh   ce_partials, ce_rescale, ce_target_logit, ce_losses, ce_backward, cross_entropy_forward
 //   embedding.cuh       embedding_forward, embedding_backward, add_positions, positions_backward
 //   dropout.cuh         dropout_uniform (host and device), dropout_forward, dropout_backward
@@ -25,3 +28,5 @@
 #include <loom/kernels/cuda/layernorm.cuh>
 #include <loom/kernels/cuda/matmul.cuh>
 #include <loom/kernels/cuda/optim.cuh>
+#include <loom/kernels/cuda/rmsnorm.cuh>
+#include <loom/kernels/cuda/rope.cuh>

@@ -1,8 +1,10 @@
-// Element-wise kernels: bias, sums, GELU. Eigen array expressions, so that float and double vectorise; bf16/fp16
+// Element-wise kernels: bias, sums, GELU, SwiGLU. Eigen array expressions, so that float and double vectorise; bf16/fp16
 // go through float chunks. Include <loom/kernels/cpu/ops.hpp> instead.
 #pragma once
 
 #include <loom/kernels/cpu/detail/common.hpp>
+
+#include <cmath>
 
 namespace loom::kernels::cpu::detail {
 
@@ -110,6 +112,42 @@ void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n) {
   detail::map_elements<T, 2>({x, dout}, dx, n, [](const auto& in, auto* res, std::size_t m, std::size_t) {
     detail::gelu_backward_acc(in[0], in[1], res, m);
   });
+}
+
+// SwiGLU on rows [gate | up] of 2F: out = silu(gate) up, silu(g) = g sigmoid(g); computed row by row in acc_t<T>.
+template <class T>
+void swiglu_forward(const T* h, T* out, int R, int F) {
+  detail::check_type<T>();
+  using A = acc_t<T>;
+  for (int r = 0; r < R; ++r) {
+    const T* gate = h + std::ptrdiff_t(r) * 2 * F;
+    const T* up = gate + F;
+    T* o = out + std::ptrdiff_t(r) * F;
+    for (int c = 0; c < F; ++c) {
+      const A g = static_cast<A>(gate[c]);
+      o[c] = static_cast<T>(g / (A(1) + std::exp(-g)) * static_cast<A>(up[c]));
+    }
+  }
+}
+
+// d gate = dout up s (1 + g (1 - s)), d up = dout g s, with s = sigmoid(g).
+template <class T>
+void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F) {
+  detail::check_type<T>();
+  using A = acc_t<T>;
+  for (int r = 0; r < R; ++r) {
+    const T* gate = h + std::ptrdiff_t(r) * 2 * F;
+    const T* up = gate + F;
+    const T* d = dout + std::ptrdiff_t(r) * F;
+    T* dg = dh + std::ptrdiff_t(r) * 2 * F;
+    T* du = dg + F;
+    for (int c = 0; c < F; ++c) {
+      const A g = static_cast<A>(gate[c]), u = static_cast<A>(up[c]), dy = static_cast<A>(d[c]);
+      const A s = A(1) / (A(1) + std::exp(-g));
+      dg[c] = static_cast<T>(dy * u * s * (A(1) + g * (A(1) - s)));
+      du[c] = static_cast<T>(dy * g * s);
+    }
+  }
 }
 
 }  // namespace loom::kernels::cpu
