@@ -37,6 +37,22 @@ if(nlohmann_json_FOUND)
   set_tests_properties(test_gpt_torch PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 
+if(nlohmann_json_FOUND)
+  # The Llama, Mixtral and GPT-2 families against Hugging Face transformers, in the virtual environment that
+  # scripts/install-deps makes (LOOM_HF_PYTHON); skipped where it is missing.
+  set(LOOM_HF_PYTHON "$ENV{HOME}/.cache/loom/hf-venv/bin/python" CACHE FILEPATH
+      "The Python with transformers 4.46.3 that the model families' oracle test runs")
+  if(DEFINED ENV{LOOM_HF_VENV})
+    set(LOOM_HF_PYTHON "$ENV{LOOM_HF_VENV}/bin/python")
+  endif()
+  add_executable(test_hf_families test_hf_families.cpp)
+  target_link_libraries(test_hf_families PRIVATE loom::loom nlohmann_json::nlohmann_json)
+  target_compile_definitions(test_hf_families PRIVATE LOOM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                             LOOM_HF_PYTHON="${LOOM_HF_PYTHON}")
+  add_test(NAME test_hf_families COMMAND test_hf_families)
+  set_tests_properties(test_hf_families PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
 if(TARGET train_gpt)
   # train_gpt: bad input ends in one clear message, a whole line of the output, and a non-zero exit status; a
   # checkpoint saved by one run loads in another.

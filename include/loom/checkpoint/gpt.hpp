@@ -1,7 +1,10 @@
-// A GPT's checkpoint as Hugging Face writes GPT-2: DIR/model.safetensors with the tensors named and shaped as
-// GPT2Model's (wte.weight, h.0.attn.c_attn.weight [d, 3d], ...) and DIR/config.json with GPT2Config's keys.
+// A model's checkpoint as Hugging Face writes its family: GPT-2's, DIR/model.safetensors with the tensors named and
+// shaped as GPT2Model's (wte.weight, h.0.attn.c_attn.weight [d, 3d], ...) and DIR/config.json with GPT2Config's
+// keys; Llama's and Mixtral's as checkpoint/hf.hpp writes them. A model whose parts are no Hugging Face family's is
+// written in loom's names with GPT-2's keys and its parts (loom_parts) in config.json.
 #pragma once
 
+#include <loom/checkpoint/hf.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/models/gpt.hpp>
 
@@ -10,8 +13,42 @@
 
 namespace loom::checkpoint {
 
-//! config.json of a GPT shape (n_kv_head only where it differs from n_head).
-inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps = 1e-5f) {
+//! A shape in words, for messages: "layers 2, heads 4/2, d_model 16, d_ff 24, vocabulary 23, max_seq 32, ..."
+inline std::string describe(const models::GptShape& s) {
+  std::string out = "layers " + std::to_string(s.layers) + ", heads " + std::to_string(s.heads) + "/" +
+                    std::to_string(s.kv_heads) + ", d_model " + std::to_string(s.d_model) + ", d_ff " +
+                    std::to_string(s.ffn()) + ", vocabulary " + std::to_string(s.vocab) + ", max_seq " +
+                    std::to_string(s.max_seq);
+  if (s.experts > 0) out += ", " + std::to_string(s.experts) + " experts of " + std::to_string(s.expert_width()) +
+                            ", top-" + std::to_string(s.top_k);
+  if (s.rope()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ", rope_theta %g, rope scaling %g/%g/%g/%d", s.rope_theta, s.rope_scaling.factor,
+                  s.rope_scaling.low_freq_factor, s.rope_scaling.high_freq_factor, s.rope_scaling.original_max);
+    out += buf;
+  }
+  return out + (s.tied ? ", tied" : ", untied") + (s.bias ? ", biases" : "");
+}
+
+//! The parts of a shape that is no Hugging Face family's, as config.json's loom_parts names them.
+inline nlohmann::ordered_json loom_parts(const models::GptShape& s) {
+  using namespace models;
+  return {{"norm", s.norm == NormKind::rms ? "rms" : "layer"},
+          {"positions", s.rope() ? "rope" : "learned"},
+          {"mlp", s.gated() ? "swiglu" : "gelu"},
+          {"bias", s.bias},
+          {"tied", s.tied},
+          {"renormalize", s.renormalize},
+          {"rope_theta", s.rope_theta},
+          {"rope_scaling", {s.rope_scaling.factor, s.rope_scaling.low_freq_factor, s.rope_scaling.high_freq_factor,
+                            s.rope_scaling.original_max}}};
+}
+
+//! config.json of a model's shape: a Llama's or Mixtral's with transformers' keys (llama_config), else GPT2Config's
+//! (n_kv_head only where it differs from n_head), with loom_parts where the parts are not GPT-2's.
+inline nlohmann::ordered_json gpt_config(const models::GptShape& s, double ln_eps = 1e-5) {
+  const HfFamily family = hf_family(s);
+  if (family == HfFamily::llama || family == HfFamily::mixtral) return llama_config(s, ln_eps);
   nlohmann::ordered_json c = {{"model_type", "gpt2"},         {"architectures", {"GPT2LMHeadModel"}},
                               {"n_layer", s.layers},          {"n_head", s.heads},
                               {"n_embd", s.d_model},          {"n_positions", s.max_seq},
@@ -24,13 +61,16 @@ inline nlohmann::ordered_json gpt_config(const models::GptShape& s, float ln_eps
     c["num_local_experts"] = s.experts, c["num_experts_per_tok"] = s.top_k, c["moe_layer_freq"] = s.moe_every;
     c["moe_intermediate_size"] = s.expert_width(), c["n_shared_experts"] = s.shared_experts;
   }
+  if (family == HfFamily::none) c["model_type"] = "loom", c["architectures"] = {"loom"}, c["loom_parts"] = loom_parts(s);
   return c;
 }
 
 //! Writes DIR/model.safetensors and DIR/config.json from the whole model's parameters in the single-rank layout,
 //! each file under a temporary name that is then renamed.
 template <class T>
-void write_gpt(const std::string& dir, const models::GptShape& shape, const std::vector<T>& whole, float ln_eps) {
+void write_gpt(const std::string& dir, const models::GptShape& shape, const std::vector<T>& whole, double ln_eps) {
+  const HfFamily family = hf_family(shape);
+  if (family == HfFamily::llama || family == HfFamily::mixtral) return write_llama(dir, shape, whole, ln_eps);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("loom: cannot create the directory " + dir + ": " + ec.message());
@@ -70,6 +110,7 @@ template <class T, class Cfg, class Dev>
 void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
   const models::GptShape& S = model.shape();
   const std::string cfg_file = dir + "/config.json";
+  const HfFamily family = hf_family(S);
   std::ifstream cf(cfg_file);
   if (!cf) throw Error("loom: cannot open " + cfg_file);
   nlohmann::json c;
@@ -80,6 +121,20 @@ void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
   }
   if (!c.is_object()) throw Error("loom: " + cfg_file + " is not a JSON object");
   using loom::detail::cat;
+  const std::string type = c.value("model_type", std::string("gpt2"));
+  if (type != hf_model_type(family))
+    throw Error(cat("loom: ", cfg_file, " has model_type '", type, "' but the model is ", hf_model_type(family),
+                    "'s (its parts: ", loom_parts(S).dump(), ")"));
+  if (family == HfFamily::llama || family == HfFamily::mixtral) {
+    const models::GptShape file = llama_shape(c, cfg_file);
+    if (!(file == S)) throw Error(cat("loom: ", cfg_file, " describes ", describe(file), " but the model is ",
+                                      describe(S)));
+    model.scatter(read_llama<T>(dir, S).data(), model.params().data());
+    return;
+  }
+  if (family == HfFamily::none && (!c.contains("loom_parts") || c["loom_parts"] != nlohmann::json(loom_parts(S))))
+    throw Error(cat("loom: ", cfg_file, " has loom_parts ", c.value("loom_parts", nlohmann::json()).dump(),
+                    " but the model's are ", loom_parts(S).dump()));
   // Each key must hold the model's value, as an integer. n_kv_head may be missing (GPT-2 has none: n_head) and
   // n_inner missing or null (GPT-2's 4 n_embd).
   auto expect = [&](const char* key, int value) {

@@ -3,12 +3,16 @@
 // or multi-query attention the key/value heads are split as the query heads when there are at least as many as
 // ranks, and otherwise each is held by t / kv_heads ranks, which then sum its gradient. With context parallelism
 // each rank holds its zigzag share of every sequence, and the attention core runs over the cp group, by ring
-// attention or by Ulysses' all-to-all (ring_attention.hpp, ulysses_attention.hpp).
+// attention or by Ulysses' all-to-all (ring_attention.hpp, ulysses_attention.hpp). With rotary positions
+// (rotary.hpp) the local query and key heads are rotated by each token's position in its whole sequence after the
+// projection, and their gradients rotated back before its backward. The projections' biases are optional.
 #pragma once
 
 #include <loom/comm/any.hpp>
 #include <loom/config.hpp>
 #include <loom/layers/linear.hpp>
+#include <loom/layers/ring_attention.hpp>
+#include <loom/layers/rotary.hpp>
 #include <loom/layers/ulysses_attention.hpp>
 #include <loom/tensor/tensor.hpp>
 
@@ -50,18 +54,28 @@ struct ParallelAttention {
     Core core;
   };
 
-  //! c_attn [d, (heads + 2 kv_heads) * hd] and c_proj [heads * hd, d] under prefix.
+  //! c_attn [d, (heads + 2 kv_heads) * hd] and c_proj [heads * hd, d] under prefix, with their biases when `bias`.
   static void declare(ParamTable& t, const std::string& prefix, int d, int heads, int kv_heads, double std_w,
-                      double std_proj) {
+                      double std_proj, bool bias = true) {
     const std::int64_t hd = d / heads;
-    ColumnParallelLinear<T>::declare(t, prefix + "c_attn", d, {{heads, hd}, {kv_heads, hd}, {kv_heads, hd}}, std_w);
-    RowParallelLinear<T>::declare(t, prefix + "c_proj", {{heads, hd}}, d, std_proj);
+    ColumnParallelLinear<T>::declare(t, prefix + "c_attn", d, {{heads, hd}, {kv_heads, hd}, {kv_heads, hd}}, std_w,
+                                     bias);
+    RowParallelLinear<T>::declare(t, prefix + "c_proj", {{heads, hd}}, d, std_proj, bias);
+  }
+  //! The parameters of one attention: 2 without biases, 4 with.
+  static std::size_t param_count(bool bias) { return bias ? 4 : 2; }
+  //! Params from the attention's first parameter specs[p] in the flat buffer `flat`.
+  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, bool bias) {
+    auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
+    return bias ? Params{at(0), at(1), at(2), at(3)} : Params{at(0), nullptr, at(1), nullptr};
   }
 
-  //! B sequences of T_ tokens on this rank (with context parallelism its two zigzag chunks of each sequence).
-  ParallelAttention(Region<T, Dev, Tp> r, int B, int T_, int heads, int kv_heads, int head_dim, CpGroup cp = {})
+  //! B sequences of T_ tokens on this rank (with context parallelism its two zigzag chunks of each sequence);
+  //! rope: the rotary tables, or null for none.
+  ParallelAttention(Region<T, Dev, Tp> r, int B, int T_, int heads, int kv_heads, int head_dim, CpGroup cp = {},
+                    const Rotary<T, Dev>* rope = nullptr)
       : B_(B), T_(T_), hq_(heads / Tp::size), hkv_(static_cast<int>(units_of(kv_heads, Tp::size, 0).count)),
-        hd_(head_dim), cp_(cp), qkv_{r, (hq_ + 2 * hkv_) * head_dim}, proj_{r, hq_ * head_dim} {}
+        hd_(head_dim), cp_(cp), rope_(rope), qkv_{r, (hq_ + 2 * hkv_) * head_dim}, proj_{r, hq_ * head_dim} {}
 
   int local_heads() const { return hq_; }
   int local_kv_heads() const { return hkv_; }
@@ -93,6 +107,7 @@ struct ParallelAttention {
   //! `scratch`.
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, Core& scratch) const {
     qkv_.forward(x, sp ? a.in_full.data() : const_cast<T*>(x), w.qkv_w, w.qkv_b, a.qkv.data());
+    rotate(a.qkv.data(), false);
     Core& c = a.core.held() ? a.core : scratch;
     core_forward(a.qkv.data(), c);
     proj_.forward(c.out.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
@@ -105,6 +120,7 @@ struct ParallelAttention {
     T* dy_full = sp ? g.dy_full.data() : const_cast<T*>(dy);
     proj_.backward_input(dy, dy_full, w.proj_w, g.dout.data());
     core_backward(g.dout.data(), a.qkv.data(), c, g.dqkv.data());
+    rotate(g.dqkv.data(), true);
     qkv_.backward_input(g.dqkv.data(), w.qkv_w, sp ? g.dx_full.data() : dx, dx);
   }
   //! Accumulates the weight gradients; x is the block's input to this layer, dy the gradient of its output.
@@ -119,6 +135,17 @@ struct ParallelAttention {
     return {B_, T_, hq_, hkv_, hd_, qkv_.out, qkv_.out, proj_.in, 1.0 / std::sqrt(static_cast<double>(hd_))};
   }
   static const Core& core_of(const Acts& a, const Grads& g) { return a.core.held() ? a.core : g.core; }
+  //! With rotary positions: the query and key heads of every row of a q|k|v buffer (N rows) turned by the row's
+  //! position in its whole sequence (inverse: back, for their gradients); nothing without.
+  void rotate(T* qkv, bool inverse) const {
+    if (!rope_) return;
+    const int cp = cp_.comm ? cp_.comm->size() : 1, q = cp_.comm ? cp_.comm->rank() : 0;
+    const int run = cp > 1 ? T_ / 2 : T_, ld = qkv_.out;
+    for (int b = 0; b < B_; ++b)
+      for (int t = 0; t < T_; t += run)
+        rope_->rotate(qkv + (std::ptrdiff_t(b) * T_ + t) * ld, run, ld, hq_ + hkv_,
+                      cp > 1 ? zigzag_position(t, q, cp, run) : t, inverse);
+  }
   //! The attention core from q|k|v: on this rank alone, or over the cp group.
   void core_forward(const T* qkv, Core& c) const {
     const T *q = qkv, *k = q + hq_ * hd_, *v = q + (hq_ + hkv_) * hd_;
@@ -144,6 +171,7 @@ struct ParallelAttention {
 
   int B_, T_, hq_, hkv_, hd_;
   CpGroup cp_;
+  const Rotary<T, Dev>* rope_;
   ColumnParallelLinear<T, Dev, Tp> qkv_;
   RowParallelLinear<T, Dev, Tp> proj_;
 };

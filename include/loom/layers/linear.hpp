@@ -1,4 +1,5 @@
-// Column- and row-parallel linear layers (y = x W + b, W stored in x out as Hugging Face's Conv1D). A column-parallel
+// Column- and row-parallel linear layers (y = x W + b, W stored in x out as Hugging Face's Conv1D; b optional: a
+// layer declared without it takes a null bias and skips it). A column-parallel
 // layer splits W along its outputs: its input enters a tensor-parallel region (identity forward, all-reduce
 // backward; all-gather / reduce-scatter with sequence parallelism) and its output stays split. A row-parallel
 // layer splits W along its inputs, takes a split input and leaves the region: its partial products are summed
@@ -23,11 +24,11 @@ struct ColumnParallelLinear {
   using weight_placement = Shard<1>;
   using bias_placement = Shard<0>;
 
-  //! name.weight [in, out] and name.bias [out], the out dimension made of `out` segments.
+  //! name.weight [in, out] and (with bias) name.bias [out], the out dimension made of `out` segments.
   static void declare(ParamTable& t, const std::string& name, std::int64_t in, const std::vector<Segment>& out,
-                      double init_std) {
+                      double init_std, bool bias = true) {
     t.add<weight_placement>(name + ".weight", {in, extent_of(out)}, true, init_std, 0, out);
-    t.add<bias_placement>(name + ".bias", {extent_of(out)}, false, 0, 0, out);
+    if (bias) t.add<bias_placement>(name + ".bias", {extent_of(out)}, false, 0, 0, out);
   }
 
   Region<T, Dev, Tp> region;  //!< N tokens of `in` features
@@ -37,7 +38,7 @@ struct ColumnParallelLinear {
   void forward(const T* x, T* x_full, const T* w, const T* b, T* y) const {
     region.enter_forward(x, x_full);
     region.ops.matmul(x_full, w, y, region.N, out, region.C, false, false);
-    region.ops.bias_add(y, b, y, region.N, out);
+    if (b) region.ops.bias_add(y, b, y, region.N, out);
   }
   //! dx (this rank's rows) from dy (N x out), through dx_full (N x in, may be dx without sequence parallelism).
   void backward_input(const T* dy, const T* w, T* dx_full, T* dx) const {
@@ -47,7 +48,7 @@ struct ColumnParallelLinear {
   //! dW += x_full^T dy, db += the column sums of dy.
   void backward_weight(const T* x_full, const T* dy, T* dw, T* db) const {
     region.ops.matmul(x_full, dy, dw, region.C, out, region.N, true, false, 1.0f, 1.0f);
-    region.ops.bias_backward(dy, db, region.N, out);
+    if (db) region.ops.bias_backward(dy, db, region.N, out);
   }
 };
 
@@ -56,11 +57,11 @@ struct RowParallelLinear {
   using weight_placement = Shard<0>;
   using bias_placement = Replicate;
 
-  //! name.weight [in, out], the in dimension made of `in` segments, and name.bias [out].
+  //! name.weight [in, out], the in dimension made of `in` segments, and (with bias) name.bias [out].
   static void declare(ParamTable& t, const std::string& name, const std::vector<Segment>& in, std::int64_t out,
-                      double init_std) {
+                      double init_std, bool bias = true) {
     t.add<weight_placement>(name + ".weight", {extent_of(in), out}, true, init_std, 0, in);
-    t.add<bias_placement>(name + ".bias", {out}, false, 0);
+    if (bias) t.add<bias_placement>(name + ".bias", {out}, false, 0);
   }
 
   Region<T, Dev, Tp> region;  //!< N tokens of `out` features
@@ -71,7 +72,7 @@ struct RowParallelLinear {
   void forward(const T* x, const T* w, const T* b, T* partial, T* y) const {
     region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
     region.exit_forward(partial, y);
-    region.ops.bias_add(y, b, y, region.rows(), region.C);
+    if (b) region.ops.bias_add(y, b, y, region.rows(), region.C);
   }
   //! dx (N x in) from dy (this rank's rows), through dy_full (N x out, may be dy without sequence parallelism).
   void backward_input(const T* dy, T* dy_full, const T* w, T* dx) const {
@@ -81,7 +82,7 @@ struct RowParallelLinear {
   //! dW += x^T dy_full; db += the column sums of this rank's rows of dy (a partial sum with sequence parallelism).
   void backward_weight(const T* x, const T* dy_full, const T* dy, T* dw, T* db) const {
     region.ops.matmul(x, dy_full, dw, in, region.C, region.N, true, false, 1.0f, 1.0f);
-    region.ops.bias_backward(dy, db, region.rows(), region.C);
+    if (db) region.ops.bias_backward(dy, db, region.rows(), region.C);
   }
 };
 

@@ -73,8 +73,9 @@ class RoutedExperts {
  public:
   using Tensor = loom::Tensor<T>;
 
-  //! The router [d, E] and the first of this rank's experts: each c_fc.weight [d, f], c_fc.bias [f],
-  //! c_proj.weight [f, d], c_proj.bias [d], one after the other.
+  //! The router [d, E] and the first of this rank's experts: each c_fc.weight [d, f] (gated: [d, 2f], the gate's
+  //! features then the up projection's), c_fc.bias, c_proj.weight [f, d], c_proj.bias [d], one after the other
+  //! (without the biases where the experts have none).
   struct Params {
     T* router;
     T* experts;
@@ -93,24 +94,27 @@ class RoutedExperts {
     Tensor whole;                 //!< B x T x E, every token of the sequences (gathered with SP or CP)
     std::vector<Routing> routes;  //!< one per sequence
     Plan plan;
-    Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x f, R x f
+    Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x up, R x f
     Tensor yret;                  //!< A x d: the experts' outputs for this rank's kept assignments, in plan.order
   };
   struct Grads {
     Tensor dlogits;   //!< N x E (this rank's rows)
     Tensor dwhole;    //!< B x T x E (with SP or CP)
-    Tensor dyin, dh;  //!< R x d, R x f: the output gradients of the rows computed here, and before the GELU
+    Tensor dyin, dh;  //!< R x d, R x up: the output gradients of the rows computed here, and before the activation
     std::vector<double> dweight;  //!< B x T x k (every token's; zero but this rank's)
   };
 
   //! The B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each), of
   //! which it holds `rows` rows from `first_row` (all of them, or with sequence parallelism its share), each
-  //! sequence routed as one group. sequence_parallel: the tensor-parallel ranks hold the sequences' rows.
+  //! sequence routed as one group. sequence_parallel: the tensor-parallel ranks hold the sequences' rows. Each
+  //! expert is an MLP of width f, GELU or (gated) SwiGLU, with or without biases.
   RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f, RouterConfig router, EpGroup ep,
-                comm::AnyComm* cp, bool sequence_parallel);
+                comm::AnyComm* cp, bool sequence_parallel, bool gated = false, bool bias = true);
 
   int local_experts() const { return local_; }
-  std::int64_t expert_stride() const { return 2 * std::int64_t{d_} * f_ + f_ + d_; }
+  std::int64_t expert_stride() const {
+    return std::int64_t{d_} * up() + std::int64_t{f_} * d_ + (bias_ ? up() + d_ : 0);
+  }
 
   Acts make_acts() const;
   Grads make_grads() const;
@@ -167,8 +171,11 @@ class RoutedExperts {
   };
   Expert expert(T* first, int le) const {
     T* at = first + le * expert_stride();
-    return {at, at + std::int64_t{d_} * f_, at + std::int64_t{d_} * f_ + f_, at + 2 * std::int64_t{d_} * f_ + f_};
+    T* proj = at + std::int64_t{d_} * up() + (bias_ ? up() : 0);
+    return {at, bias_ ? at + std::int64_t{d_} * up() : nullptr, proj, bias_ ? proj + std::int64_t{f_} * d_ : nullptr};
   }
+  //! The width of an expert's first projection: f, or gate and up's 2f.
+  int up() const { return gated_ ? 2 * f_ : f_; }
   //! f(first row, rows, the expert's parameters or gradients in `first`) for each local expert that received rows,
   //! its rows [first row, first row + rows) of the expert-major buffers.
   template <class F>
@@ -303,6 +310,7 @@ class RoutedExperts {
   int rows_;
   bool sequence_parallel_;
   int B_, T_, d_, E_, f_;
+  bool gated_, bias_;
   int Tg_ = 0;              //!< tokens of a whole sequence (T_ x cp)
   std::vector<int> token_;  //!< per row of this rank: its sequence b and place g in it, as b Tg_ + g
   RouterConfig router_;
@@ -315,9 +323,10 @@ class RoutedExperts {
 
 template <class T>
 RoutedExperts<T>::RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f,
-                                RouterConfig router, EpGroup ep, comm::AnyComm* cp, bool sequence_parallel)
+                                RouterConfig router, EpGroup ep, comm::AnyComm* cp, bool sequence_parallel,
+                                bool gated, bool bias)
     : rows_(rows), sequence_parallel_(sequence_parallel), B_(B), T_(T_), d_(d),
-      E_(experts), f_(f), router_(router), ep_(ep), cp_(cp) {
+      E_(experts), f_(f), gated_(gated), bias_(bias), router_(router), ep_(ep), cp_(cp) {
   router_.experts = experts;
   LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
              " expert-parallel ranks");
@@ -376,7 +385,7 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
   // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
   {
     MemoryUseScope use(MemoryUse::activations);
-    ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), f_), ensure(a.g, p.received(), f_);
+    ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), up()), ensure(a.g, p.received(), f_);
     ensure(a.yret, p.sent(), d_);
   }
   Tensor out = scratch(p.received(), d_);
@@ -394,13 +403,15 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
   // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
   Tensor y_grouped = scratch(p.received(), d_);
   each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
-    T* h = a.h.data() + std::size_t(o) * f_;
-    ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, f_, d_, false, false);
-    ops.bias_add(h, e.fc_b, h, n, f_);
-    ops.gelu_forward(h, a.g.data() + std::size_t(o) * f_, std::size_t(n) * f_);
+    T* h = a.h.data() + std::size_t(o) * up();
+    T* gi = a.g.data() + std::size_t(o) * f_;
+    ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, up(), d_, false, false);
+    if (e.fc_b) ops.bias_add(h, e.fc_b, h, n, up());
+    if (gated_) ops.swiglu_forward(h, gi, n, f_);
+    else ops.gelu_forward(h, gi, std::size_t(n) * f_);
     T* yo = y_grouped.data() + std::size_t(o) * d_;
-    ops.matmul(a.g.data() + std::size_t(o) * f_, e.proj_w, yo, n, d_, f_, false, false);
-    ops.bias_add(yo, e.proj_b, yo, n, d_);
+    ops.matmul(gi, e.proj_w, yo, n, d_, f_, false, false);
+    if (e.proj_b) ops.bias_add(yo, e.proj_b, yo, n, d_);
   });
   for (std::size_t i = 0; i < p.received(); ++i)
     ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
@@ -445,17 +456,25 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
   }
   {
     MemoryUseScope use(MemoryUse::activations);
-    ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), f_);
+    ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), up());
   }
   for (std::size_t i = 0; i < p.received(); ++i)
     ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
   // The experts' input gradients, expert-major, then back by source rank.
   Tensor dx_grouped = scratch(p.received(), d_);
+  Tensor dact = gated_ ? scratch(p.received(), f_) : Tensor();  // gated: the gradient of silu(gate) up
   each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
-    T* dh = g.dh.data() + std::size_t(o) * f_;
-    ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
-    ops.gelu_backward(a.h.data() + std::size_t(o) * f_, dh, dh, std::size_t(n) * f_);
-    ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, f_, false, true);
+    T* dh = g.dh.data() + std::size_t(o) * up();
+    const T* h = a.h.data() + std::size_t(o) * up();
+    if (gated_) {
+      T* da = dact.data() + std::size_t(o) * f_;
+      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, da, n, f_, d_, false, true);
+      ops.swiglu_backward(h, da, dh, n, f_);
+    } else {
+      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
+      ops.gelu_backward(h, dh, dh, std::size_t(n) * f_);
+    }
+    ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, up(), false, true);
   });
   for (std::size_t i = 0; i < p.received(); ++i)
     ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
@@ -487,11 +506,11 @@ void RoutedExperts<T>::backward_weight(const T* x, const Acts& a, const Grads& g
   const Plan& p = a.plan;
   each_expert(p, dw.experts, [&](int o, int n, const Expert& e) {
     const T* dyo = g.dyin.data() + std::size_t(o) * d_;
-    const T* dh = g.dh.data() + std::size_t(o) * f_;
+    const T* dh = g.dh.data() + std::size_t(o) * up();
     ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
-    ops.bias_backward(dyo, e.proj_b, n, d_);
-    ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, f_, n, true, false, 1.0f, 1.0f);
-    ops.bias_backward(dh, e.fc_b, n, f_);
+    if (e.proj_b) ops.bias_backward(dyo, e.proj_b, n, d_);
+    ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, up(), n, true, false, 1.0f, 1.0f);
+    if (e.fc_b) ops.bias_backward(dh, e.fc_b, n, up());
   });
   ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
 }
@@ -520,45 +539,48 @@ class MoeLayer {
     typename Mlp::Grads shared;
   };
 
-  //! The router, the shared experts and the experts of one MoE layer under prefix (Hugging Face's Mixtral-like
-  //! names: router.weight, shared_expert.c_fc ..., experts.<e>.c_fc ...). Only the experts expert-parallel rank
-  //! ep_rank of ep holds are kept; every one is numbered, so each starts as in the single-rank model.
+  //! The router, the shared experts and the experts of one MoE layer under prefix (Mixtral-like names:
+  //! router.weight, shared_expert.c_fc ..., experts.<e>.c_fc ...), each expert's MLP gated (SwiGLU) or not, with
+  //! biases or without. Only the experts expert-parallel rank ep_rank of ep holds are kept; every one is numbered,
+  //! so each starts as in the single-rank model.
   static void declare(ParamTable& t, const std::string& prefix, int d, int experts, int f, int shared, int ep,
-                      int ep_rank, double std_w, double std_proj) {
+                      int ep_rank, double std_w, double std_proj, bool gated = false, bool bias = true) {
     t.add<Replicate>(prefix + "router.weight", {d, experts}, true, std_w);
-    if (shared > 0) Mlp::declare(t, prefix + "shared_expert.", d, shared * f, std_w, std_proj);
+    if (shared > 0) Mlp::declare(t, prefix + "shared_expert.", d, shared * f, std_w, std_proj, gated, bias);
     const bool skipping = t.skipping();
     const int per = experts / ep;
     t.expert(true);
     for (int e = 0; e < experts; ++e) {
       t.skip(skipping || e / per != ep_rank);
       const std::string x = prefix + "experts." + std::to_string(e) + ".";
-      t.add<Replicate>(x + "c_fc.weight", {d, f}, true, std_w);
-      t.add<Replicate>(x + "c_fc.bias", {f}, false, 0);
+      const int up = gated ? 2 * f : f;
+      t.add<Replicate>(x + "c_fc.weight", {d, up}, true, std_w);
+      if (bias) t.add<Replicate>(x + "c_fc.bias", {up}, false, 0);
       t.add<Replicate>(x + "c_proj.weight", {f, d}, true, std_proj);
-      t.add<Replicate>(x + "c_proj.bias", {d}, false, 0);
+      if (bias) t.add<Replicate>(x + "c_proj.bias", {d}, false, 0);
     }
     t.expert(false);
     t.skip(skipping);
   }
-  //! The parameters of one MoE layer: the router, the shared experts (4 when there are any), 4 per expert held.
-  static std::size_t param_count(int held_experts, int shared) {
-    return 1 + (shared > 0 ? 4 : 0) + 4 * static_cast<std::size_t>(held_experts);
+  //! The parameters of one MoE layer: the router, the shared experts (when there are any), each expert held (an
+  //! MLP: 4 parameters with biases, 2 without).
+  static std::size_t param_count(int held_experts, int shared, bool bias = true) {
+    return 1 + (shared > 0 ? Mlp::param_count(bias) : 0) + Mlp::param_count(bias) * static_cast<std::size_t>(held_experts);
   }
   //! Params from the layer's first parameter specs[p] in the flat buffer `flat`.
-  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, int shared) {
-    auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
-    const std::size_t e = shared > 0 ? 5 : 1;
-    return {at(0), shared > 0 ? typename Mlp::Params{at(1), at(2), at(3), at(4)} : typename Mlp::Params{},
-            p + e < specs.size() ? at(e) : nullptr};
+  static Params in(T* flat, const std::vector<ParamSpec>& specs, std::size_t p, int shared, bool bias = true) {
+    const std::size_t e = 1 + (shared > 0 ? Mlp::param_count(bias) : 0);
+    return {flat + specs[p].offset, shared > 0 ? Mlp::in(flat, specs, p + 1, bias) : typename Mlp::Params{},
+            p + e < specs.size() ? flat + specs[p + e].offset : nullptr};
   }
 
   //! B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each; with
   //! sequence parallelism, the region's rows of them), each sequence routed as one group.
   MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
-           EpGroup ep, comm::AnyComm* cp = nullptr)
-      : region_(r), routed_(r.rows(), r.first_row(), B, T_, d, experts, f, router, ep, cp, Tp::sequence_parallel),
-        shared_(r, std::max(shared, 1) * f), has_shared_(shared > 0) {}
+           EpGroup ep, comm::AnyComm* cp = nullptr, bool gated = false, bool bias = true)
+      : region_(r),
+        routed_(r.rows(), r.first_row(), B, T_, d, experts, f, router, ep, cp, Tp::sequence_parallel, gated, bias),
+        shared_(r, std::max(shared, 1) * f, gated), has_shared_(shared > 0) {}
 
   int local_experts() const { return routed_.local_experts(); }
   std::int64_t expert_stride() const { return routed_.expert_stride(); }
@@ -609,7 +631,7 @@ class MoeLayer {
   }
   static std::size_t bytes(const Grads& g) {
     return Routed::bytes(g) + Routed::held(g.shared.dy_full) + Routed::held(g.shared.dg) +
-           Routed::held(g.shared.dx_full);
+           Routed::held(g.shared.dx_full) + Routed::held(g.shared.dh);
   }
 
  private:

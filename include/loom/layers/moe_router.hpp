@@ -3,7 +3,8 @@
 // load-balancing loss and the router z-loss; and the gradient of the logits from the weights' gradient and the two
 // losses.
 //
-// - Softmax routing: p = softmax(logits); the k largest p (ties to the lower expert index); weights p_j / Σ_chosen p.
+// - Softmax routing: p = softmax(logits); the k largest p (ties to the lower expert index); weights p_j / Σ_chosen p
+//   (Mixtral's), or without renormalising, p_j themselves (DeepSeek-V2's, Qwen-MoE's norm_topk_prob = false).
 // - Sigmoid routing (DeepSeek-V3): s = sigmoid(logits); the k largest s; weights s_j / Σ_chosen s. Its balance loss
 //   takes the scores normalised over every expert, s / Σ s, as the probabilities.
 // - Capacity: ceil(tokens × k / E × capacity_factor) assignments per expert (the mean load times the factor, as
@@ -30,6 +31,7 @@ namespace loom::layers {
 struct RouterConfig {
   int experts = 8, top_k = 2;
   bool sigmoid = false;          //!< sigmoid scores (DeepSeek-V3) instead of the softmax
+  bool renormalize = true;       //!< softmax weights renormalised over the chosen (sigmoid scores always are)
   double capacity_factor = 1.25;  //!< 0: dropless
   double aux_loss_coeff = 0.0, z_loss_coeff = 0.0;
 };
@@ -105,6 +107,7 @@ Routing route(const T* logits, int tokens, const RouterConfig& c) {
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[std::size_t(a)] > s[std::size_t(b)]; });
     double chosen = 0;
     for (int j = 0; j < k; ++j) chosen += s[std::size_t(order[std::size_t(j)])];
+    if (!c.sigmoid && !c.renormalize) chosen = 1;
     for (int j = 0; j < k; ++j) {
       const int e = order[std::size_t(j)];
       r.expert[std::size_t(t) * k + j] = e;
@@ -162,9 +165,15 @@ void route_backward(const T* logits, const Routing& r, const RouterConfig& c, co
         const double s = 1.0 / (1.0 + std::exp(-double(x[e])));
         chosen_sum += s;
         g[std::size_t(e)] += (dw - dot);  // divided by Σ_chosen s and times s(1 - s) below
-      } else {  // the renormalised softmax over the chosen is their softmax: dlogit_j = w_j (dw_j - Σ w dw)
+      } else if (c.renormalize) {  // the renormalised softmax over the chosen is their softmax: w_j (dw_j - Σ w dw)
         g[std::size_t(e)] += r.score[at] * (dw - dot);
+      } else {  // w_j = p_j: dlogit_e = p_e dw_e [e chosen] - p_e Σ_j p_j dw_j
+        g[std::size_t(e)] += r.score[at] * dw;
       }
+    }
+    if (!c.sigmoid && !c.renormalize) {
+      const double* p = r.probability.data() + std::size_t(t) * E;
+      for (int e = 0; e < E; ++e) g[std::size_t(e)] -= p[e] * dot;
     }
     if (c.sigmoid)
       for (int j = 0; j < k; ++j) {

@@ -1,6 +1,8 @@
-// One pre-LayerNorm GPT block on this rank's rows: x2 = x + drop(attention(ln1(x))), y = x2 + drop(mlp(ln2(x2))),
-// the attention and the MLP split over the tensor-parallel group; in a mixture-of-experts block the MLP is a
-// layers::MoeLayer, its experts split over the expert-parallel group. Every call names the storage it uses: the block's
+// One pre-norm transformer block on this rank's rows: x2 = x + drop(attention(norm1(x))), y = x2 +
+// drop(mlp(norm2(x2))), the attention and the MLP split over the tensor-parallel group; in a mixture-of-experts block
+// the MLP is a layers::MoeLayer, its experts split over the expert-parallel group. The parts are the shape's spec:
+// LayerNorm or RMSNorm (layers::Norm), rotary positions in attention or none (layers::Rotary), a GELU or SwiGLU MLP
+// and experts, with biases or without. Every call names the storage it uses: the block's
 // parameters, the activations one micro-batch keeps, the branch gradients, the dropout of that micro-batch.
 #pragma once
 
@@ -10,7 +12,9 @@
 #include <loom/layers/ring_attention.hpp>
 #include <loom/layers/mlp.hpp>
 #include <loom/layers/moe.hpp>
+#include <loom/layers/norm.hpp>
 #include <loom/layers/param.hpp>
+#include <loom/layers/rotary.hpp>
 #include <loom/models/gpt/shape.hpp>
 #include <loom/tensor/tensor.hpp>
 
@@ -98,14 +102,21 @@ class GptBlock {
     typename Mlp::Params mlp;  //!< a dense block's
     typename Moe::Params moe;  //!< a mixture-of-experts block's
 
-    //! The block whose first parameter is specs[p], in the flat buffer `flat` laid out by specs; a mixture of
-    //! experts with `shared` shared experts when moe.
-    static Params in(T* flat, const std::vector<layers::ParamSpec>& specs, std::size_t p, bool moe = false,
-                     int shared = 0) {
-      auto at = [&](std::size_t i) { return flat + specs[p + i].offset; };
-      if (moe)
-        return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {}, Moe::in(flat, specs, p + 8, shared)};
-      return {at(0), at(1), {at(2), at(3), at(4), at(5)}, at(6), at(7), {at(8), at(9), at(10), at(11)}, {}};
+    //! Block l of shape s, whose first parameter is specs[p], in the flat buffer `flat` laid out by specs (in the
+    //! order gpt_param_specs declares them).
+    static Params in(T* flat, const std::vector<layers::ParamSpec>& specs, std::size_t p, const GptShape& s, int l) {
+      const bool rms = s.norm == NormKind::rms;
+      Params w{};
+      auto next = [&] { return flat + specs[p++].offset; };
+      w.ln1_w = next();
+      if (!rms) w.ln1_b = next();
+      w.attn = Attention::in(flat, specs, p, s.bias);
+      p += Attention::param_count(s.bias);
+      w.ln2_w = next();
+      if (!rms) w.ln2_b = next();
+      if (s.moe_block(l)) w.moe = Moe::in(flat, specs, p, s.shared_experts, s.bias);
+      else w.mlp = Mlp::in(flat, specs, p, s.bias);
+      return w;
     }
   };
   //! What one block keeps from forward for backward, on this rank's rows: its input (unless the caller keeps it),
@@ -126,17 +137,18 @@ class GptBlock {
   };
 
   //! B sequences of T_ tokens on this rank (its zigzag share of each with context parallelism over cp); a
-  //! mixture-of-experts block routes as moe says, over the expert-parallel group ep.
-  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, float ln_eps, layers::CpGroup cp = {},
-           const MoeOptions& moe = {}, layers::EpGroup ep = {})
-      : region_(region), shape_(s), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp), mlp_(region, s.ffn()),
-        eps_(ln_eps) {
+  //! mixture-of-experts block routes as moe says, over the expert-parallel group ep. rope: the rotary tables where
+  //! the spec has rotary positions (else null).
+  GptBlock(layers::Region<T, Dev, Tp> region, int B, int T_, const GptShape& s, double ln_eps, layers::CpGroup cp = {},
+           const MoeOptions& moe = {}, layers::EpGroup ep = {}, const layers::Rotary<T, Dev>* rope = nullptr)
+      : region_(region), shape_(s), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp, rope),
+        mlp_(region, s.ffn(), s.gated()), norm_{s.norm == NormKind::rms, ln_eps, region.ops} {
     if constexpr (std::is_same_v<Dev, Host>)
       if (s.experts > 0)
         moe_.emplace(region, B, T_, s.d_model, s.experts, s.expert_width(), s.shared_experts,
-                     layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, moe.capacity_factor, moe.aux_loss_coeff,
-                                          moe.z_loss_coeff},
-                     ep, cp.comm);
+                     layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, s.renormalize, moe.capacity_factor,
+                                          moe.aux_loss_coeff, moe.z_loss_coeff},
+                     ep, cp.comm, s.gated(), s.bias);
   }
 
   //! Whether block l's MLP is a mixture of experts.
@@ -176,12 +188,12 @@ class GptBlock {
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
     const std::size_t nd = std::size_t(r) * d;
-    ops.layernorm_forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), r, d, eps_);
+    norm_.forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), r, d);
     T* x2 = a.x2.data();
     attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2, g.attn.core);
     drop.forward(ops, x2, x2, l, 1);
     ops.add(x, x2, x2, nd);
-    ops.layernorm_forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d, eps_);
+    norm_.forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d);
     if (moe_block(l)) {
       if constexpr (std::is_same_v<Dev, Host>) moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats);
     } else {
@@ -208,30 +220,27 @@ class GptBlock {
     } else {
       mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     }
-    ops.layernorm_backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(),
-                                 r, d);
+    norm_.backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(), r, d);
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x2)
     // Attention branch: x2 = x + drop(attention(ln1(x)))
     drop.backward(ops, dx, g.dattp.data(), l, 1);
     attn_.backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
-    ops.layernorm_backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), g.dtmp.data(), r, d);
+    norm_.backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), g.dtmp.data(), r, d);
     ops.accumulate(g.dtmp.data(), dx, nd);  // d(x)
   }
 
   //! Block l's weight gradients (accumulated into dw) from the branch gradients in g.
   void backward_weight(int l, const Params& dw, const T* x, const Acts& a, const Grads& g) const {
     trace::Scope span("backward_weight block", "compute");
-    const auto& ops = region_.ops;
     const int d = width(), r = rows();
     if (moe_block(l)) {
       if constexpr (std::is_same_v<Dev, Host>) moe_->backward_weight(a.ln2.data(), g.dfcp.data(), a.moe, g.moe, dw.moe);
     } else {
       mlp_.backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, dw.mlp);
     }
-    ops.layernorm_backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), dw.ln2_w, dw.ln2_b, r,
-                                  d);
+    norm_.backward_weight(g.dln2.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), dw.ln2_w, dw.ln2_b, r, d);
     attn_.backward_weight(a.ln1.data(), g.dattp.data(), a.attn, g.attn, dw.attn);
-    ops.layernorm_backward_weight(g.dln1.data(), x, a.mean1.data(), a.rstd1.data(), dw.ln1_w, dw.ln1_b, r, d);
+    norm_.backward_weight(g.dln1.data(), x, a.mean1.data(), a.rstd1.data(), dw.ln1_w, dw.ln1_b, r, d);
   }
 
   //! Bytes held by one block's activations and by one set of branch gradients.
@@ -242,7 +251,7 @@ class GptBlock {
   }
   static std::size_t bytes(const Grads& g) {
     return held(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
-                g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full) +
+                g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full, g.mlp.dh) +
            Moe::bytes(g.moe);
   }
   //! The bytes of the tensors given that hold storage.
@@ -265,7 +274,7 @@ class GptBlock {
   Attention attn_;
   Mlp mlp_;
   std::optional<Moe> moe_;
-  float eps_;
+  layers::Norm<T, Dev> norm_;
 };
 
 }  // namespace loom::models

@@ -1,6 +1,7 @@
-// The two ends of the GPT around its blocks: the embedding (tokens from the vocabulary-parallel table, plus learned
-// positions, then dropout) and the head (final norm, logits against the tied table, vocabulary-parallel
-// cross-entropy). Each call takes the parameters, the micro-batch's storage and its dropout it uses.
+// The two ends of the model around its blocks: the embedding (tokens from the vocabulary-parallel table, plus learned
+// positions where the spec has them, then dropout) and the head (final norm, logits against the output table, the
+// tied embedding or lm_head, vocabulary-parallel cross-entropy). Each call takes the parameters, the micro-batch's
+// storage and its dropout it uses.
 #pragma once
 
 #include <loom/layers/vocab.hpp>
@@ -22,13 +23,14 @@ class GptEmbedding {
       : region_(region), emb_{region, slice}, place_(place) {}
 
   //! x (this rank's rows x d) from ids (all N, where the kernels read them); full is N x d scratch with sequence
-  //! parallelism, else x.
+  //! parallelism, else x. wpe: the learned positions, or null (rotary positions enter in attention).
   void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
     const int d = region_.C;
     emb_.forward(ids, wte, full, x);
-    place_.each_run([&](int i, int n, int, int t0) {
-      region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
-    });
+    if (wpe)
+      place_.each_run([&](int i, int n, int, int t0) {
+        region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
+      });
     drop.forward(region_.ops, x, x, 0, 0);
   }
   //! Accumulates the tables' gradients from dx, the gradient of x (overwritten); dfull as full in forward.
@@ -36,9 +38,10 @@ class GptEmbedding {
     const int d = region_.C;
     drop.backward(region_.ops, dx, dx, 0, 0);
     emb_.backward(ids, dx, dfull, dwte);
-    place_.each_run([&](int i, int n, int, int t0) {
-      region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
-    });
+    if (dwpe)
+      place_.each_run([&](int i, int n, int, int t0) {
+        region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
+      });
   }
 
  private:
@@ -48,19 +51,19 @@ class GptEmbedding {
 };
 
 //! The head for one batch shape: the final norm on this rank's rows of the last block's output (slot.out), the
-//! logits of this rank's vocabulary against the tied table, and the loss.
+//! logits of this rank's vocabulary against the output table (wte: the tied embedding, or lm_head), and the loss.
 template <class T, class Dev, class Tp>
 class GptHead {
  public:
-  GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, float ln_eps)
-      : region_(region), ce_{region.tp, region.N, slice, region.ops}, slice_(slice), eps_(ln_eps) {}
+  GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, layers::Norm<T, Dev> norm)
+      : region_(region), ce_{region.tp, region.N, slice, region.ops}, slice_(slice), norm_(norm) {}
 
-  //! The mean loss of the micro-batch in st, keeping what backward needs there.
+  //! The mean loss of the micro-batch in st, keeping what backward needs there (lnf_b: null for RMSNorm).
   double forward(GptSlot<T, Dev, Tp>& st, const T* wte, const T* lnf_w, const T* lnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
-    ops.layernorm_forward(st.out.data(), lnf_w, lnf_b, st.lnf.data(), st.lnf_mean.data(), st.lnf_rstd.data(),
-                          region_.rows(), d, eps_);
+    norm_.forward(st.out.data(), lnf_w, lnf_b, st.lnf.data(), st.lnf_mean.data(), st.lnf_rstd.data(), region_.rows(),
+                  d);
     T* lnf_full = full_or(st.lnf_full, st.lnf.data());
     region_.enter_forward(st.lnf.data(), lnf_full);
     ops.matmul(lnf_full, wte, st.logits.data(), N, slice_.count, d, false, true);
@@ -80,17 +83,16 @@ class GptHead {
     T* dfull = region_.sequence_parallel ? dlnf_full : dlnf;
     ops.matmul(logits, wte, dfull, N, d, slice_.count, false, false);
     region_.enter_backward(dfull, dlnf);
-    ops.layernorm_backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx,
-                                 region_.rows(), d);
+    norm_.backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx, region_.rows(), d);
   }
-  //! Accumulates the tied table's gradient (this rank's vocabulary rows) and the final norm's.
+  //! Accumulates the output table's gradient (this rank's vocabulary rows) and the final norm's.
   void backward_weight(const GptSlot<T, Dev, Tp>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
     ops.matmul(st.logits.data(), full_or(st.lnf_full, st.lnf.data()), dwte, slice_.count, d, N, true, false, 1.0f,
                1.0f);
-    ops.layernorm_backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
-                                  region_.rows(), d);
+    norm_.backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
+                          region_.rows(), d);
   }
 
  private:
@@ -100,7 +102,7 @@ class GptHead {
   layers::Region<T, Dev, Tp> region_;
   layers::VocabParallelCrossEntropy<T, Dev, Tp> ce_;
   layers::VocabSlice slice_;
-  float eps_;
+  layers::Norm<T, Dev> norm_;
 };
 
 }  // namespace loom::models

@@ -1,7 +1,10 @@
-// A GPT-2-style decoder: pre-LayerNorm blocks, learned positions, tied input and output embedding, GELU MLP,
-// optional grouped-query attention, on one rank or split over a tensor-parallel group (with or without sequence
-// parallelism) as the layout type Cfg says, whole or as a pipeline part. Its parameters are laid out as Hugging
-// Face's GPT-2, each rank holding its part of each in one flat buffer. Forward keeps a micro-batch's activations in
+// A decoder-only transformer of pre-norm blocks, on one rank or split over a tensor-parallel group (with or without
+// sequence parallelism) as the layout type Cfg says, whole or as a pipeline part. Its parts are its shape's spec:
+// GPT-2's (LayerNorm, learned positions, GELU MLP, biases, the tied embedding), Llama 3's (RMSNorm, rotary positions
+// with Llama 3's frequency scaling, SwiGLU, no biases, an output layer of its own), Mixtral's (Llama's with a mixture
+// of SwiGLU experts), or any mix of them, with grouped-query attention. Its parameters are laid out as GPT-2's names
+// say (checkpoint/hf.hpp maps them to each family's Hugging Face names), each rank holding its part of each in one
+// flat buffer. Forward keeps a micro-batch's activations in
 // the slot its caller names, and every backward names the slot it reads: no call depends on which slot an earlier
 // call used. The model computes on the device Dev (Host, or Cuda with <loom/kernels/cuda/device_ops.cuh>).
 #pragma once
@@ -128,10 +131,10 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! The parameters forward unit u reads (the output layer reads the tied table as well).
   ParamRange forward_unit_reads(int u) const {
     check_unit(u);
-    if (embedding() && u == 0) return {ix_.wte, ix_.wpe + 1};
+    if (embedding() && u == 0) return ix_.of_embedding();
     const int l = ix_.first + u - (embedding() ? 1 : 0);
     if (l < ix_.last) return ix_.of_block(l);
-    return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+    return ix_.of_head();
   }
   //! The groups of parameters that forward units and backward chunks read and write whole, in the order of the
   //! part's flat buffer: the tied table and the positions (or, in a part with the output layer alone, its copy of
@@ -140,7 +143,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     std::vector<ParamRange> u;
     if (ix_.block0 > 0) u.push_back({0, ix_.block0});
     for (int l = ix_.first; l < ix_.last; ++l) u.push_back(ix_.of_block(l));
-    if (head()) u.push_back({ix_.lnf_w, ix_.lnf_b + 1});
+    if (head()) u.push_back({ix_.lnf_w, ix_.end});
     return u;
   }
   //! Starts the forward of micro-batch mb in `slot` (see forward), whose units forward_unit(slot, u) then runs in
@@ -191,7 +194,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
                       acts_.partial.data(), st.output_of(i, full()), st.dropout, acts_.grads, &moe_stats_);
       return 0;
     }
-    return head_->forward(st, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b));
+    return head_->forward(st, param_ptr(ix_.output_table()), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b));
   }
 
   //! The whole model (every part) on one micro-batch in slot 0: the mean cross-entropy of B sequences of T tokens
@@ -203,6 +206,10 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     return forward(0, MicroBatch{ids, targets, B, T_, step, row0});
   }
 
+  //! The logits of the micro-batch in `slot`, in the part with the loss: all N = B x T rows (this rank's tokens) of
+  //! this rank's vocabulary slice, in Dev's memory; valid from its forward until its backward, which turns them into
+  //! their gradient.
+  const T* logits(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).logits.data(); }
   //! This part's output of the micro-batch in `slot` (this rank's rows x d_model, in Dev's memory).
   const T* output(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).out.data(); }
   //! The gradient of this part's input left by the last backward (this rank's rows x d_model, in Dev's memory),
@@ -231,16 +238,16 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! it completes only in a part without the embedding).
   ParamRange backward_chunk_writes(int c) const {
     c = chunk_step(c);
-    if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+    if (c == 0) return ix_.of_head();
     if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
-    return {ix_.wte, ix_.wpe + 1};
+    return ix_.of_embedding();
   }
 
   //! The parameters backward chunk c reads: the output layer's chunk the final norm and the tied table, a block's
   //! its own; the embedding's none (its gradient is a sum of rows of the output's).
   ParamRange backward_chunk_reads(int c) const {
     c = chunk_step(c);
-    if (c == 0) return {ix_.lnf_w, ix_.lnf_b + 1, ix_.wte};
+    if (c == 0) return ix_.of_head();
     if (c <= ix_.last - ix_.first) return ix_.of_block(ix_.last - c);
     return {0, 0};
   }
@@ -255,7 +262,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     if (c == 0) {  // loss, head, final norm; the tied table is complete here unless this part has the embedding
       head_input(st, scale, acts_.dlnf.data());
       head_weight(st, acts_.dlnf.data());
-      return {ix_.lnf_w, ix_.lnf_b + 1, embedding() ? no_param : ix_.wte};
+      const ParamRange h = ix_.of_head();
+      return {h.first, h.last, embedding() ? no_param : h.also};
     }
     if (c <= ix_.last - ix_.first) {
       const int l = ix_.last - c;
@@ -264,7 +272,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
       return ix_.of_block(l);
     }
     embedding_weight(st, acts_.dx.data());
-    return {ix_.wte, ix_.wpe + 1};
+    return ix_.of_embedding();
   }
 
   //! The backward of the micro-batch in `slot` split in two, as zero-bubble schedules run it. B: the gradient of
@@ -342,6 +350,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
       : Weights(s, std::move(tp), seed, part, opt.write_buffers, std::move(ep)), opt_(opt), cp_(std::move(cp)) {
     slice_ = layers::vocab_slice(shape_.vocab, tp_size, tp_.rank());
     region_ = layers::Region<T, Dev, Tp>{nullptr, 0, shape_.d_model};
+    if (shape_.rope() && ix_.first < ix_.last) rope_.emplace(shape_.head_dim(), shape_.max_seq, rope_frequencies(shape_), ops_);
     acts_.slots.resize(1);
   }
 
@@ -359,7 +368,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   }
   std::size_t block_index(int l) const { return static_cast<std::size_t>(l - ix_.first); }
   typename Block::Params block_params(const Buf& buf, int l) const {
-    return Block::Params::in(buf.data(), specs_, ix_.block(l), shape_.moe_block(l), shape_.shared_experts);
+    return Block::Params::in(buf.data(), specs_, ix_.block(l), shape_, l);
   }
   //! buf with sequence parallelism, else alt: where a full (N-row) tensor lives.
   T* full_or(const Buf& buf, T* alt) const { return sequence_parallel ? buf.data() : alt; }
@@ -424,22 +433,23 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! gradient for head_weight.
   void head_input(Slot& st, double scale, T* dlnf) {
     auto counted = tp_.counting(layers::Phase::other);
-    head_->backward_input(st, scale, param_ptr(ix_.wte), param_ptr(ix_.lnf_w), dlnf, acts_.dlnf_full.data(),
-                          acts_.dloss.data(), acts_.dx.data());
+    head_->backward_input(st, scale, param_ptr(ix_.output_table()), param_ptr(ix_.lnf_w), dlnf,
+                          acts_.dlnf_full.data(), acts_.dloss.data(), acts_.dx.data());
   }
-  //! The loss's weight gradients: the tied table (this rank's vocabulary rows) and the final norm.
+  //! The loss's weight gradients: the output table (this rank's vocabulary rows) and the final norm.
   void head_weight(Slot& st, const T* dlnf) {
     auto counted = tp_.counting(layers::Phase::other);
-    keep_shared({ix_.lnf_w, ix_.lnf_b + 1});
-    head_->backward_weight(st, dlnf, grad_ptr(ix_.wte), grad_ptr(ix_.lnf_w), grad_ptr(ix_.lnf_b));
-    sum_shared({ix_.lnf_w, ix_.lnf_b + 1});
+    const ParamRange h = ix_.of_head();
+    keep_shared(h);
+    head_->backward_weight(st, dlnf, grad_ptr(ix_.output_table()), grad_ptr(ix_.lnf_w), grad_ptr(ix_.lnf_b));
+    sum_shared(h);
   }
   //! The embedding's weight gradients from dx, the gradient of its output (overwritten).
   void embedding_weight(Slot& st, T* dx) {
     auto counted = tp_.counting(layers::Phase::other);
-    keep_shared({ix_.wte, ix_.wpe + 1});
+    keep_shared(ix_.of_embedding());
     emb_->backward(st.ids, dx, full_or(acts_.emb_full, dx), grad_ptr(ix_.wte), grad_ptr(ix_.wpe), st.dropout);
-    sum_shared({ix_.wte, ix_.wpe + 1});
+    sum_shared(ix_.of_embedding());
   }
 
   GptActivationShape activation_shape() const {
@@ -454,9 +464,9 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     const int N = B * T_new;
     region_ = layers::Region<T, Dev, Tp>{&tp_, N, shape_.d_model, ops_};
     block_.emplace(region_, B, T_new, shape_, opt_.ln_eps, layers::CpGroup{cp_.get(), cp_algorithm}, opt_.moe,
-                   layers::EpGroup{this->ep()});
+                   layers::EpGroup{this->ep()}, rope_ ? &*rope_ : nullptr);
     emb_.emplace(region_, slice_, place());
-    head_.emplace(region_, slice_, opt_.ln_eps);
+    head_.emplace(region_, slice_, layers::Norm<T, Dev>{shape_.norm == NormKind::rms, opt_.ln_eps, ops_});
     acts_.allocate(slots(), activation_shape(), *block_);
   }
 
@@ -466,6 +476,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   layers::VocabSlice slice_{0, 0};
   int B_ = 0, T_ = 0;  //!< the batch shape the layers and the activation storage are made for (T_: local tokens)
   layers::Region<T, Dev, Tp> region_{nullptr, 0, 0};
+  std::optional<layers::Rotary<T, Dev>> rope_;  //!< with rotary positions: the tables
   std::optional<Block> block_;
   std::optional<GptEmbedding<T, Dev, Tp>> emb_;
   std::optional<GptHead<T, Dev, Tp>> head_;
@@ -487,6 +498,8 @@ class Gpt : public GptModel<T, Cfg, Dev> {
                 "loom: mixture-of-experts layers run on the host only (no CUDA kernels for routing and dispatch yet)");
   static_assert(S.experts == 0 || (S.top_k >= 1 && S.top_k <= S.experts && S.moe_every >= 1),
                 "loom: a mixture of experts needs 1 <= top_k <= experts and moe_every >= 1");
+  static_assert(!S.rope() || S.head_dim() % 2 == 0,
+                "loom: rotary positions need an even head_dim (each head's halves are the planes they turn)");
 
  public:
   static constexpr GptShape static_shape = S;

@@ -5,22 +5,59 @@
 #include <loom/config.hpp>
 #include <loom/core/device.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <numeric>
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace loom::models {
 
-//! The shape of a GPT. vocab is the full vocabulary, max_seq the number of learned positions, d_ff the MLP's width
-//! (0: 4 d_model, GPT-2's). A mixture-of-experts GPT has `experts` > 0: block l's MLP is a mixture of experts when
+//! The norm a block (and the final norm) uses: LayerNorm with weight and bias (GPT-2), or RMSNorm with a weight
+//! (Llama, Mixtral).
+enum class NormKind : std::uint8_t { layer, rms };
+//! How a token's position enters: learned absolute positions added to the embedding (GPT-2), or rotary positions
+//! applied to every head's queries and keys (RoPE: Llama, Mixtral).
+enum class PositionKind : std::uint8_t { learned, rope };
+//! The MLP's (and every expert's) activation: GELU between two projections (GPT-2), or SwiGLU, silu(x W_gate) *
+//! (x W_up) before the down projection (Llama, Mixtral).
+enum class MlpKind : std::uint8_t { gelu, swiglu };
+
+//! Llama 3's scaling of the rotary frequencies (Hugging Face's rope_scaling of rope_type "llama3"): wavelengths
+//! longer than original_max / low_freq_factor are stretched by `factor`, those shorter than original_max /
+//! high_freq_factor kept, those between interpolated. factor 0: no scaling.
+struct RopeScaling {
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int original_max = 8192;
+  constexpr bool operator==(const RopeScaling&) const = default;
+};
+
+//! The shape of a decoder-only transformer, and the parts its blocks are made of. vocab is the full vocabulary,
+//! max_seq the longest sequence (the learned positions' count, or the rotary tables' length), d_ff the MLP's width
+//! (0: 4 d_model, GPT-2's). A mixture-of-experts model has `experts` > 0: block l's MLP is a mixture of experts when
 //! l % moe_every == 0, each token going to top_k of them; every expert is an MLP of width expert_ff (0: the dense
 //! width), and shared_experts such MLPs (one of their summed width) take every token as well (DeepSeek's shared
 //! experts).
+//!
+//! The parts (a spec, as Megatron-Core's layer specs name a block's submodules): the norm, the positions, the MLP's
+//! activation, whether the attention's and MLP's linear layers have biases, whether the output layer is the
+//! embedding table (tied) or a table of its own, whether the router renormalises the chosen experts' weights, and
+//! RoPE's base and scaling. GPT-2, Llama 3 and Mixtral are three specs of the same block (gpt2_spec, llama3_spec,
+//! mixtral_spec below).
 struct GptShape {
   int layers, heads, kv_heads, d_model, vocab, max_seq, d_ff = 0;
   int experts = 0, top_k = 2, moe_every = 1, expert_ff = 0, shared_experts = 0;
+  NormKind norm = NormKind::layer;
+  PositionKind positions = PositionKind::learned;
+  MlpKind mlp = MlpKind::gelu;
+  bool bias = true;         //!< biases on the attention's and the MLPs' projections
+  bool tied = true;         //!< the output layer multiplies by the embedding table (else lm_head.weight)
+  bool renormalize = true;  //!< a router's top-k weights renormalised to sum to one (else the softmax's own)
+  double rope_theta = 10000;
+  RopeScaling rope_scaling{};
 
   constexpr int head_dim() const { return d_model / heads; }
   constexpr int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
@@ -28,27 +65,86 @@ struct GptShape {
   //! Whether block l's MLP is a mixture of experts.
   constexpr bool moe_block(int l) const { return experts > 0 && moe_every > 0 && l % moe_every == 0; }
   constexpr int expert_width() const { return expert_ff > 0 ? expert_ff : ffn(); }
-  //! Parameters of an MLP of width f: c_fc (d x f and f), c_proj (f x d and d).
-  constexpr std::int64_t mlp_params(int f) const { return 2 * std::int64_t{d_model} * f + f + d_model; }
+  constexpr bool gated() const { return mlp == MlpKind::swiglu; }
+  constexpr bool rope() const { return positions == PositionKind::rope; }
+  //! Elements of one norm's parameters (weight, and LayerNorm's bias).
+  constexpr std::int64_t norm_params() const { return norm == NormKind::layer ? 2 * d_model : d_model; }
+  //! Parameters of an MLP of width f: its up projection (d x f, or d x 2f gate and up with SwiGLU), its down
+  //! projection (f x d), and their biases where the spec has them.
+  constexpr std::int64_t mlp_params(int f) const {
+    const std::int64_t up = gated() ? 2 * std::int64_t{f} : f;
+    return std::int64_t{d_model} * up + std::int64_t{f} * d_model + (bias ? up + d_model : 0);
+  }
   //! Block l's parameters; with `held_experts` >= 0, counting that many of its experts (a rank's share).
   constexpr std::int64_t block_params(int l, int held_experts = -1) const {
     const std::int64_t d = d_model;
-    const std::int64_t common = 4 * d + d * qkv_width() + qkv_width() + d * d + d;
+    const std::int64_t common = 2 * norm_params() + d * qkv_width() + d * d + (bias ? qkv_width() + d : 0);
     if (!moe_block(l)) return common + mlp_params(ffn());
     const int e = held_experts < 0 ? experts : held_experts;
     return common + d * experts + (shared_experts > 0 ? mlp_params(shared_experts * expert_width()) : 0) +
            e * mlp_params(expert_width());
   }
-  //! Parameters, counting the tied embedding once.
+  //! Parameters, counting a tied embedding once.
   constexpr std::int64_t params() const { return active_params(-1); }
   //! Parameters a token's computation reads: every expert counted (-1), or top_k of each MoE layer's (active).
   constexpr std::int64_t active_params(int held_experts) const {
-    std::int64_t n = std::int64_t{vocab} * d_model + std::int64_t{max_seq} * d_model + 2 * d_model;
+    std::int64_t n = std::int64_t{vocab} * d_model * (tied ? 1 : 2) + norm_params() +
+                     (rope() ? 0 : std::int64_t{max_seq} * d_model);
     for (int l = 0; l < layers; ++l) n += block_params(l, held_experts);
     return n;
   }
   constexpr std::int64_t active_params() const { return active_params(top_k); }
+  //! Training FLOPs per token (forward and backward, 3 x 2 per multiply-add) at sequence length seq: the matrix
+  //! products of the active parameters (the embedding lookup excluded, the output layer included) and causal
+  //! attention's two products, seq/2 keys on average (PaLM's appendix B counts 6N + 12 L d seq for full attention).
+  constexpr double flops_per_token(int seq) const {
+    const double matmul = static_cast<double>(active_params() - std::int64_t{vocab} * d_model * (tied ? 0 : 1) -
+                                              (rope() ? 0 : std::int64_t{max_seq} * d_model));
+    return 6.0 * matmul + 6.0 * layers * heads * head_dim() * static_cast<double>(seq);
+  }
+
+  constexpr bool operator==(const GptShape&) const = default;
 };
+
+//! The rotary frequencies of a shape's heads, one per plane (head_dim / 2): theta^(-2j / head_dim), then Llama 3's
+//! scaling where the shape has it (Hugging Face's rope_type "llama3"); in double.
+inline std::vector<double> rope_frequencies(const GptShape& s) {
+  const int hd = s.head_dim();
+  const RopeScaling& r = s.rope_scaling;
+  std::vector<double> f(static_cast<std::size_t>(hd / 2));
+  for (int j = 0; j < hd / 2; ++j) {
+    double inv = 1.0 / std::pow(s.rope_theta, 2.0 * j / hd);
+    if (r.factor != 0) {
+      const double wavelen = 2 * std::numbers::pi / inv;
+      const double low_wavelen = r.original_max / r.low_freq_factor, high_wavelen = r.original_max / r.high_freq_factor;
+      if (wavelen > low_wavelen) {
+        inv /= r.factor;
+      } else if (wavelen >= high_wavelen) {  // between: interpolated
+        const double smooth = (r.original_max / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        inv = (1 - smooth) * inv / r.factor + smooth * inv;
+      }
+    }
+    f[static_cast<std::size_t>(j)] = inv;
+  }
+  return f;
+}
+
+//! The parts of GPT-2's block: LayerNorm, learned positions, GELU, biases, the tied embedding.
+constexpr GptShape gpt2_spec(GptShape s) { return s; }
+//! Llama 3's: RMSNorm, RoPE (theta, and the frequency scaling when given), SwiGLU, no biases, an output layer of its
+//! own.
+constexpr GptShape llama3_spec(GptShape s, double theta = 500000, RopeScaling scaling = {}) {
+  s.norm = NormKind::rms, s.positions = PositionKind::rope, s.mlp = MlpKind::swiglu;
+  s.bias = false, s.tied = false, s.rope_theta = theta, s.rope_scaling = scaling;
+  return s;
+}
+//! Mixtral's: Llama's block with a mixture of SwiGLU experts in every layer, top-k of them, their softmax weights
+//! renormalised over the chosen.
+constexpr GptShape mixtral_spec(GptShape s, int experts = 8, int top_k = 2, double theta = 1e6) {
+  s = llama3_spec(s, theta);
+  s.experts = experts, s.top_k = top_k, s.moe_every = 1, s.renormalize = true;
+  return s;
+}
 
 //! The shapes train_gpt knows by name.
 inline constexpr GptShape tiny{2, 4, 4, 64, 256, 128};
@@ -60,6 +156,20 @@ inline constexpr GptShape long_context{2, 4, 4, 64, 256, 32768};
 //! that a token reads as many MLP parameters as in the dense model.
 inline constexpr GptShape tiny_moe{2, 4, 4, 64, 256, 128, 0, 8, 2, 1, 128};
 inline constexpr GptShape small_moe{4, 8, 8, 256, 256, 256, 0, 8, 2, 1, 512};
+//! The Llama family on bytes: tiny's and small's dimensions (grouped-query attention, SwiGLU of width 8/3 d rounded
+//! to 32) with Llama 3's parts; RoPE's frequencies scaled as Llama 3.1's for contexts past a quarter of max_seq.
+inline constexpr GptShape llama_tiny = llama3_spec({2, 4, 2, 64, 256, 128, 192}, 500000, {8, 1, 4, 32});
+inline constexpr GptShape llama_small = llama3_spec({4, 8, 4, 256, 256, 256, 704}, 500000, {8, 1, 4, 64});
+//! Llama 3.2 1B's dimensions: 16 layers, d 2048, 32 heads of 64, 8 kv heads, FFN 8192, vocabulary 128256, RoPE
+//! theta 500000 with Llama 3's scaling (factor 32 from 8192 positions), and its tied output layer.
+inline constexpr GptShape llama3_1b = [] {
+  GptShape s = llama3_spec({16, 32, 8, 2048, 128256, 131072, 8192}, 500000, {32, 1, 4, 8192});
+  s.tied = true;
+  return s;
+}();
+//! Mixtral's parts at tiny's and small's dimensions: 8 SwiGLU experts of half the dense width, top-2.
+inline constexpr GptShape mixtral_tiny = mixtral_spec({2, 4, 2, 64, 256, 128, 0, 0, 2, 1, 96});
+inline constexpr GptShape mixtral_small = mixtral_spec({4, 8, 4, 256, 256, 256, 0, 0, 2, 1, 352});
 
 //! The part of the model a pipeline stage holds: blocks [first, last) (last -1: to the end); the part with block 0
 //! holds the embedding, the part with the last block the final norm, the tied output layer and the loss.
@@ -96,7 +206,7 @@ struct GptOptions {
   Recompute recompute = Recompute::none;
   MoeOptions moe{};
   float dropout = 0.0f;    //!< on the embedding output and each residual branch
-  float ln_eps = 1e-5f;
+  double ln_eps = 1e-5;  //!< the norms' epsilon (LayerNorm's or RMSNorm's)
   //! Whether building the model writes its buffers: the parameters initialised from the seed, the gradients zeroed.
   //! A model whose buffers are held in shards (ZeRO-3) is built without, and whoever holds a shard writes it
   //! (GptWeights::initialise for the parameters; the gradients it zeroes before they are written).
@@ -114,6 +224,11 @@ constexpr std::string_view shape_violation(GptShape s) {
                                                                         "not be negative";
   if (s.experts > 0 && (s.top_k < 1 || s.top_k > s.experts)) return "top_k must be in 1..experts";
   if (s.experts > 0 && s.moe_every < 1) return "moe_every must be at least 1";
+  if (s.rope() && s.head_dim() % 2 != 0) return "rotary positions need an even head_dim";
+  if (s.rope() && !(s.rope_theta > 1)) return "rope_theta must be above 1";
+  if (s.rope_scaling.factor != 0 && (s.rope_scaling.factor < 1 || s.rope_scaling.original_max < 1 ||
+                                     !(s.rope_scaling.high_freq_factor > s.rope_scaling.low_freq_factor)))
+    return "rope scaling needs factor >= 1, original_max >= 1 and high_freq_factor > low_freq_factor";
   return {};
 }
 

@@ -81,7 +81,7 @@ class GptWeights {
   const layers::TpGroup<T, tensor_parallel>& tp() const { return tp_; }
 
   //! Whether this part holds the embedding (block 0), the loss (the last block); its blocks [first, last).
-  bool embedding() const { return ix_.wpe != no_param; }
+  bool embedding() const { return ix_.embeds; }
   bool head() const { return ix_.lnf_w != no_param; }
   int first_layer() const { return ix_.first; }
   int last_layer() const { return ix_.last; }
@@ -112,9 +112,10 @@ class GptWeights {
     }
     return static_cast<double>(sq[0] + sq[1]);
   }
-  //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else empty.
+  //! The tied embedding table's gradient (this rank's rows, in Dev's memory), in a part that holds it; else (and
+  //! for a model whose output layer has a table of its own) empty.
   std::span<T> tied_grad() {
-    if (ix_.wte == no_param) return {};
+    if (ix_.wte == no_param || !shape_.tied) return {};
     return {grad_ptr(ix_.wte), static_cast<std::size_t>(numel_of(specs_[ix_.wte].shape))};
   }
   //! Bytes of this rank's parameters: those every tensor-parallel rank holds in full, and its part of the others.
@@ -191,8 +192,8 @@ class GptWeights {
   GptWeights(const GptShape& s, layers::TpGroup<T, tensor_parallel> tp, std::uint64_t seed, GptPart part,
              bool write = true, std::unique_ptr<comm::AnyComm> ep = nullptr)
       : shape_(checked(s, ep ? ep->size() : 1)), ep_(ep && ep->size() > 1 ? std::move(ep) : nullptr),
-        tp_(std::move(tp)), ix_(s, ep_size(), part),
-        specs_(param_specs(s, tp_.rank(), false, part, ep_rank(), ep_size())), shared_(specs_) {
+        tp_(std::move(tp)), specs_(param_specs(s, tp_.rank(), false, part, ep_rank(), ep_size())),
+        ix_(s, part, specs_), shared_(specs_) {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
@@ -209,8 +210,9 @@ class GptWeights {
   GptWeights(const GptWeights&) = delete;
   GptWeights& operator=(const GptWeights&) = delete;
 
-  T* param_ptr(std::size_t p) const { return params_.data() + specs_[p].offset; }
-  T* grad_ptr(std::size_t p) const { return grads_.data() + specs_[p].offset; }
+  //! Parameter p's (or its gradient's) first element; null for no_param (a part, or a spec, without it).
+  T* param_ptr(std::size_t p) const { return p == no_param ? nullptr : params_.data() + specs_[p].offset; }
+  T* grad_ptr(std::size_t p) const { return p == no_param ? nullptr : grads_.data() + specs_[p].offset; }
   Buf view_of(const Buf& buf, std::string_view name) const {
     for (const auto& s : specs_)
       if (s.name == name) return buf.slice(0, s.offset, s.offset + numel_of(s.shape)).view(s.shape);
@@ -245,8 +247,8 @@ class GptWeights {
   std::unique_ptr<comm::AnyComm> ep_;  //!< with expert parallelism: the ep group's communicator
   kernels::Ops<Dev> ops_{};
   layers::TpGroup<T, tensor_parallel> tp_;
-  GptParamIndex ix_;
   std::vector<ParamSpec> specs_;
+  GptParamIndex ix_;
   SharedGradients<T, tensor_parallel> shared_;  //!< refers to specs_
   Buf params_, grads_;
 };
