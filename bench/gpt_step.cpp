@@ -1,11 +1,15 @@
 // GPT training-step benchmark: tokens/s and peak memory of forward + backward + AdamW. On the CPU (the default)
 // for the tiny and small shapes, measured in the same run against the same model in PyTorch on the CPU
-// (bench/gpt_torch.py under Debian's python3-torch, the same thread count), with the ratio loom / PyTorch. With
+// (bench/gpt_torch.py under Debian's python3-torch, the same thread count), with the ratio loom / PyTorch; for the
+// Llama and Mixtral families (llama-tiny, llama-small, mixtral-tiny, mixtral-small) against transformers' model of
+// the same shape (bench/hf_step.py, in scripts/install-deps' environment; Mixtral dropless on both sides). With
 // --device cuda (a build with CUDA) for the GPT-2 124M shape in bf16, with the MFU, against PyTorch on the same GPU
 // (bf16 autocast, fused AdamW, eager and torch.compile).
 //
-//   gpt_step [--device cpu|cuda] [--models tiny,small,gpt2] [--dtype f32|bf16] [--batch B] [--seq T] [--steps 5]
-//            [--threads 2] [--peak-tflops 989] [--python PATH] [--no-torch] [--no-compile] [--json FILE]
+//   gpt_step [--device cpu|cuda] [--models tiny,small,llama-small,mixtral-small,gpt2] [--dtype f32|bf16]
+//            [--batch B] [--seq T] [--steps 5] [--threads 2] [--peak-tflops 989] [--python PATH]
+//            [--hf-python PATH] [--no-torch] [--no-compile] [--json FILE]
+#include <loom/checkpoint/hf.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 
@@ -16,6 +20,7 @@
 #include "gpt_step.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -37,10 +42,13 @@ using namespace loom;
 
 using namespace gpt_step;
 
-template <models::GptShape S>
-Row measure(const std::string& name, const StepOptions& o) {
+//! One rank's training step of the model of shape S on the CPU, in float (a mixture of experts dropless, without the
+//! router's losses, as transformers' Mixtral trains).
+Row measure(const models::GptShape& S, const std::string& name, const StepOptions& o) {
   const int T = std::min(o.seq, S.max_seq);
-  models::Gpt<S, float> m(1);
+  models::GptOptions mo;
+  mo.moe.capacity_factor = 0, mo.moe.aux_loss_coeff = 0;
+  models::GptModel<float> m(S, 1, mo);
   optim::AdamW<float> opt(m.specs(), S.params());
   std::vector<std::int32_t> ids, tg;
   tokens(S.vocab, static_cast<std::size_t>(o.batch) * T, ids, tg);
@@ -80,6 +88,26 @@ std::vector<Row> measure_torch(const models::GptShape& s, const std::string& nam
   shape << s.layers << " " << s.heads << " " << s.d_model << " " << s.vocab << " " << T << " " << o.batch << " "
         << o.steps;
   std::vector<Row> rows;
+  if (o.device == "cpu" && checkpoint::hf_family(s) != checkpoint::HfFamily::gpt2) {  // transformers' model
+    const std::string config = (std::filesystem::temp_directory_path() / ("loom-gpt-step-" + name + ".json")).string();
+    std::ofstream(config) << checkpoint::llama_config(s, 1e-5).dump();
+    std::ostringstream cmd;
+    cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.hf_python << " " << LOOM_SOURCE_DIR << "/bench/hf_step.py "
+        << config << " " << T << " " << o.batch << " " << o.steps << " " << o.threads;
+    FILE* p = popen(cmd.str().c_str(), "r");
+    LOOM_CHECK(p, "cannot run ", cmd.str());
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    const int rc = pclose(p);
+    std::filesystem::remove(config);
+    LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the transformers reference failed (", cmd.str(),
+               "); run scripts/install-deps, pass --hf-python or --no-torch");
+    const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+    rows.push_back({name, "transformers " + j.at("version").get<std::string>(), "cpu", "f32", o.threads, o.batch, T,
+                    j.at("step_ms"), j.at("tokens_per_s"), 0});
+    return rows;
+  }
   if (o.device == "cpu") {
     const auto j = run_torch(o, "bench " + shape.str() + " " + std::to_string(o.threads));
     rows.push_back({name, "pytorch " + j.at("version").get<std::string>(), "cpu", "f32", o.threads, o.batch, T,
@@ -101,7 +129,12 @@ models::GptShape shape_of(const std::string& name) {
   if (name == "tiny") return models::tiny;
   if (name == "small") return models::small;
   if (name == "gpt2") return models::gpt2;
-  throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2)");
+  if (name == "llama-tiny") return models::llama_tiny;
+  if (name == "llama-small") return models::llama_small;
+  if (name == "mixtral-tiny") return models::mixtral_tiny;
+  if (name == "mixtral-small") return models::mixtral_small;
+  throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2, llama-tiny, llama-small, mixtral-tiny, "
+              "mixtral-small)");
 }
 
 }  // namespace
@@ -116,9 +149,10 @@ int main(int argc, char** argv) {
         return std::string(argv[++i]);
       };
       if (a == "-h" || a == "--help") {
-        std::fputs("usage: gpt_step [--models tiny,small,gpt2] [--device cpu|cuda] [--dtype f32|bf16] [--batch B]\n"
-                   "                [--seq T] [--steps N] [--threads N] [--peak-tflops F] [--python PATH] [--no-torch]\n"
-                   "                [--no-compile] [--json FILE]\n", stdout);
+        std::fputs("usage: gpt_step [--models tiny,small,llama-small,mixtral-small,gpt2] [--device cpu|cuda]\n"
+                   "                [--dtype f32|bf16] [--batch B] [--seq T] [--steps N] [--threads N] [--peak-tflops F]\n"
+                   "                [--python PATH] [--hf-python PATH] [--no-torch] [--no-compile] [--json FILE]\n",
+                   stdout);
         return 0;
       } else if (a == "--models") {
         o.models.clear();
@@ -132,6 +166,7 @@ int main(int argc, char** argv) {
       else if (a == "--threads") o.threads = std::stoi(next());
       else if (a == "--peak-tflops") o.peak_tflops = std::stod(next());
       else if (a == "--python") o.python = next();
+      else if (a == "--hf-python") o.hf_python = next();
       else if (a == "--no-torch") o.torch = false;
       else if (a == "--no-compile") o.torch_compile = false;
       else if (a == "--json") o.json = next();
@@ -155,14 +190,14 @@ int main(int argc, char** argv) {
       }
     } else {
       for (const auto& name : o.models) {
-        if (name == "tiny") rows.push_back(measure<models::tiny>(name, o));
-        else if (name == "small") rows.push_back(measure<models::small>(name, o));
-        else throw Error("loom: unknown model '" + name + "' on the CPU (tiny, small)");
+        LOOM_CHECK(name != "gpt2", "--models gpt2 runs with --device cuda; on the CPU: tiny, small, llama-tiny, "
+                   "llama-small, mixtral-tiny, mixtral-small");
+        rows.push_back(measure(shape_of(name), name, o));
         if (o.torch)
           for (auto& r : measure_torch(shape_of(name), name, o)) rows.push_back(r);
       }
     }
-    std::printf("%-6s %-24s %-5s %-5s %7s %5s %5s %10s %12s %10s %6s %14s\n", "model", "backend", "dev", "dtype",
+    std::printf("%-13s %-38s %-5s %-5s %7s %5s %5s %10s %12s %10s %6s %14s\n", "model", "backend", "dev", "dtype",
                 "threads", "batch", "seq", "step_ms", "tokens/s", "peak_MiB", "mfu", "loom/pytorch");
     const Row* mine = nullptr;
     for (const auto& r : rows) {
@@ -170,7 +205,7 @@ int main(int argc, char** argv) {
       std::string ratio;
       if (r.backend != "loom" && mine && mine->model == r.model)
         ratio = std::to_string(mine->tokens_per_s / r.tokens_per_s).substr(0, 5) + "x";
-      std::printf("%-6s %-24s %-5s %-5s %7d %5d %5d %10.1f %12.0f %10.1f %6.3f %14s\n", r.model.c_str(),
+      std::printf("%-13s %-38s %-5s %-5s %7d %5d %5d %10.1f %12.0f %10.1f %6.3f %14s\n", r.model.c_str(),
                   r.backend.c_str(), r.device.c_str(), r.dtype.c_str(), r.threads, r.batch, r.seq, r.step_ms,
                   r.tokens_per_s, static_cast<double>(r.peak_bytes) / (1 << 20), r.mfu, ratio.c_str());
     }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct StepOptions {
   bool torch = true, torch_compile = true;
   double peak_tflops = 989;  //!< H100/H200 SXM dense bf16
   std::string python = "/usr/bin/python3", json;
+  //! The Python with transformers (scripts/install-deps' environment), for the Llama and Mixtral families' reference.
+  std::string hf_python = std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/loom/hf-venv/bin/python";
 };
 
 //! B x T token ids and targets, the same for every backend.

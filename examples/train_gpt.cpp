@@ -14,7 +14,8 @@
 namespace train_gpt {
 
 const char* usage =
-    "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe] [--steps N] [--batch B]\n"
+    "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe|llama-tiny|llama-small|llama3-1b|\n"
+    "                          mixtral-tiny|mixtral-small|HF_DIR] [--steps N] [--batch B]\n"
     "                 [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
     "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
@@ -320,6 +321,9 @@ train::TrainerOptions trainer_options(const Args& a) {
   o.model.moe.aux_loss_coeff = a.aux_loss_coeff;
   o.model.moe.z_loss_coeff = a.z_loss_coeff;
   o.model.moe.sigmoid = a.router == "sigmoid";
+  // The norms' epsilon of a model read from a Hugging Face directory (--model or --init-from), else 1e-5.
+  if (hugging_face_dir(a.model)) checkpoint::hf_shape(a.model, &o.model.ln_eps);
+  else if (!a.init_from.empty() && hugging_face_dir(a.init_from)) checkpoint::hf_shape(a.init_from, &o.model.ln_eps);
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;

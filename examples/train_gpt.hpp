@@ -31,6 +31,10 @@ namespace train_gpt {
 
 using namespace loom;
 
+//! The shapes --model names (models::tiny, ..., models::mixtral_small); a Hugging Face directory names its own.
+inline constexpr std::string_view model_names =
+    "tiny, small, gpt2, long, tiny-moe, small-moe, llama-tiny, llama-small, llama3-1b, mixtral-tiny, mixtral-small";
+
 struct Args {
   std::string model = "tiny", optimizer = "adamw", dtype = "f32", device = "cpu", backend = "local";
   std::string parallel, schedule = "1f1b", data, batch_order = "sequential", log_json, save, init_from, resume;
@@ -258,10 +262,13 @@ void add_state_bytes(const Opt& opt, Held& held) {
     (name.ends_with(".master") ? held.master : held.state) += static_cast<double>(t.bytes());
 }
 
-//! Whether DIR is a Hugging Face model directory (config.json and model.safetensors), not a loom checkpoint.
+//! Whether DIR is a Hugging Face model directory (config.json and model.safetensors, or its shards' index), not a
+//! loom checkpoint.
 inline bool hugging_face_dir(const std::string& dir) {
   std::error_code ec;
-  return std::filesystem::exists(dir + "/config.json", ec) && std::filesystem::exists(dir + "/model.safetensors", ec);
+  return std::filesystem::exists(dir + "/config.json", ec) &&
+         (std::filesystem::exists(dir + "/model.safetensors", ec) ||
+          std::filesystem::exists(dir + "/model.safetensors.index.json", ec));
 }
 
 //! What a rank does once its trainer is built, whatever the layout: weights from --init-from, the bytes it holds,
@@ -419,7 +426,25 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
   if (a.model == "long") return go.template operator()<models::long_context>();
   if (a.model == "tiny-moe") return go.template operator()<models::tiny_moe>();
   if (a.model == "small-moe") return go.template operator()<models::small_moe>();
-  throw Error("loom: unknown --model '" + a.model + "' (tiny, small, gpt2, long, tiny-moe, small-moe)");
+  if (a.model == "llama-tiny") return go.template operator()<models::llama_tiny>();
+  if (a.model == "llama-small") return go.template operator()<models::llama_small>();
+  if (a.model == "llama3-1b") return go.template operator()<models::llama3_1b>();
+  if (a.model == "mixtral-tiny") return go.template operator()<models::mixtral_tiny>();
+  if (a.model == "mixtral-small") return go.template operator()<models::mixtral_small>();
+  if (hugging_face_dir(a.model)) {  // the shape from its config.json, checked here rather than at compile time
+    const models::GptShape S = checkpoint::hf_shape(a.model);
+    constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
+    for (const auto rule : {models::shape_violation(S), models::tensor_parallel_violation(S, tp, ML::sequence_parallel),
+                            models::context_parallel_violation(S, tp, cp, ML::cp_algorithm),
+                            models::expert_parallel_violation(S, layout.facts.ep)})
+      if (!rule.empty()) throw refuse(rule);
+    if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
+    if constexpr (!std::is_same_v<Dev, Host>)
+      if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
+    return train<float, ML, Dev>(a, S, argc, argv, layout);
+  }
+  throw Error("loom: unknown --model '" + a.model + "' (" + std::string(model_names) +
+              ", or a Hugging Face directory)");
 }
 
 //! Layout Cfg on device Dev: what its type decides (Launch<Cfg>), then the model layout's program.

@@ -37,6 +37,9 @@ if(nlohmann_json_FOUND)
   set_tests_properties(test_gpt_torch PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 
+# The Llama and Mixtral families on every axis against one rank, through the testing kit.
+loom_add_test(test_families test_families.cpp LABELS "model;families")
+
 if(nlohmann_json_FOUND)
   # The Llama, Mixtral and GPT-2 families against Hugging Face transformers, in the virtual environment that
   # scripts/install-deps makes (LOOM_HF_PYTHON); skipped where it is missing.
@@ -69,7 +72,7 @@ if(TARGET train_gpt)
       "empty_data|--data^${_bin}/empty.txt|loom: the data file '${_bin}/empty.txt' is empty"
       "seq_too_long|--seq^500|loom: --seq 500 is longer than the model's max_seq 128"
       "unknown_flag|--colour^red|loom: unknown flag '--colour'"
-      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2, long, tiny-moe, small-moe)"
+      "unknown_model|--model^huge|loom: unknown --model 'huge' (tiny, small, gpt2, long, tiny-moe, small-moe, llama-tiny, llama-small, llama3-1b, mixtral-tiny, mixtral-small, or a Hugging Face directory)"
       "bad_number|--steps^ten|loom: --steps needs a number, got 'ten'"
       "warmup_negative|--warmup^-5|loom: --warmup must not be negative, got -5"
       "warmup_not_a_number|--warmup^inf|loom: --warmup needs a number, got 'inf'"
@@ -292,6 +295,35 @@ if(TARGET train_gpt)
             "-DEXTRA=--model;tiny-moe;--capacity-factor;0;--router;sigmoid"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_expert_layouts train_gpt_expert_layouts_dropless PROPERTIES LABELS "model;moe")
+  # The Llama and Mixtral families on train_gpt's layouts, each against one rank run with the same flags.
+  add_test(NAME train_gpt_llama_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_llama_layouts
+            "-DLAYOUTS=tp2;tp2,sp,dp2;pp2 --micro-batches 2;pp2 --schedule zb-h1 --micro-batches 2;dp2,zero1;dp4,zero3;cp2;cp2,ulysses;tp2,pp2,dp2 --micro-batches 2"
+            "-DEXTRA=--model;llama-tiny" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  add_test(NAME train_gpt_mixtral_layouts
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_mixtral_layouts
+            "-DLAYOUTS=dp2,ep2;dp4,ep4;tp2,dp2,ep2;pp2,dp2,ep2 --micro-batches 2;cp2,dp2,ep4;dp4,zero3,ep2;tp2,sp"
+            "-DEXTRA=--model;mixtral-tiny" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  # ZB-V's two chunks per stage need llama-small's four blocks.
+  add_test(NAME train_gpt_llama_zb_v
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_llama_zb_v
+            "-DLAYOUTS=pp2 --schedule zb-v --micro-batches 2;tp2,pp2 --schedule zb-v --micro-batches 2"
+            "-DEXTRA=--model;llama-small" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+  set_tests_properties(train_gpt_llama_layouts train_gpt_mixtral_layouts train_gpt_llama_zb_v
+                       PROPERTIES LABELS "model;families")
+  # Their checkpoints exported in Hugging Face's names and loaded back, by --init-from and as --model.
+  foreach(family "llama-tiny|llama|model.layers.0.self_attn.q_proj.weight"
+                 "mixtral-tiny|mixtral|model.layers.0.block_sparse_moe.experts.0.w1.weight")
+    string(REPLACE "|" ";" f "${family}")
+    list(GET f 0 model)
+    list(GET f 1 type)
+    list(GET f 2 tensor)
+    add_test(NAME train_gpt_${type}_hf_checkpoint
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DCKPT=$<TARGET_FILE:loom-ckpt>
+              -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_${type}_hf -DMODEL=${model} -DTYPE=${type} -DTENSOR=${tensor}
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_family_checkpoint.cmake)
+    set_tests_properties(train_gpt_${type}_hf_checkpoint PROPERTIES LABELS "model;families;checkpoint")
+  endforeach()
   # Each step reports the dropped share and the expert load, on stdout and in --log-json.
   add_test(NAME train_gpt_moe_report
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_moe_report

@@ -4,6 +4,7 @@
 
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
+#include <loom/testing/equivalence.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
 
@@ -13,33 +14,13 @@
 
 namespace loom::test {
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<double> params;  //!< the whole model, in the single-rank layout
-  std::vector<char> held;      //!< where a rank holds only some of it: which elements (empty: all)
-  std::vector<int> blocks;     //!< on a pipeline stage: the first and last block of each part it holds, in turn
-  std::vector<double> state;   //!< AdamW's moments (exp_avg, then exp_avg_sq), laid out as params; empty: not kept
-};
+using testing::Run;
 
 //! `steps` AdamW steps (lr 1e-2, weight decay 0.1, clipping at 1) of the GPT of shape S from seed 3, on one rank,
-//! over the whole batch of each step.
+//! over the whole batch of each step (testing::single_rank).
 template <models::GptShape S>
 Run single_rank(const train::Batches& d, models::GptOptions opt, int steps, int batch, int seq) {
-  models::Gpt<S, double> m(3, opt);
-  optim::AdamW<double> adamw(m.specs(), S.params(), {0.9, 0.999, 1e-8, 0.1});
-  std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * seq), tg(in.size());
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    d.fill(s, 0, batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), batch, seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    optim::clip_grad_norm(m.grads(), 1.0);
-    adamw.step(m.params(), m.grads(), 1e-2);
-  }
-  r.params.assign(m.params().data(), m.params().data() + m.params().numel());
-  for (const auto& [name, t] : adamw.state()) r.state.insert(r.state.end(), t.data(), t.data() + t.numel());
-  return r;
+  return testing::single_rank<models::Gpt<S, double>>(testing::Training{d, batch, seq, steps, 3, opt});
 }
 
 //! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter

@@ -49,6 +49,7 @@ train::Batches data() {
 
 using test::Run;
 using test::difference;
+using test::state_difference;
 
 //! One rank, the whole batch: the reference.
 template <models::GptShape S>

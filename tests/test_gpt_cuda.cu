@@ -28,6 +28,8 @@ namespace {
 
 constexpr GptShape mha{2, 4, 4, 32, 64, 16};  // head_dim 8
 constexpr GptShape gqa{2, 4, 2, 32, 61, 16};  // 4 query heads over 2 key/value heads; an odd vocabulary
+// Llama 3's parts: RMSNorm, RoPE with Llama 3's scaling, SwiGLU, no biases, an untied output layer.
+constexpr GptShape llama = models::llama3_spec({2, 4, 2, 32, 61, 16, 48}, 10000, {4, 1, 4, 8});
 
 template <GptShape S, class T>
 using HostGpt = Gpt<S, T>;
@@ -129,7 +131,8 @@ TEMPLATE_TEST_CASE_SIG("the same seed gives the device the host's parameters", "
 }
 
 TEMPLATE_TEST_CASE_SIG("the loss and every gradient on the device match the host's", "[gpt][cuda]",
-                       ((GptShape S, class T), S, T), (mha, float), (gqa, float), (mha, double), (gqa, double)) {
+                       ((GptShape S, class T), S, T), (mha, float), (gqa, float), (mha, double), (gqa, double),
+                       (llama, float), (llama, double)) {
   GptOptions o;
   o.dropout = GENERATE(0.0f, 0.1f);
   o.recompute = GENERATE(models::Recompute::none, models::Recompute::selective, models::Recompute::full);
@@ -168,7 +171,7 @@ TEST_CASE("gather and scatter move a device model's parameters to and from the s
 }
 
 TEMPLATE_TEST_CASE_SIG("AdamW steps on the device give the host's losses", "[gpt][cuda][optim]",
-                       ((GptShape S, class T), S, T), (mha, float), (gqa, float), (gqa, double)) {
+                       ((GptShape S, class T), S, T), (mha, float), (gqa, float), (gqa, double), (llama, double)) {
   GptOptions o;
   o.dropout = GENERATE(0.0f, 0.1f);
   HostGpt<S, T> h(11, o);

@@ -144,6 +144,34 @@ inline models::GptShape llama_shape(const nlohmann::json& c, const std::string& 
   return s;
 }
 
+//! The shape of the model in a Hugging Face directory (DIR/config.json of model_type llama, mixtral or gpt2), and in
+//! eps its norms' epsilon.
+inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) {
+  const std::string file = dir + "/config.json";
+  std::ifstream in(file);
+  if (!in) throw Error("loom: cannot open " + file);
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error("loom: " + file + " is not valid JSON: " + e.what());
+  }
+  if (c.value("model_type", std::string()) != "gpt2") return llama_shape(c, file, eps);
+  using detail::hf_int;
+  const int d = hf_int(c, file, "n_embd");
+  models::GptShape s{hf_int(c, file, "n_layer"), hf_int(c, file, "n_head"),
+                     c.contains("n_kv_head") ? hf_int(c, file, "n_kv_head") : hf_int(c, file, "n_head"), d,
+                     hf_int(c, file, "vocab_size"), hf_int(c, file, "n_positions"),
+                     c.contains("n_inner") && !c["n_inner"].is_null() ? hf_int(c, file, "n_inner") : 4 * d};
+  if (c.contains("num_local_experts")) {  // loom's GPT with a mixture of experts (checkpoint::gpt_config)
+    s.experts = hf_int(c, file, "num_local_experts"), s.top_k = hf_int(c, file, "num_experts_per_tok");
+    s.moe_every = hf_int(c, file, "moe_layer_freq"), s.expert_ff = hf_int(c, file, "moe_intermediate_size");
+    s.shared_experts = hf_int(c, file, "n_shared_experts");
+  }
+  if (eps) *eps = c.contains("layer_norm_epsilon") ? detail::hf_number(c, file, "layer_norm_epsilon") : 1e-5;
+  return s;
+}
+
 //! One Hugging Face tensor's share of a loom parameter: its rows (transposed: its columns) fill `extent` of the loom
 //! parameter's last dimension (transposed) or first (not) from `offset`; a vector fills elements [offset, offset +
 //! extent).

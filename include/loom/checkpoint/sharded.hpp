@@ -785,6 +785,29 @@ inline void export_hf(const std::string& path, const std::string& out) {
   namespace fs = std::filesystem;
   const std::string dir = resolve_checkpoint(path);
   const ShardedIndex ix = read_index(dir);
+  const std::string type = ix.model.value("model_type", std::string("gpt2"));
+  if (type == "llama" || type == "mixtral") {  // Hugging Face's names and layouts (checkpoint/hf.hpp)
+    double eps = 1e-5;
+    const models::GptShape shape = llama_shape(ix.model, dir + "/index.json", &eps);
+    const auto& first = ix.tensors.at("wte.weight");
+    visit_dtype(first.dtype, [&](auto tag) {
+      using U = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<U> || std::is_same_v<U, bf16> || std::is_same_v<U, fp16>) {
+        std::vector<U> whole(static_cast<std::size_t>(shape.params()));
+        for (const auto& s : models::gpt_param_specs<U>(shape, 1, 0, {})) {
+          const auto& t = ix.tensors.at(s.name);
+          LOOM_CHECK(t.dtype == first.dtype, dir, " holds ", s.name, " as ", safetensors_dtype(t.dtype),
+                     " and wte.weight as ", safetensors_dtype(first.dtype), ": export-hf writes one dtype");
+          read_tensor(dir, ix, s.name, reinterpret_cast<char*>(whole.data() + s.offset));
+        }
+        write_llama(out, shape, whole, eps);
+      } else {
+        throw Error("loom: " + dir + " holds wte.weight as " + safetensors_dtype(first.dtype) +
+                    ", not a floating-point dtype");
+      }
+    });
+    return;
+  }
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) throw Error("loom: cannot create the directory " + out + ": " + ec.message());

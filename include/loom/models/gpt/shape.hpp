@@ -139,10 +139,12 @@ constexpr GptShape llama3_spec(GptShape s, double theta = 500000, RopeScaling sc
   return s;
 }
 //! Mixtral's: Llama's block with a mixture of SwiGLU experts in every layer, top-k of them, their softmax weights
-//! renormalised over the chosen.
+//! renormalised over the chosen. No block has a dense MLP: d_ff is the experts' width (Hugging Face's
+//! intermediate_size), so that a shape read from Mixtral's config.json is this one.
 constexpr GptShape mixtral_spec(GptShape s, int experts = 8, int top_k = 2, double theta = 1e6) {
   s = llama3_spec(s, theta);
   s.experts = experts, s.top_k = top_k, s.moe_every = 1, s.renormalize = true;
+  s.expert_ff = s.d_ff = s.expert_width();
   return s;
 }
 
