@@ -65,19 +65,23 @@ Row measure(const models::GptShape& S, const std::string& name, const StepOption
   return {name, "loom", "cpu", "f32", o.threads, o.batch, T, step * 1e3, o.batch * T / step, host_memory().peak()};
 }
 
-//! One line of JSON from bench/gpt_torch.py run with `args`.
-nlohmann::json run_torch(const StepOptions& o, const std::string& args) {
-  std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py " << args;
-  FILE* p = popen(cmd.str().c_str(), "r");
-  LOOM_CHECK(p, "cannot run ", cmd.str());
+//! The last line of JSON that `command` prints (a reference run: `what` names it in the error when it fails).
+nlohmann::json run_json(const std::string& command, const std::string& what) {
+  FILE* p = popen(command.c_str(), "r");
+  LOOM_CHECK(p, "cannot run ", command);
   std::string out;
   char buf[512];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   const int rc = pclose(p);
-  LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the PyTorch reference failed (", cmd.str(),
-             "); install PyTorch for ", o.python, " or pass --no-torch");
+  LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the ", what, " reference failed (", command, ")");
   return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+//! One line of JSON from bench/gpt_torch.py run with `args`.
+nlohmann::json run_torch(const StepOptions& o, const std::string& args) {
+  std::ostringstream cmd;
+  cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py " << args;
+  return run_json(cmd.str(), "PyTorch (install PyTorch for " + o.python + " or pass --no-torch)");
 }
 
 //! The same model and step in PyTorch: on the CPU with o.threads threads; on CUDA eager and (unless --no-compile)
@@ -94,16 +98,8 @@ std::vector<Row> measure_torch(const models::GptShape& s, const std::string& nam
     std::ostringstream cmd;
     cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.hf_python << " " << LOOM_SOURCE_DIR << "/bench/hf_step.py "
         << config << " " << T << " " << o.batch << " " << o.steps << " " << o.threads;
-    FILE* p = popen(cmd.str().c_str(), "r");
-    LOOM_CHECK(p, "cannot run ", cmd.str());
-    std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    const int rc = pclose(p);
+    const auto j = run_json(cmd.str(), "transformers (run scripts/install-deps, pass --hf-python or --no-torch)");
     std::filesystem::remove(config);
-    LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the transformers reference failed (", cmd.str(),
-               "); run scripts/install-deps, pass --hf-python or --no-torch");
-    const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
     rows.push_back({name, "transformers " + j.at("version").get<std::string>(), "cpu", "f32", o.threads, o.batch, T,
                     j.at("step_ms"), j.at("tokens_per_s"), 0});
     return rows;

@@ -1,10 +1,13 @@
 """Hugging Face transformers as the oracle of loom's model families (tests/test_hf_families.cpp).
 
-  make FAMILY DIR:  a random small model of FAMILY (llama, mixtral or gpt2) in double precision, saved with
-                    save_pretrained to DIR, and DIR/reference.json: for the batch of DIR/batch.json (ids, targets,
-                    B, T) the logits, the loss, the gradient of every parameter (Hugging Face names), and the
-                    parameters after 3 AdamW steps on that batch (the hyper-parameters in batch.json).
-  logits DIR:       loads DIR with from_pretrained and prints the logits of DIR/batch.json's ids as JSON.
+  make FAMILY DIR [FAMILY DIR ...]:  a random small model of each FAMILY (llama, mixtral or gpt2) in double
+                    precision, saved with save_pretrained to its DIR, and DIR/reference.json: for the batch of
+                    DIR/batch.json (ids, targets, B, T) the logits, the loss, the gradient of every parameter (Hugging
+                    Face names), and the parameters after 3 AdamW steps on that batch (the hyper-parameters in
+                    batch.json).
+  logits DIR [DIR ...]:  loads each DIR with from_pretrained and writes the logits of DIR/batch.json's ids to
+                    DIR/logits.json.
+(One process for several models: importing torch and transformers is most of a call's time.)
 
 transformers computes some things in float32 whatever the model's type: RMSNorm's statistics, the rotary tables
 (inverse frequencies and angles), and the softmaxes it asks for in float32 (eager attention's, Mixtral's router's).
@@ -99,7 +102,6 @@ def loss_of(model, ids, targets):
 
 
 def make(family, d):
-    patch()
     b = json.load(open(f"{d}/batch.json"))
     torch.manual_seed(b.get("seed", 0))
     config = config_of(family, b)
@@ -139,15 +141,20 @@ def make(family, d):
 
 
 def logits(d):
-    patch()
     b = json.load(open(f"{d}/batch.json"))
     config = transformers.AutoConfig.from_pretrained(d)
     model = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
     set_rope(model, config)
     ids = torch.tensor(b["ids"]).reshape(b["B"], b["T"])
     with torch.no_grad():
-        print(json.dumps({"logits": model(ids).logits.reshape(-1).tolist()}))
+        json.dump({"logits": model(ids).logits.reshape(-1).tolist()}, open(f"{d}/logits.json", "w"))
 
 
 if __name__ == "__main__":
-    {"make": lambda: make(sys.argv[2], sys.argv[3]), "logits": lambda: logits(sys.argv[2])}[sys.argv[1]]()
+    patch()
+    if sys.argv[1] == "make":
+        for family, d in zip(sys.argv[2::2], sys.argv[3::2]):
+            make(family, d)
+    else:
+        for d in sys.argv[2:]:
+            logits(d)

@@ -5,18 +5,7 @@
 # saved after 5 steps must be the loss of step 5 of the run that saved them: the same weights on the same batch. In
 # double, to every digit on one rank and to 9 significant digits on tp2,sp (it sums in another order).
 #   cmake -DTG=<train_gpt> -DCKPT=<loom-ckpt> -DDIR=<dir> -P this
-file(REMOVE_RECURSE ${DIR})
-file(MAKE_DIRECTORY ${DIR})
-string(REPEAT "a checkpoint holds the weights; the run that loads them must see the same model. " 5 text)
-string(SUBSTRING "${text}" 0 337 text)
-file(WRITE ${DIR}/data.txt "${text}")
-set(common --no-progress --dtype f64 --data ${DIR}/data.txt --batch 4 --seq 16)
-function(run)
-  execute_process(COMMAND ${TG} ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "train_gpt ${ARGN} failed (exit ${rc}):\n${out}${err}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/train_gpt_checkpoint_common.cmake)
 # loom-ckpt ARGS must exit with status `want` and print what matches `regex` (stdout and stderr together)
 function(ckpt want regex)
   execute_process(COMMAND ${CKPT} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -5,18 +5,7 @@
 # T = 16, as in train_gpt_checkpoint.cmake), so their first loss must be step 5's of an uninterrupted run, to 9
 # significant digits (the checkpoint was written on tp2,dp2, which sums in another order).
 #   cmake -DTG=<train_gpt> -DCKPT=<loom-ckpt> -DDIR=<dir> -DMODEL=llama-tiny -DTYPE=llama -DTENSOR=<a tensor name> -P this
-file(REMOVE_RECURSE ${DIR})
-file(MAKE_DIRECTORY ${DIR})
-string(REPEAT "a checkpoint holds the weights; the run that loads them must see the same model. " 5 text)
-string(SUBSTRING "${text}" 0 337 text)
-file(WRITE ${DIR}/data.txt "${text}")
-set(common --no-progress --dtype f64 --data ${DIR}/data.txt --batch 4 --seq 16)
-function(run)
-  execute_process(COMMAND ${TG} ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "train_gpt ${ARGN} failed (exit ${rc}):\n${out}${err}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/train_gpt_checkpoint_common.cmake)
 function(first_loss log out)
   file(STRINGS ${log} lines)
   list(GET lines 0 line)

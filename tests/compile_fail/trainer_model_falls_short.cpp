@@ -1,4 +1,4 @@
-// expect: loom: the model does not have what the trainer needs (train::TrainableModel)
+// expect: loom: the model's backward_chunk(slot, chunk, scale) must return the ParamRange whose gradients it completed, and backward_chunks() their count (train::TrainableModel)
 #include <loom/train/trainer.hpp>
 
 using Optimizer = loom::optim::AdamW<double>;

@@ -1,0 +1,406 @@
+// One optimizer step on a rank, for every layout: how a step is made (StepConfig, TrainerOptions), what it did
+// (StepResult), the layers' split over pipeline parts, what a rank holds of a part (Holding: what checkpoints read),
+// and the step itself (detail::TrainerCore): micro-batches or a pipeline schedule, gradients averaged over data
+// parallelism (DDP or ZeRO), the tied table's sum, the loss and the global norm, a non-finite step skipped on every
+// rank, clipping and every part's optimizer step.
+#pragma once
+
+#include <loom/comm/types.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/optim/optimizers.hpp>
+#include <loom/pipeline/executor.hpp>
+#include <loom/train/concepts.hpp>
+#include <loom/train/data.hpp>
+#include <loom/train/data_parallel.hpp>
+#include <loom/train/rank_in_layout.hpp>
+#include <loom/train/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+//! How one optimizer step is made: global batch, micro-batches, clipping, warmup.
+struct StepConfig {
+  int batch = 16;          //!< sequences per step, over the whole data-parallel group
+  int seq = 64;            //!< tokens per sequence
+  int micro_batches = 1;   //!< per rank: gradient accumulation
+  double lr = 3e-3;
+  int warmup = 0;
+  double grad_clip = 1.0;  //!< 0: off
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  bool overlap = true;
+};
+
+//! What a step did. A step whose loss or gradient norm is not finite on some rank is skipped on every rank: no
+//! parameter and no optimizer state changes (the optimizer's step counter included), and the caller decides how
+//! many skipped steps in a row a run tolerates.
+struct StepResult {
+  double loss;       //!< mean over the global batch
+  double grad_norm;  //!< before clipping
+  bool skipped;      //!< the loss or a gradient was not finite on some rank: no update anywhere
+  double lr;
+  //! What a mixture of experts routed in the step, summed over every rank and MoE layer (empty without experts).
+  layers::MoeStats moe;
+};
+
+//! The first block of each of `parts` virtual stages and, last, `layers`: from an explicit split (blocks per virtual
+//! stage, each at least one, adding up to layers), or an even one. Errors name the numbers that do not fit.
+inline std::vector<int> layer_bounds(int layers, int parts, const std::vector<int>& split) {
+  std::vector<int> at{0};
+  if (split.empty()) {
+    LOOM_CHECK(layers % parts == 0, "the model's ", layers, " layers do not split evenly over ", parts,
+               " pipeline parts (pp x chunks); give an explicit split of the layers");
+    for (int k = 0; k < parts; ++k) at.push_back(at.back() + layers / parts);
+    return at;
+  }
+  LOOM_CHECK(static_cast<int>(split.size()) == parts, "the layer split has ", split.size(),
+             " entries but the pipeline has ", parts, " parts (pp x chunks)");
+  for (std::size_t k = 0; k < split.size(); ++k) {
+    LOOM_CHECK(split[k] >= 1, "part ", k, " of the layer split has ", split[k],
+               " layers; each part needs at least one");
+    at.push_back(at.back() + split[k]);
+  }
+  LOOM_CHECK(at.back() == layers, "the layer split adds up to ", at.back(), " layers but the model has ", layers);
+  return at;
+}
+
+//! What the layout type does not say: how the model starts, how a step is made, and an explicit layer split.
+struct TrainerOptions {
+  std::uint64_t seed = 0;    //!< initialises the model: the same whole model on every layout
+  models::GptOptions model;  //!< recompute, dropout, layer-norm epsilon
+  StepConfig step;           //!< global batch, sequence length, micro-batches, lr, warmup, clipping, buckets
+  std::vector<int> split;    //!< blocks per virtual pipeline stage, in pipeline order; empty: an even split
+};
+
+//! What a rank holds of a model part's flat buffers, as ranges [lo, hi) of the part's flat parameters, each with
+//! `at`, where element lo sits in the optimizer's state (the parameters sit at lo in the part's buffer): `params`
+//! and `state`, what it holds (under ZeRO its shard, else all); `written`, what it writes to a sharded checkpoint
+//! (its shard once over the replicas, or an even share of what data parallelism replicates).
+struct Holding {
+  struct Range {
+    std::int64_t lo, hi, at;
+  };
+  std::vector<Range> params, state, written;
+};
+
+namespace detail {
+
+//! A trainer as Trainer<Cfg, ...> holds it, whatever its backend.
+template <class Model, class Optimizer>
+class TrainerBase {
+ public:
+  using T = typename Model::value_type;
+  using acc = loom::acc_t<T>;
+  virtual ~TrainerBase() = default;
+  virtual StepResult step(int step) = 0;
+  //! Sums a buffer of parameters (or of optimizer state) over the pipeline group; nothing without a pipeline.
+  virtual void sum_over_pipeline(std::span<T> x) = 0;
+  virtual void sum_state_over_pipeline(std::span<acc> x) = 0;
+  //! Part c's parameters in host memory, laid out as its flat buffer: under ZeRO-3 gathered from every rank's
+  //! chunks (a collective over data parallelism), else a copy.
+  virtual std::vector<T> params_of(std::size_t c) = 0;
+  //! Under ZeRO: optimizer state held as part c's shard, laid out as the part's flat parameters (a collective over
+  //! data parallelism); and the shard of a buffer so laid out.
+  virtual std::vector<acc> gather_state(std::size_t c, const acc* shard) = 0;
+  virtual void take_state(std::size_t c, const acc* whole, acc* shard) const = 0;
+  //! What this rank holds of part c, for sharded checkpoints (Holding).
+  virtual Holding holding(std::size_t c) const = 0;
+  //! The world's size and this rank's place in it; a barrier over the world.
+  virtual int world_rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual void barrier() = 0;
+  std::vector<std::unique_ptr<Model>> parts;
+  std::vector<Optimizer> optimizers;
+};
+
+//! The step, for a model, optimizer and communicator type; with or without a pipeline (a compile-time choice).
+template <class Model, class Optimizer, class Comm, bool Pipelined, int Zero>
+class TrainerCore final : public TrainerBase<Model, Optimizer> {
+  using Base = TrainerBase<Model, Optimizer>;
+  using T = typename Base::T;
+  using acc = typename Base::acc;
+
+ public:
+  template <class MakeOptimizer>
+  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& o, int layers,
+              const std::function<std::unique_ptr<Model>(models::GptPart)>& make_part, MakeOptimizer&& make_optimizer)
+      : at_(at), data_(data), cfg_(o.step), average_(at.reduce_in_storage) {
+    const StepConfig& cfg = o.step;
+    const int dp = at.dp_size;
+    LOOM_CHECK(cfg.micro_batches >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ",
+               cfg.batch, " sequences does not split into ", dp, " data-parallel ranks x ", cfg.micro_batches,
+               " micro-batches");
+    rows_ = cfg.batch / dp;
+    micro_ = rows_ / cfg.micro_batches;
+    const int parts = at.stages * at.chunks;
+    if constexpr (Pipelined) {
+      table_ = pipeline::make_schedule_checked(at.schedule, at.stages, cfg.micro_batches, at.chunks);
+    }
+    const std::vector<int> bounds = layer_bounds(layers, parts, o.split);
+    for (int c = 0; c < at.chunks; ++c) {
+      const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
+      const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
+      {  // what ZeRO accounts for itself is made uncounted
+        const int shard = at.shard ? at.shard->size() : at.dp->size();
+        const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, shard)
+                                                      : std::vector<MemoryUse>{});
+        this->parts.push_back(make_part(part));
+      }
+      Model& m = *this->parts.back();
+      if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
+        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
+            m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
+            at.keep_gathered, at.replicas, at.reduce_in_storage, at.edp, at.ep_size));
+        if constexpr (requires { m.initialise(o.seed, 0, 0); })
+          if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
+            for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
+        this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
+      } else {
+        this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
+      }
+    }
+    if constexpr (Pipelined) {
+      std::vector<Model*> raw;
+      for (auto& p : this->parts) raw.push_back(p.get());
+      exec_ = std::make_unique<pipeline::Executor<Model, Comm>>(raw, *at.pp, at.schedule);
+      exec_->prepare(table_);  // verified here, once, not at every step
+      in_.resize(std::size_t(cfg.micro_batches));
+      tg_.resize(in_.size());
+    } else {
+      if constexpr (Zero == 0)
+        ddp_ = std::make_unique<DataParallel<Model, Comm>>(*this->parts.front(), *at.dp, cfg.bucket_bytes,
+                                                            cfg.overlap, at.reduce_in_storage, at.edp, at.ep_size);
+      in_.resize(1);
+      tg_.resize(1);
+    }
+  }
+
+  StepResult step(int step) override {
+    auto& parts = this->parts;
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+      if constexpr (Zero > 0) zero_[c]->zero_grad();  // under ZeRO-2, what the rank holds
+      else parts[c]->zero_grad();
+    }
+    const double loss = Pipelined ? run_pipeline(step) : run_micro_batches(step);
+    // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism
+    // (and context parallelism: each cp rank's is the mean over its share of the sequences).
+    std::vector<double> l{loss};
+    if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
+    at_.dp->all_reduce(l, comm::Reduce::avg);
+    // The global norm: every element once (tensor-parallel ranks sum their parts; the tied table counts on the
+    // stage with the embedding).
+    double sq = 0;
+    std::vector<double> s{0};
+    if constexpr (Zero > 0) {  // each rank's shards; summed over the data- and tensor-parallel groups
+      for (auto& z : zero_) sq += z->grad_square();
+      s[0] = sq;
+      (at_.shard ? at_.shard : at_.dp)->all_reduce(s, comm::Reduce::sum);  // one copy of each shard
+      at_.tp->all_reduce(s, comm::Reduce::sum);
+    } else {
+      for (auto& p : parts) sq += p->grad_square(/*skip_tied=*/!p->embedding());
+      s[0] = sq;
+    }
+    if constexpr (Pipelined) at_.pp->all_reduce(s, comm::Reduce::sum);
+    const double norm = std::sqrt(s[0]);
+    const layers::MoeStats moe = routed();
+    // Every rank skips the update, or none does (StepResult).
+    std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
+    at_.world->all_reduce(finite, comm::Reduce::min);
+    const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
+    if (!finite[0]) return {l[0], norm, true, lr, moe};
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+      if constexpr (Zero > 0) {  // this rank's shard, then every rank's updated parameters
+        zero_[c]->clip(norm, cfg_.grad_clip);
+        this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
+        zero_[c]->gather_params();
+      } else {
+        optim::clip_to(parts[c]->grads(), norm, cfg_.grad_clip, parts[c]->ops());
+        this->optimizers[c].step(parts[c]->params(), parts[c]->grads(), lr);
+      }
+    }
+    return {l[0], norm, false, lr, moe};
+  }
+
+  void sum_over_pipeline(std::span<T> x) override {
+    if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
+  }
+  void sum_state_over_pipeline(std::span<acc> x) override {
+    if constexpr (Pipelined) at_.pp->all_reduce(x, comm::Reduce::sum);
+  }
+
+  std::vector<T> params_of(std::size_t c) override {
+    if constexpr (Zero > 0) {
+      return zero_[c]->whole_params();
+    } else {
+      const auto& w = this->parts[c]->params();
+      std::vector<T> out(static_cast<std::size_t>(w.numel()));
+      this->parts[c]->ops().to_host(w.data(), out.data(), out.size());
+      return out;
+    }
+  }
+  std::vector<acc> gather_state(std::size_t c, const acc* shard) override {
+    if constexpr (Zero > 0) return zero_[c]->gather_shard(shard);
+    else return std::vector<acc>(shard, shard + this->parts[c]->params().numel());
+  }
+  void take_state(std::size_t c, const acc* whole, acc* shard) const override {
+    if constexpr (Zero > 0) zero_[c]->take_shard(whole, shard);
+    else std::copy_n(whole, this->parts[c]->params().numel(), shard);
+  }
+
+  Holding holding(std::size_t c) const override {
+    const std::int64_t n = this->parts[c]->params().numel();
+    Holding h;
+    if constexpr (Zero > 0) {
+      const auto& pieces = zero_[c]->plan().pieces;
+      const bool first_replica = !at_.replicas || at_.replicas->rank() == 0;
+      for (const auto& p : pieces) {
+        if (p.own() == 0) continue;
+        h.state.push_back({p.own_lo, p.own_hi, p.at});
+        if (first_replica) h.written.push_back({p.own_lo, p.own_hi, p.at});
+      }
+      if (Zero >= 3 && (at_.shard ? at_.shard : at_.dp)->size() > 1) h.params = h.state;
+      else h.params.push_back({0, n, 0});
+    } else {  // replicated over data parallelism: each rank writes an even share
+      const int d = at_.dp->size(), r = at_.dp->rank();
+      h.state.push_back({0, n, 0});
+      h.params = h.state;
+      const std::int64_t lo = n * r / d, hi = n * (r + 1) / d;
+      if (lo < hi) h.written.push_back({lo, hi, lo});
+    }
+    return h;
+  }
+  int world_rank() const override { return at_.world->rank(); }
+  int world_size() const override { return at_.world->size(); }
+  void barrier() override { at_.world->barrier(); }
+
+  const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
+
+ private:
+  //! What the parts' mixtures of experts routed in this step, summed over every rank (a collective over the world
+  //! when the model has experts); the time in all-to-alls is this rank's own.
+  layers::MoeStats routed() {
+    layers::MoeStats moe;
+    if constexpr (requires(Model& m) { m.take_moe_stats(); }) {
+      if (this->parts.front()->shape().experts == 0) return moe;
+      for (auto& p : this->parts) moe += p->take_moe_stats();
+      std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
+      at_.world->all_reduce(v, comm::Reduce::sum);
+      moe = {v[0], v[1], v[2], v[3], v[4], v[5], moe.a2a_seconds};
+    }
+    return moe;
+  }
+
+  //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
+  std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
+
+  //! Without a pipeline: each micro-batch forward and backward in turn; the last backward averages the gradients
+  //! over data parallelism, bucket by bucket, as they complete.
+  double run_micro_batches(int step) {
+    Model& m = *this->parts.front();
+    auto& in = in_.front();
+    auto& tg = tg_.front();
+    in.resize(std::size_t(micro_) * cfg_.seq);
+    tg.resize(in.size());
+    double loss = 0;
+    const int mbs = cfg_.micro_batches;
+    for (int i = 0; i < mbs; ++i) {
+      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+      const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                          row0(i)};
+      if constexpr (Zero > 0) loss += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
+      else loss += m.forward(0, mb) / mbs;
+      if (i + 1 < mbs) {
+        if constexpr (Zero >= 2) {  // the micro-batches' gradients accumulate in every bucket
+          if (i == 0) zero_.front()->hold_all();
+          zero_.front()->accumulate(0, 1.0 / mbs);
+        } else {
+          m.backward(0, 1.0 / mbs);
+        }
+      } else if constexpr (Zero > 0) {
+        zero_.front()->backward(0, 1.0 / mbs);
+      } else {
+        ddp_->backward(0, 1.0 / mbs);
+      }
+    }
+    return loss;
+  }
+
+  //! With a pipeline: the schedule's table over every micro-batch; each part's gradients are averaged over data
+  //! parallelism as soon as its last backward is done, while this stage (and the others) compute on; then the tied
+  //! table's sum over its two holders (both are sums over other ranks, so their order does not matter).
+  double run_pipeline(int step) {
+    auto& parts = this->parts;
+    // Data only where it is needed: token ids for the embedding, targets for the loss.
+    const bool needs_data =
+        std::any_of(parts.begin(), parts.end(), [](auto& p) { return p->embedding() || p->head(); });
+    for (int i = 0; needs_data && i < cfg_.micro_batches; ++i) {
+      auto& in = in_[std::size_t(i)];
+      auto& tg = tg_[std::size_t(i)];
+      in.resize(std::size_t(micro_) * cfg_.seq);
+      tg.resize(in.size());
+      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+    }
+    auto& dp = *at_.dp;
+    if constexpr (Zero >= 2)  // every bucket is written before the parts are reduce-scattered
+      for (auto& z : zero_) z->hold_all();
+    if constexpr (Zero >= 3)  // KeepGathered: every part gathered for the whole schedule
+      for (auto& z : zero_) z->gather_units();
+    // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
+    // graph waits for it before returning.
+    const double loss = exec_->run(
+        table_,
+        [&](int i) {
+          const auto u = std::size_t(i);
+          return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
+                                            micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
+        },
+        [&](int chunk) {
+          const auto& p = *parts[std::size_t(chunk)];
+          return dp.size() > 1 && Zero == 0
+                     ? average_.start(AverageGroups<Comm>{&dp, at_.edp, at_.ep_size}, p.specs(), p.grads().span())
+                     : comm::Handles();
+        });
+    average_.finish();
+    reduce_tied();
+    // Under ZeRO the tied table's two holders sum their gradients first: their shards do not line up.
+    if constexpr (Zero > 0)
+      for (auto& z : zero_) z->reduce_all(), z->release_units();
+    return loss;
+  }
+
+  //! Sums the tied table's gradient over its two holders: two chunks of one stage, or the first and last stages.
+  void reduce_tied() {
+    std::vector<std::span<T>> held;
+    for (auto& p : this->parts)
+      if (auto g = p->tied_grad(); !g.empty()) held.push_back(g);
+    if (held.empty()) return;
+    if (!at_.tied) {  // both uses on this stage (a one-stage pipeline holds one part)
+      if (held.size() == 2) {
+        for (std::size_t i = 0; i < held[0].size(); ++i) held[0][i] += held[1][i];
+        std::copy(held[0].begin(), held[0].end(), held[1].begin());
+      }
+      return;
+    }
+    at_.tied->all_reduce(held[0], comm::Reduce::sum);
+  }
+
+  RankInLayout<Comm, Pipelined, Zero> at_;
+  const Batches& data_;
+  StepConfig cfg_;
+  int rows_ = 0, micro_ = 0;
+  pipeline::RuntimeTable table_;
+  std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
+  std::unique_ptr<DataParallel<Model, Comm>> ddp_;
+  std::vector<std::unique_ptr<ShardedDataParallel<Model, Comm>>> zero_;  //!< per part, under ZeRO
+  GradientAverage<T, typename Model::device> average_;  //!< each part's, after the schedule's last backward of it
+  std::vector<std::vector<std::int32_t>> in_, tg_;
+};
+
+}  // namespace detail
+
+}  // namespace loom::train
