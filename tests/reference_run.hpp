@@ -24,17 +24,10 @@ Run single_rank(const train::Batches& d, models::GptOptions opt, int steps, int 
 }
 
 //! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter
-//! (infinite when the runs hold different numbers of parameters).
+//! (infinite when the runs hold different numbers of parameters): testing::compare's.
 inline std::pair<double, double> difference(const Run& ref, const Run& run) {
-  double loss = 0, worst = 0, scale = 0;
-  for (std::size_t s = 0; s < ref.losses.size(); ++s)
-    loss = std::max(loss, std::abs(run.losses.at(s) - ref.losses[s]) / std::abs(ref.losses[s]));
-  if (run.params.size() != ref.params.size()) return {loss, INFINITY};
-  for (std::size_t i = 0; i < ref.params.size(); ++i) {
-    worst = std::max(worst, std::abs(run.params[i] - ref.params[i]));
-    scale = std::max(scale, std::abs(ref.params[i]));
-  }
-  return {loss, worst / scale};
+  const auto c = testing::compare<models::Gpt<models::tiny, double>>(ref, run);
+  return {c.loss, c.params};
 }
 
 //! The elements of the optimizer state rank r holds under ZeRO over n ranks, computed from the formula: its chunk of
@@ -49,20 +42,9 @@ inline std::int64_t shard_elements(const std::vector<train::Bucket>& buckets, in
 }
 
 //! The largest difference of the optimizer's state from the reference's, relative to the largest of each moment
-//! (infinite when the run kept none).
+//! (infinite when the run kept none): testing::compare's.
 inline double state_difference(const Run& ref, const Run& run) {
-  if (run.state.size() != ref.state.size()) return INFINITY;
-  const std::size_t half = ref.state.size() / 2;
-  double worst = 0;
-  for (std::size_t part : {std::size_t{0}, half}) {
-    double d = 0, scale = 0;
-    for (std::size_t i = part; i < part + half; ++i) {
-      d = std::max(d, std::abs(run.state[i] - ref.state[i]));
-      scale = std::max(scale, std::abs(ref.state[i]));
-    }
-    worst = std::max(worst, d / scale);
-  }
-  return worst;
+  return testing::compare<models::Gpt<models::tiny, double>>(ref, run).state;
 }
 
 }  // namespace loom::test

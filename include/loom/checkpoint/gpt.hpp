@@ -111,15 +111,7 @@ void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
   const models::GptShape& S = model.shape();
   const std::string cfg_file = dir + "/config.json";
   const HfFamily family = hf_family(S);
-  std::ifstream cf(cfg_file);
-  if (!cf) throw Error("loom: cannot open " + cfg_file);
-  nlohmann::json c;
-  try {
-    c = nlohmann::json::parse(cf);
-  } catch (const std::exception& e) {
-    throw Error("loom: " + cfg_file + " is not valid JSON: " + e.what());
-  }
-  if (!c.is_object()) throw Error("loom: " + cfg_file + " is not a JSON object");
+  const nlohmann::json c = read_config(cfg_file);
   using loom::detail::cat;
   const std::string type = c.value("model_type", std::string("gpt2"));
   if (type != hf_model_type(family))
@@ -186,14 +178,7 @@ void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
     if (t.shape != s.shape)
       throw Error("loom: " + dir + "/model.safetensors: " + s.name + " has shape " + to_string(t.shape) +
                   " but the model needs " + to_string(s.shape));
-    T* dst = whole.data() + s.offset;
-    visit_dtype(t.dtype, [&](auto tag) {
-      using U = typename decltype(tag)::type;
-      const auto n = static_cast<std::size_t>(numel_of(s.shape));
-      std::vector<U> src(n);
-      std::memcpy(src.data(), t.bytes.data(), n * sizeof(U));
-      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]));
-    });
+    read_floats(t, whole.data() + s.offset, static_cast<std::size_t>(numel_of(s.shape)));
   }
   model.scatter(whole.data(), model.params().data());
 }

@@ -98,6 +98,31 @@ inline double hf_number(const nlohmann::json& c, const std::string& file, const 
 
 }  // namespace detail
 
+//! A config.json, parsed; an error names the file when it cannot be opened, is not JSON or not an object.
+inline nlohmann::json read_config(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error("loom: cannot open " + file);
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error("loom: " + file + " is not valid JSON: " + e.what());
+  }
+  if (!c.is_object()) throw Error("loom: " + file + " is not a JSON object");
+  return c;
+}
+
+//! A stored tensor's n elements as T (any floating-point dtype, converted through double), into dst.
+template <class T>
+void read_floats(const StoredTensor& t, T* dst, std::size_t n) {
+  visit_dtype(t.dtype, [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    std::vector<U> src(n);
+    std::memcpy(src.data(), t.bytes.data(), n * sizeof(U));
+    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]));
+  });
+}
+
 //! The shape (and, in eps, the norm's epsilon) a Llama or Mixtral config.json describes; an error names what it
 //! lacks or what loom does not build (another model_type, another rope_type, a head_dim other than hidden_size /
 //! num_attention_heads, different attention and MLP biases).
@@ -148,14 +173,7 @@ inline models::GptShape llama_shape(const nlohmann::json& c, const std::string& 
 //! eps its norms' epsilon.
 inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) {
   const std::string file = dir + "/config.json";
-  std::ifstream in(file);
-  if (!in) throw Error("loom: cannot open " + file);
-  nlohmann::json c;
-  try {
-    c = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error("loom: " + file + " is not valid JSON: " + e.what());
-  }
+  const nlohmann::json c = read_config(file);
   if (c.value("model_type", std::string()) != "gpt2") return llama_shape(c, file, eps);
   using detail::hf_int;
   const int d = hf_int(c, file, "n_embd");
@@ -366,12 +384,7 @@ std::vector<T> read_llama(const std::string& dir, const models::GptShape& s) {
         throw Error("loom: " + dir + ": " + p.name + " has shape " + to_string(t.shape) + " but the model needs " +
                     to_string(shape));
       std::vector<T> hf(static_cast<std::size_t>(numel_of(shape)));
-      visit_dtype(t.dtype, [&](auto tag) {
-        using U = typename decltype(tag)::type;
-        std::vector<U> src(hf.size());
-        std::memcpy(src.data(), t.bytes.data(), hf.size() * sizeof(U));
-        for (std::size_t i = 0; i < hf.size(); ++i) hf[i] = static_cast<T>(static_cast<double>(src[i]));
-      });
+      read_floats(t, hf.data(), hf.size());
       hf_copy(p, spec.shape, whole.data() + spec.offset, hf.data(), true);
     }
   }

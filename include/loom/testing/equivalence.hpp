@@ -176,8 +176,8 @@ Run on_layout(const Training& t) {
 }
 
 //! How far a run is from the single-rank run: the largest loss difference relative to the loss, parameter
-//! difference relative to the largest parameter, and moment difference relative to each moment's largest; ok when
-//! all are within tolerance<T>.
+//! difference relative to the largest parameter, and moment difference relative to each moment's largest (each
+//! infinite when the run holds another number of elements); ok when all are within tolerance<T>.
 struct Comparison {
   std::string layout;
   double loss = 0, params = 0, state = 0, limit = 0;
@@ -204,13 +204,11 @@ Comparison compare(const Run& reference, const Run& run, std::string layout = {}
     return scale > 0 ? d / scale : d;
   };
   const std::size_t n = reference.params.size();
-  if (run.params.size() != n || run.state.size() != reference.state.size()) {
-    c.params = c.state = INFINITY;
-  } else {
-    c.params = worst(run.params.data(), reference.params.data(), n);
+  c.params = run.params.size() == n ? worst(run.params.data(), reference.params.data(), n) : INFINITY;
+  if (run.state.size() != reference.state.size() || n == 0) c.state = INFINITY;
+  else
     for (std::size_t k = 0; k * n < reference.state.size(); ++k)
       c.state = std::max(c.state, worst(run.state.data() + k * n, reference.state.data() + k * n, n));
-  }
   c.ok = c.loss <= c.limit && c.params <= c.limit && c.state <= c.limit;
   return c;
 }
