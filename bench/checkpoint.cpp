@@ -14,6 +14,7 @@
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/trainer.hpp>
 #ifdef LOOM_HAS_MPI
@@ -77,7 +78,7 @@ void rank_body(Ctx& ctx, const BenchOptions& o, const std::string& root, Row& ro
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(o.batch) * (o.seq + 1) * 4);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7919 + 13) % S.vocab);
   const train::Batches data(tokens, o.batch, o.seq, train::BatchOrder::sequential, 1);
-  train::TrainerOptions options;
+  train::TrainerOptions<models::GptOptions> options;
   options.seed = 1;
   options.step.batch = o.batch, options.step.seq = o.seq;
   train::Trainer<Cfg, Model, Opt> trainer(ctx, data, options, [](const auto& specs, std::int64_t n) {

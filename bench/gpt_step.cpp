@@ -9,7 +9,7 @@
 //   gpt_step [--device cpu|cuda] [--models tiny,small,llama-small,mixtral-small,gpt2] [--dtype f32|bf16]
 //            [--batch B] [--seq T] [--steps 5] [--threads 2] [--peak-tflops 989] [--python PATH]
 //            [--hf-python PATH] [--no-torch] [--no-compile] [--json FILE]
-#include <loom/checkpoint/hf.hpp>
+#include <loom/models/gpt/hf.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 

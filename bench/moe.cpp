@@ -56,7 +56,7 @@ Row measure(const BenchOptions& o, const std::string& name, double capacity) {
   train::StepResult last{};
   double dropped = 0, assignments = 0, imbalance = 0, forwards = 0;
   run_local<Cfg>([&](auto& ctx) {
-    train::TrainerOptions t;
+    train::TrainerOptions<models::GptOptions> t;
     t.seed = 1;
     t.model.moe.capacity_factor = capacity;
     t.step.batch = o.batch, t.step.seq = o.seq, t.step.lr = 1e-3;

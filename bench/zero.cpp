@@ -57,7 +57,7 @@ Row measure(const ZeroOptions& o) {
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(o.batch) * (o.seq + 1) * 4);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7919 + 13) % S.vocab);
   const train::Batches data(tokens, o.batch, o.seq, train::BatchOrder::sequential, 1);
-  train::TrainerOptions options;
+  train::TrainerOptions<models::GptOptions> options;
   options.seed = 1;
   options.step.batch = o.batch, options.step.seq = o.seq;
   options.step.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));

@@ -4,7 +4,7 @@
 //   loom-ckpt export-hf CKPT OUT   OUT/model.safetensors and OUT/config.json as Hugging Face writes GPT-2
 // CKPT is a checkpoint directory (it holds index.json) or a --save root (its `latest` names one). Exit status 0 on
 // success, 1 with a message on stderr otherwise, 2 for a wrong command line.
-#include <loom/checkpoint/sharded.hpp>
+#include <loom/models/gpt/export.hpp>
 
 #include <cstdio>
 #include <string>

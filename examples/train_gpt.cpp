@@ -312,8 +312,8 @@ std::string describe_data(const std::string& path, std::uint64_t tokens, const s
 
 }  // namespace
 
-train::TrainerOptions trainer_options(const Args& a) {
-  train::TrainerOptions o;
+train::TrainerOptions<models::GptOptions> trainer_options(const Args& a) {
+  train::TrainerOptions<models::GptOptions> o;
   o.seed = a.seed;
   o.model.dropout = static_cast<float>(a.dropout);
   o.model.recompute = *models::recompute_named(a.recompute);  // checked by parse

@@ -3,12 +3,12 @@
 // --model, --dtype and --parallel to compile-time types.
 #pragma once
 
-#include <loom/checkpoint/gpt.hpp>
 #include <loom/checkpoint/sharded.hpp>
 #include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/trainer.hpp>
@@ -317,7 +317,7 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
 }
 
 //! The trainer's options from the command line: what the layout type does not say.
-train::TrainerOptions trainer_options(const Args& a);
+train::TrainerOptions<models::GptOptions> trainer_options(const Args& a);
 
 //! What every rank does: builds its trainer from its place in the layout (its part of the model: tensor
 //! parallelism; with pipeline parallelism the parts of its stage) and runs it; on the host or, Dev = Cuda, on the GPU
@@ -331,7 +331,7 @@ void train_rank(const Args& a, const models::GptShape& shape, const train::RankI
   const train::Batches batches(tokens, a.batch, a.seq,
                                a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
                                a.seed, a.data);
-  const train::TrainerOptions options = trainer_options(a);
+  const train::TrainerOptions<models::GptOptions> options = trainer_options(a);
   auto go = [&](auto make) {
     using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
     train::TrainerOf<Model, Opt> trainer(shape, at, batches, options, make);

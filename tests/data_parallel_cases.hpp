@@ -39,8 +39,8 @@ inline auto adamw = [](const auto& specs, std::int64_t n) {
 using AdamW = optim::AdamW<double>;
 
 //! The trainer's options of every test; `micro_batches` per rank and step.
-inline train::TrainerOptions trainer_options(int micro_batches = 1) {
-  train::TrainerOptions o;
+inline train::TrainerOptions<models::GptOptions> trainer_options(int micro_batches = 1) {
+  train::TrainerOptions<models::GptOptions> o;
   o.seed = 3;
   o.model = options();
   o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;

@@ -55,7 +55,7 @@ inline Setup setup() { return {data(), batch, seq, options()}; }
 //! testing::rank_run.
 template <class Cfg, models::GptShape S = shape, class Ctx>
 Run pipeline_rank(Ctx& ctx, int micro_batches, std::vector<int> split = {}, const Setup& su = setup()) {
-  testing::Training t{su.data, su.batch, su.seq, steps, 3, su.options};
+  testing::Training<models::GptOptions> t{su.data, su.batch, su.seq, steps, 3, su.options};
   t.micro_batches = micro_batches, t.split = std::move(split);
   return testing::rank_run<Cfg, models::Gpt<S, double>>(ctx, t);
 }

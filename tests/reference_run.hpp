@@ -20,7 +20,7 @@ using testing::Run;
 //! over the whole batch of each step (testing::single_rank).
 template <models::GptShape S>
 Run single_rank(const train::Batches& d, models::GptOptions opt, int steps, int batch, int seq) {
-  return testing::single_rank<models::Gpt<S, double>>(testing::Training{d, batch, seq, steps, 3, opt});
+  return testing::single_rank<models::Gpt<S, double>>(testing::Training<models::GptOptions>{d, batch, seq, steps, 3, opt});
 }
 
 //! The largest loss difference relative to the loss, and parameter difference relative to the largest parameter

@@ -64,7 +64,7 @@ Run parallel_rank(Ctx& ctx, int micro_batches = 1) {
   using Model = models::Gpt<S, double, models::ModelLayout<Cfg>>;
   using AdamW = optim::AdamW<double>;
   const auto d = data<S>();
-  train::TrainerOptions o;
+  train::TrainerOptions<models::GptOptions> o;
   o.seed = 3, o.model = options();
   o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;
   o.step.grad_clip = 1.0;

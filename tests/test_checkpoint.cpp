@@ -4,7 +4,7 @@
 #include "catch.hpp"
 #include "temp_dir.hpp"
 
-#include <loom/checkpoint/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/models/gpt.hpp>
 
 #include <cstring>

@@ -6,6 +6,7 @@
 // activations of Korthikanti et al.'s count, less what the table in docs/context-parallel.md names.
 #include "catch.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/local.hpp>
 
 #include "equivalence_checks.hpp"

@@ -4,6 +4,7 @@
 // TP·PP·DP, each against the single-rank run: losses, parameters and AdamW's moments within 1e-9.
 #include "catch.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/testing/equivalence.hpp>
 
 #include <tuple>
@@ -21,11 +22,11 @@ constexpr models::GptShape mixtral = models::mixtral_spec({4, 4, 2, 16, 37, 8, 0
 using Llama = models::Gpt<llama, double>;
 using Mixtral = models::Gpt<mixtral, double>;
 
-const testing::Training& training() {
-  static const testing::Training t = [] {
+const testing::Training<models::GptOptions>& training() {
+  static const testing::Training<models::GptOptions> t = [] {
     std::vector<std::int32_t> tok(2000);
     for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * i + 5 * i + 2) % 37);
-    testing::Training t{train::Batches(tok, 24, 8, train::BatchOrder::shuffle, 9), 24, 8, 5};
+    testing::Training<models::GptOptions> t{train::Batches(tok, 24, 8, train::BatchOrder::shuffle, 9), 24, 8, 5};
     t.model.dropout = 0.1f;
     t.model.moe.capacity_factor = 1.25, t.model.moe.aux_loss_coeff = 0.01;
     return t;
@@ -38,7 +39,7 @@ const testing::Training& training() {
 template <class Model, class Cfg>
 void check() {
   static const testing::Run one = testing::single_rank<Model>(training());
-  testing::Training t = training();
+  testing::Training<models::GptOptions> t = training();
   t.micro_batches = Cfg::template size<Axis::pp> > 1 && Cfg::template size<Axis::dp> <= 2 ? 4 : 2;
   const auto c = testing::compare<Model>(one, testing::on_layout<Cfg, Model>(t), std::string(Cfg::name()));
   INFO(c.describe());

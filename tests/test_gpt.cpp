@@ -5,7 +5,7 @@
 #include "gpt_batch.hpp"
 #include "temp_dir.hpp"
 
-#include <loom/checkpoint/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>

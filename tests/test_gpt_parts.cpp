@@ -76,7 +76,7 @@ void check_parts(models::GptOptions opt, std::vector<models::GptPart> parts, boo
     }
     for (int m = micro; m-- > 0;)
       for (std::size_t i = p.size(); i-- > 0;) {
-        const double* dout = i + 1 < p.size() ? p[i + 1]->input_grad() : nullptr;
+        const double* dout = i + 1 < p.size() ? p[i + 1]->input_grad(m) : nullptr;
         if (split) p[i]->backward_inputs(m, 1.0 / micro, dout);
         else p[i]->backward(m, 1.0 / micro, dout);
       }

@@ -1,6 +1,6 @@
 // The GPT against PyTorch: the same parameters (saved by save_gpt, read by bench/gpt_torch.py), the same batch; the
 // loss and every gradient must agree in double precision. Exits 77 (skipped) where /usr/bin/python3 has no torch.
-#include <loom/checkpoint/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/models/gpt.hpp>
 
 #include <cmath>

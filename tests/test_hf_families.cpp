@@ -6,7 +6,7 @@
 // loads and computes the same logits from. Double precision throughout: transformers' float32 spots (RMSNorm's
 // statistics, the rotary tables, Mixtral's router softmax) are computed in double by the reference script, with
 // the same formulas. Exits 77 (skipped) where the environment is missing.
-#include <loom/checkpoint/gpt.hpp>
+#include <loom/models/gpt/checkpoint.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 

@@ -7,6 +7,7 @@
 // element size, from the communicator's counts; a layout or shape that cannot work is refused with its numbers.
 #include "catch.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/local.hpp>
 
 #include "equivalence_checks.hpp"
@@ -205,7 +206,7 @@ TEST_CASE("a shape or layout that cannot split its experts is refused with its n
     try {  // the layout has an expert-parallel axis; the trainer is given no communicator for it
       auto at = train::rank_in_layout(ctx);
       at.ep = nullptr;
-      train::TrainerOptions o;
+      train::TrainerOptions<models::GptOptions> o;
       o.step.batch = su.batch, o.step.seq = su.seq;
       train::TrainerOf<Model, optim::AdamW<double>> t(at, su.data, o, [](const auto& specs, std::int64_t n) {
         return optim::AdamW<double>(specs, n, {});

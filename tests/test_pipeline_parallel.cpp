@@ -3,6 +3,7 @@
 // one rank: losses and every parameter, in double, dropout included.
 #include "catch.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/local.hpp>
 
 #include "equivalence_checks.hpp"

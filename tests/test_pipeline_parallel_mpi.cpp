@@ -4,6 +4,7 @@
 // Mixtral families (test_families' shapes) on a subset of the layouts the same way.
 #include "pipeline_parallel_cases.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/mpi.hpp>
 
 #include <cstdio>

@@ -8,6 +8,7 @@
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/gpt/export.hpp>
 #include <loom/optim/optimizers.hpp>
 
 #include "temp_dir.hpp"
@@ -94,8 +95,8 @@ train::Batches data() {
   return train::Batches(tok, batch, seq, train::BatchOrder::shuffle, 11);
 }
 
-train::TrainerOptions options(int micro_batches) {
-  train::TrainerOptions o;
+train::TrainerOptions<models::GptOptions> options(int micro_batches) {
+  train::TrainerOptions<models::GptOptions> o;
   o.seed = 3;
   o.model.dropout = 0.1f;
   o.step.batch = batch, o.step.seq = seq, o.step.micro_batches = micro_batches, o.step.lr = 1e-2;

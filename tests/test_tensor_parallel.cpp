@@ -5,6 +5,7 @@
 // model's code (models::GptModel): one translation unit for all three.
 #include "catch.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/local.hpp>
 
 #include <algorithm>
@@ -194,7 +195,7 @@ TEMPLATE_TEST_CASE("with tensor parallelism, ZeRO-1 and ZeRO-3 shard each rank's
     std::vector<std::array<std::size_t, 3>> held(Cfg::world_size);
     std::vector<std::int64_t> psi_t(Cfg::world_size), psi_r(Cfg::world_size);
     run_local<Cfg>([&](auto& ctx) {
-      train::TrainerOptions o;
+      train::TrainerOptions<models::GptOptions> o;
       o.seed = 3, o.model = options();
       o.step.batch = batch, o.step.seq = seq;
       train::Trainer<Cfg, Model, optim::AdamW<double>> trainer(ctx, d, o, [](const auto& specs, std::int64_t n) {

@@ -3,6 +3,7 @@
 // computes itself, for each attention shape (multi-head, grouped-query, multi-query).
 #include "tensor_parallel_cases.hpp"
 
+#include <loom/models/gpt.hpp>
 #include <loom/comm/mpi.hpp>
 
 #include <cstdio>

@@ -1,4 +1,5 @@
 // expect: loom: EP<n> (n > 1) needs a mixture-of-experts model
+#include <loom/models/gpt.hpp>
 #include <loom/train/trainer.hpp>
 
 constexpr loom::models::GptShape dense{1, 2, 2, 8, 16, 8};

@@ -1,4 +1,5 @@
 // expect: loom: the model's backward_chunk(slot, chunk, scale) must return the ParamRange whose gradients it completed, and backward_chunks() their count (train::TrainableModel)
+#include <loom/models/gpt.hpp>
 #include <loom/train/trainer.hpp>
 
 using Optimizer = loom::optim::AdamW<double>;

@@ -25,7 +25,6 @@
 #pragma once
 
 #include <loom/checkpoint/boxes.hpp>
-#include <loom/checkpoint/gpt.hpp>
 #include <loom/checkpoint/training.hpp>
 #include <loom/train/trainer.hpp>
 
@@ -343,6 +342,7 @@ template <class Model, class Optimizer>
 void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Model, Optimizer>& trainer,
                    int next_step, const std::string& layout, const nlohmann::json& run = nullptr,
                    std::int64_t block = checksum_block, bool copy = true) {
+  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
   using T = typename Model::value_type;
   using A = loom::acc_t<T>;
   LOOM_CHECK(block > 0, "the checksum block must be positive, got ", block);
@@ -435,7 +435,7 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
     index["layout"] = layout;
     index["world_size"] = trainer.world_size();
     index["block"] = block;
-    index["model"] = gpt_config(trainer.shape(), trainer.parts().front()->options().ln_eps);
+    index["model"] = model_config(*trainer.parts().front());
     if (!run.is_null()) index["run"] = run;
   }
 }
@@ -778,36 +778,14 @@ inline std::uint64_t verify_sharded(const std::string& dir) {
   return bytes;
 }
 
-//! Writes the model of checkpoint `dir` (ROOT or a checkpoint directory) as Hugging Face writes GPT-2: OUT/
-//! model.safetensors (the parameters, by name, in their stored dtype) and OUT/config.json, tensor by tensor, one
-//! tensor in memory at a time; each file under a temporary name that is then renamed.
-inline void export_hf(const std::string& path, const std::string& out) {
+//! Writes the model of checkpoint `dir` (ROOT or a checkpoint directory) as it is stored: OUT/model.safetensors
+//! (the parameters, by their names, in their stored dtype) and OUT/config.json (the index's "model"), tensor by
+//! tensor, one tensor in memory at a time; each file under a temporary name that is then renamed. For a model whose
+//! stored names are its Hugging Face names (GPT-2's), Hugging Face's files.
+inline void export_stored(const std::string& path, const std::string& out) {
   namespace fs = std::filesystem;
   const std::string dir = resolve_checkpoint(path);
   const ShardedIndex ix = read_index(dir);
-  const std::string type = ix.model.value("model_type", std::string("gpt2"));
-  if (type == "llama" || type == "mixtral") {  // Hugging Face's names and layouts (checkpoint/hf.hpp)
-    double eps = 1e-5;
-    const models::GptShape shape = llama_shape(ix.model, dir + "/index.json", &eps);
-    const auto& first = ix.tensors.at("wte.weight");
-    visit_dtype(first.dtype, [&](auto tag) {
-      using U = typename decltype(tag)::type;
-      if constexpr (std::is_floating_point_v<U> || std::is_same_v<U, bf16> || std::is_same_v<U, fp16>) {
-        std::vector<U> whole(static_cast<std::size_t>(shape.params()));
-        for (const auto& s : models::gpt_param_specs<U>(shape, 1, 0, {})) {
-          const auto& t = ix.tensors.at(s.name);
-          LOOM_CHECK(t.dtype == first.dtype, dir, " holds ", s.name, " as ", safetensors_dtype(t.dtype),
-                     " and wte.weight as ", safetensors_dtype(first.dtype), ": export-hf writes one dtype");
-          read_tensor(dir, ix, s.name, reinterpret_cast<char*>(whole.data() + s.offset));
-        }
-        write_llama(out, shape, whole, eps);
-      } else {
-        throw Error("loom: " + dir + " holds wte.weight as " + safetensors_dtype(first.dtype) +
-                    ", not a floating-point dtype");
-      }
-    });
-    return;
-  }
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) throw Error("loom: cannot create the directory " + out + ": " + ec.message());
@@ -854,6 +832,7 @@ enum class LoadWhat { training, parameters };
 template <class Model, class Optimizer>
 int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer,
                  LoadWhat what = LoadWhat::training) {
+  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
   detail::check_not_expert_parallel(trainer, "loaded");
   using T = typename Model::value_type;
   using A = loom::acc_t<T>;
@@ -861,7 +840,7 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
   const ShardedIndex ix = read_index(dir);
   const auto& front = *trainer.parts().front();
   // (as nlohmann::json, the index's own kind: comparing the two kinds is ambiguous to some compilers)
-  const auto want = nlohmann::json::parse(gpt_config(trainer.shape(), front.options().ln_eps).dump());
+  const auto want = nlohmann::json::parse(model_config(front).dump());
   for (const auto& [key, value] : want.items())
     if (!ix.model.contains(key) || ix.model[key] != value)
       throw Error("loom: " + dir + " holds a model with " + key + " = " +

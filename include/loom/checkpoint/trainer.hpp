@@ -17,6 +17,7 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
     return save_training(dir, trainer.model(), trainer.optimizers().front(), next_step, write, run);
   using A = typename Optimizer::acc;
   using T = typename Model::value_type;
+  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
   auto& parts = trainer.parts();
   auto& opts = trainer.optimizers();
   const auto whole = trainer.template assemble<T>([&](std::size_t c) {
@@ -32,7 +33,7 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
       return parts[c]->gather(flat.data());
     }));
   if (!write) return;
-  write_gpt(dir, parts.front()->shape(), whole, parts.front()->options().ln_eps);
+  write_model(dir, *parts.front(), whole);
   write_training<Optimizer>(dir, state, opts.front().counter(), next_step, run);
 }
 
@@ -49,8 +50,9 @@ int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& tr
       continue;
     }
     read_trainer_state(dir);
-    load_gpt(dir, part);
-    next = load_training_state(dir, opt, part.shape().params(), [&](const auto* whole, auto* state) {
+    read_model(dir, part);
+    next = load_training_state(dir, opt, layers::numel_of_table(part.param_specs(0, true)),
+                               [&](const auto* whole, auto* state) {
       using A = std::remove_cvref_t<decltype(*whole)>;
       std::vector<A> flat(static_cast<std::size_t>(part.params().numel()));
       part.scatter(whole, flat.data());

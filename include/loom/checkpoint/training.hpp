@@ -5,7 +5,10 @@
 // uninterrupted run would have had. Every file is written to a temporary name and renamed.
 #pragma once
 
-#include <loom/checkpoint/gpt.hpp>
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/train/concepts.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <fstream>
@@ -13,6 +16,29 @@
 #include <type_traits>
 
 namespace loom::checkpoint {
+
+//! What a checkpoint needs of a model beside train::TrainableModel, as free functions found by argument-dependent
+//! lookup (for models::Gpt in <loom/models/gpt/checkpoint.hpp>): model_config(model), the JSON that describes it
+//! (config.json, and a sharded checkpoint's "model"); write_model(dir, model, whole), its files from the whole
+//! model's parameters in the single-rank layout; read_model(dir, model), each rank's part from those files.
+template <class M>
+concept CheckpointModel =
+    train::TrainableModel<M> && requires(M& m, const M& cm, const std::string& dir,
+                                         const std::vector<typename M::value_type>& whole) {
+      { model_config(cm) } -> std::convertible_to<nlohmann::ordered_json>;
+      write_model(dir, cm, whole);
+      read_model(dir, m);
+    };
+
+//! The message of a checkpoint of a model that is not a CheckpointModel.
+template <class M>
+constexpr bool checkpointable() {
+  static_assert(CheckpointModel<M>,
+                "loom: a checkpoint needs model_config(model), write_model(dir, model, whole) and read_model(dir, "
+                "model) for the model, found by argument-dependent lookup (for models::Gpt: include "
+                "<loom/models/gpt/checkpoint.hpp>) (checkpoint::CheckpointModel)");
+  return true;
+}
 
 //! DIR/trainer.json, parsed; a file that cannot be opened, is not JSON or holds no object is refused with its name.
 inline nlohmann::json read_trainer_json(const std::string& dir) {
@@ -101,10 +127,13 @@ void write_training(const std::string& dir, const std::vector<std::pair<std::str
 
 //! A training checkpoint of a model on any tensor-parallel layout: a collective over its tensor-parallel group;
 //! only the ranks with `write` write. `run` is stored as trainer.json's "run" (see write_training).
-template <class T, class Cfg, class Dev, class Optimizer>
-void save_training(const std::string& dir, models::GptModel<T, Cfg, Dev>& model, const Optimizer& opt, int next_step,
-                   bool write = true, const nlohmann::json& run = nullptr) {
-  save_gpt(dir, model, write);
+template <class Model, class Optimizer>
+  requires train::TrainableModel<Model>
+void save_training(const std::string& dir, Model& model, const Optimizer& opt, int next_step, bool write = true,
+                   const nlohmann::json& run = nullptr) {
+  static_assert(checkpointable<Model>());
+  const auto whole = model.gather(model.params().data());
+  if (write) write_model(dir, model, whole);
   using A = typename Optimizer::acc;
   std::vector<std::pair<std::string, std::vector<A>>> state;
   for (const auto& [name, t] : opt.state()) state.emplace_back(name, model.gather(t.data()));
@@ -161,11 +190,13 @@ int load_training_state(const std::string& dir, Optimizer& opt, std::int64_t par
 }
 
 //! Loads a training checkpoint into model and opt (same shape, same optimizer) and returns the step to continue at.
-template <class T, class Cfg, class Dev, class Optimizer>
-int load_training(const std::string& dir, models::GptModel<T, Cfg, Dev>& model, Optimizer& opt) {
+template <class Model, class Optimizer>
+  requires train::TrainableModel<Model>
+int load_training(const std::string& dir, Model& model, Optimizer& opt) {
+  static_assert(checkpointable<Model>());
   read_trainer_state(dir);  // a directory that is no training checkpoint is refused before the weights are read
-  load_gpt(dir, model);
-  return load_training_state(dir, opt, model.shape().params(),
+  read_model(dir, model);
+  return load_training_state(dir, opt, layers::numel_of_table(model.param_specs(0, true)),
                              [&](const auto* whole, auto* state) { model.scatter(whole, state); });
 }
 

@@ -5,6 +5,7 @@
 #include <loom/core/random.hpp>
 #include <loom/tensor/placement.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,14 @@ class ParamTable {
   std::size_t next_index_ = 0;
   bool skip_ = false, expert_ = false;
 };
+
+//! Elements of a flat buffer laid out by `specs`: where its last parameter ends (for the whole model's table, the
+//! whole model's parameter count).
+inline std::int64_t numel_of_table(const std::vector<ParamSpec>& specs) {
+  std::int64_t n = 0;
+  for (const auto& s : specs) n = std::max(n, s.offset + numel_of(s.shape));
+  return n;
+}
 
 //! Fills a rank's flat buffer: element i (global, row-major) of parameter p (its index in the whole model) is a
 //! function of (seed, p, i) alone, so every layout starts from the same model.

@@ -22,8 +22,8 @@ namespace loom::pipeline {
 
 //! Runs tables on one pipeline stage. Model is a part of a model with forward(slot, micro_batch, input),
 //! backward(slot, scale, doutput) (BW), backward_inputs(slot, scale, doutput) (B), backward_weights(slot) (W),
-//! output(slot), input_grad(), slots() and set_slots(n) (models::Gpt with a GptPart); chunks[c] is the part this
-//! stage holds as its chunk c. Comm is the pipeline group's communicator: its rank is the stage.
+//! output(slot), input_grad(slot), slots() and set_slots(n) (a part of any train::TrainableModel); chunks[c] is
+//! the part this stage holds as its chunk c. Comm is the pipeline group's communicator: its rank is the stage.
 template <class Model, class Comm>
 class Executor {
  public:
@@ -167,7 +167,7 @@ class Executor {
           if (kind == Kind::W) return part->backward_weights(s);
           if (kind == Kind::B) part->backward_inputs(s, 1.0 / m, dout);
           else part->backward(s, 1.0 / m, dout);
-          if (din) std::copy_n(part->input_grad(), n, din);
+          if (din) std::copy_n(part->input_grad(s), n, din);
         }, std::move(after));
         if (kind != Kind::B) {  // the micro-batch is done with its slot
           free[static_cast<std::size_t>(a.chunk)].push_back(s);

@@ -46,7 +46,7 @@ class CostedModel {
   void backward_inputs(int, double, const float*) { run(b_); }
   void backward_weights(int) { run(w_); }
   const float* output(int slot) const { return &out_.at(static_cast<std::size_t>(slot)); }
-  const float* input_grad() const { return &dx_; }
+  const float* input_grad(int) const { return &dx_; }
   int slots() const { return static_cast<int>(out_.size()); }
   void set_slots(int n) { out_.assign(static_cast<std::size_t>(n), 0.0f); }
   const Tensor<float>& grads() const { return grads_; }

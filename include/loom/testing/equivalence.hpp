@@ -5,7 +5,7 @@
 //   using Model = loom::models::Gpt<my_shape, double>;                   // the single-rank model type
 //   using Layouts = std::tuple<loom::Parallel<loom::TP<2>>, loom::Parallel<loom::PP<2>, loom::DP<2>>>;
 //   TEMPLATE_LIST_TEST_CASE("my model on every layout", "[model]", Layouts) {
-//     static const loom::testing::Training t = my_training();            // data, batch, steps, seed, options
+//     static const loom::testing::Training<Model::Options> t = my_training();  // data, batch, steps, seed, options
 //     static const loom::testing::Run one = loom::testing::single_rank<Model>(t);
 //     const auto c = loom::testing::compare<Model>(one, loom::testing::on_layout<TestType, Model>(t));
 //     INFO(c.describe());
@@ -14,12 +14,14 @@
 //
 // Without Catch2: check_layouts<Model, Layouts>(t) returns one Comparison per layout. Ranks are threads
 // (run_local); rank_run<Cfg, Model>(ctx, t) is one rank's part for a run under another launcher (mpirun), whose
-// ranks' Runs `combine` puts together.
+// ranks' Runs `combine` puts together. Model is any train::TrainableModel whose type fixes its shape
+// (Model::static_shape) and names itself on another layout (Model::with_layout<L>): the library's models::Gpt, or a
+// model of one's own (docs/your-own-model.md).
 #pragma once
 
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
-#include <loom/models/gpt.hpp>
+#include <loom/models/part.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/trainer.hpp>
@@ -36,12 +38,14 @@ namespace loom::testing {
 
 //! What every run of a comparison trains: the batches, the global batch of `batch` sequences of `seq` tokens, the
 //! steps, the seed the model starts from, its options, AdamW's learning rate and weight decay (betas 0.9, 0.999,
-//! eps 1e-8), clipping, micro-batches per step and an explicit layer split (empty: even).
+//! eps 1e-8), clipping, micro-batches per step and an explicit layer split (empty: even). ModelOptions is the
+//! model's Options.
+template <class ModelOptions>
 struct Training {
   train::Batches data;
   int batch = 8, seq = 8, steps = 5;
   std::uint64_t seed = 3;
-  models::GptOptions model{};
+  ModelOptions model{};
   double lr = 1e-2, weight_decay = 0.1, grad_clip = 1.0;
   int micro_batches = 1;
   std::vector<int> split{};
@@ -61,46 +65,57 @@ struct Run {
 template <class T>
 inline constexpr double tolerance = std::is_same_v<T, double> ? 1e-9 : std::is_same_v<T, float> ? 2e-4 : 3e-2;
 
-//! A model type on layout Cfg: models::Gpt<S, T, Parallel<>, Dev> becomes models::Gpt<S, T, ModelLayout<Cfg>, Dev>.
+//! A model type on layout Cfg: Model::with_layout<ModelLayout<Cfg>> (models::Gpt<S, T, Parallel<>, Dev> becomes
+//! models::Gpt<S, T, ModelLayout<Cfg>, Dev>).
 template <class Model, class Cfg>
-struct ModelOn;
-template <models::GptShape S, class T, class L, class Dev, class Cfg>
-struct ModelOn<models::Gpt<S, T, L, Dev>, Cfg> {
-  using type = models::Gpt<S, T, models::ModelLayout<Cfg>, Dev>;
+struct ModelOn {
+  static_assert(requires { typename Model::template with_layout<models::ModelLayout<Cfg>>; },
+                "loom: the testing kit needs Model::with_layout<L>, the same model on model layout L");
+  using type = typename Model::template with_layout<models::ModelLayout<Cfg>>;
 };
 template <class Model, class Cfg>
 using model_on_t = typename ModelOn<Model, Cfg>::type;
 
-//! The model trained on one rank over the whole batch of every step.
+//! The model trained on one rank over the whole batch of every step: forward and backward of the whole batch,
+//! clipping to the global norm, AdamW; the model built as the trainer builds it (train::BuildableModel).
 template <class Model>
-Run single_rank(const Training& t) {
+Run single_rank(const Training<typename Model::Options>& t) {
+  static_assert(train::detail::FixesShape<Model>,
+                "loom: the testing kit trains a model whose type fixes its shape (Model::static_shape)");
+  static_assert(train::ModelRequirements<Model>::ok);
   using T = typename Model::value_type;
-  Model m(t.seed, t.model);
-  const auto n = static_cast<std::int64_t>(m.params().numel());
-  optim::AdamW<T> adamw(m.specs(), n, {0.9, 0.999, 1e-8, t.weight_decay});
-  std::vector<std::int32_t> in(static_cast<std::size_t>(t.batch) * t.seq), tg(in.size());
   Run r;
-  for (int s = 0; s < t.steps; ++s) {
-    t.data.fill(s, 0, t.batch, in.data(), tg.data());
-    m.zero_grad();
-    r.losses.push_back(m.forward(in.data(), tg.data(), t.batch, t.seq, static_cast<std::uint64_t>(s), 0));
-    m.backward();
-    if (t.grad_clip > 0) optim::clip_grad_norm(m.grads(), t.grad_clip);
-    adamw.step(m.params(), m.grads(), t.lr);
-  }
-  r.params.assign(m.params().data(), m.params().data() + n);
-  for (const auto& [name, s] : adamw.state())
-    if (name == "adamw.exp_avg" || name == "adamw.exp_avg_sq") r.state.insert(r.state.end(), s.data(), s.data() + n);
+  run_local<Parallel<>>([&](auto& ctx) {
+    auto& tp = ctx.template comm<Axis::tp>();
+    using Comm = std::remove_reference_t<decltype(tp)>;
+    Model m(t.seed, tp, static_cast<Comm*>(nullptr), static_cast<Comm*>(nullptr), models::Part{}, t.model);
+    const auto n = static_cast<std::int64_t>(m.params().numel());
+    optim::AdamW<T> adamw(m.specs(), n, {0.9, 0.999, 1e-8, t.weight_decay});
+    std::vector<std::int32_t> in(static_cast<std::size_t>(t.batch) * t.seq), tg(in.size());
+    for (int s = 0; s < t.steps; ++s) {
+      t.data.fill(s, 0, t.batch, in.data(), tg.data());
+      m.zero_grad();
+      const typename Model::MicroBatch mb{in.data(), tg.data(), t.batch, t.seq, static_cast<std::uint64_t>(s), 0};
+      r.losses.push_back(m.forward(0, mb, nullptr));
+      m.backward(0, 1.0, nullptr);
+      if (t.grad_clip > 0) optim::clip_grad_norm(m.grads(), t.grad_clip);
+      adamw.step(m.params(), m.grads(), t.lr);
+    }
+    r.params.assign(m.params().data(), m.params().data() + n);
+    for (const auto& [name, st] : adamw.state())
+      if (name == "adamw.exp_avg" || name == "adamw.exp_avg_sq")
+        r.state.insert(r.state.end(), st.data(), st.data() + n);
+  });
   return r;
 }
 
 //! One rank's run of layout Cfg (ctx: its context), through train::Trainer: what it holds of the whole model.
 template <class Cfg, class Model, class Ctx>
-Run rank_run(Ctx& ctx, const Training& t) {
+Run rank_run(Ctx& ctx, const Training<typename Model::Options>& t) {
   using M = model_on_t<Model, Cfg>;
   using T = typename M::value_type;
   using AdamW = optim::AdamW<T>;
-  train::TrainerOptions o;
+  typename train::Trainer<Cfg, M, AdamW>::Options o;
   o.seed = t.seed, o.model = t.model, o.split = t.split;
   o.step.batch = t.batch, o.step.seq = t.seq, o.step.micro_batches = t.micro_batches, o.step.lr = t.lr;
   o.step.grad_clip = t.grad_clip;
@@ -115,14 +130,16 @@ Run rank_run(Ctx& ctx, const Training& t) {
     r.losses.push_back(res.loss);
   }
   const auto global = trainer.parts().front()->param_specs(0, true);
-  const auto n = static_cast<std::size_t>(trainer.shape().params());
+  const auto n = static_cast<std::size_t>(layers::numel_of_table(global));
   r.params.assign(n, 0.0);
   r.held.assign(n, 0);
   r.state.assign(2 * n, 0.0);
   for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
     const auto& part = trainer.parts()[c];
-    r.blocks.push_back(part->first_layer());
-    r.blocks.push_back(part->last_layer());
+    if constexpr (requires { part->first_layer(); part->last_layer(); }) {
+      r.blocks.push_back(part->first_layer());
+      r.blocks.push_back(part->last_layer());
+    }
     const auto whole = part->gather(trainer.params_of_part(c).data());  // under ZeRO-3, from every rank's chunks
     std::vector<std::vector<loom::acc_t<T>>> moments;                    // gathered over DP (ZeRO), then TP
     for (const auto& [name, s] : trainer.optimizers()[c].state())
@@ -166,7 +183,7 @@ inline Run combine(const std::vector<Run>& runs, std::string& disagreement) {
 //! The model trained on layout Cfg, its ranks threads of this process; the ranks' runs put together (an error if
 //! they disagree).
 template <class Cfg, class Model>
-Run on_layout(const Training& t) {
+Run on_layout(const Training<typename Model::Options>& t) {
   std::vector<Run> runs(Cfg::world_size);
   run_local<Cfg>([&](auto& ctx) { runs[static_cast<std::size_t>(ctx.rank())] = rank_run<Cfg, Model>(ctx, t); });
   std::string disagreement;
@@ -215,7 +232,7 @@ Comparison compare(const Run& reference, const Run& run, std::string layout = {}
 
 //! Every layout of Layouts (a std::tuple of Parallel<...> types) against the single-rank run of Model.
 template <class Model, class Layouts>
-std::vector<Comparison> check_layouts(const Training& t) {
+std::vector<Comparison> check_layouts(const Training<typename Model::Options>& t) {
   const Run reference = single_rank<Model>(t);
   std::vector<Comparison> out;
   [&]<class... Cfg>(std::type_identity<std::tuple<Cfg...>>) {

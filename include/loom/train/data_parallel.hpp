@@ -214,7 +214,7 @@ class DataParallel {
   //! group once complete.
   void backward(int slot, double scale) {
     if (!overlap_ || comm_.size() == 1) {
-      model_.backward(slot, scale);
+      model_.backward(slot, scale, nullptr);
       model_.ops().synchronize();
       if (comm_.size() > 1)
         for (std::size_t b = 0; b < buckets_.size(); ++b) start(b).wait();

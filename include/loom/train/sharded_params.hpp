@@ -9,7 +9,8 @@
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/memory.hpp>
-#include <loom/models/gpt/param_table.hpp>
+#include <loom/layers/param.hpp>
+#include <loom/models/part.hpp>
 #include <loom/train/shard_plan.hpp>
 
 #include <algorithm>

@@ -6,7 +6,8 @@
 #pragma once
 
 #include <loom/comm/types.hpp>
-#include <loom/models/gpt.hpp>
+#include <loom/layers/moe.hpp>
+#include <loom/models/part.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/pipeline/executor.hpp>
 #include <loom/train/concepts.hpp>
@@ -69,12 +70,14 @@ inline std::vector<int> layer_bounds(int layers, int parts, const std::vector<in
   return at;
 }
 
-//! What the layout type does not say: how the model starts, how a step is made, and an explicit layer split.
+//! What the layout type does not say: how the model starts (its seed, and ModelOptions, the model's own Options:
+//! for models::Gpt recompute, dropout, the norms' epsilon), how a step is made, and an explicit layer split.
+template <class ModelOptions>
 struct TrainerOptions {
-  std::uint64_t seed = 0;    //!< initialises the model: the same whole model on every layout
-  models::GptOptions model;  //!< recompute, dropout, layer-norm epsilon
-  StepConfig step;           //!< global batch, sequence length, micro-batches, lr, warmup, clipping, buckets
-  std::vector<int> split;    //!< blocks per virtual pipeline stage, in pipeline order; empty: an even split
+  std::uint64_t seed = 0;  //!< initialises the model: the same whole model on every layout
+  ModelOptions model{};    //!< how each part is built
+  StepConfig step;         //!< global batch, sequence length, micro-batches, lr, warmup, clipping, buckets
+  std::vector<int> split;  //!< blocks per virtual pipeline stage, in pipeline order; empty: an even split
 };
 
 //! What a rank holds of a model part's flat buffers, as ranges [lo, hi) of the part's flat parameters, each with
@@ -127,8 +130,9 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
  public:
   template <class MakeOptimizer>
-  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& o, int layers,
-              const std::function<std::unique_ptr<Model>(models::GptPart)>& make_part, MakeOptimizer&& make_optimizer)
+  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+              const TrainerOptions<typename Model::Options>& o, int layers,
+              const std::function<std::unique_ptr<Model>(models::Part)>& make_part, MakeOptimizer&& make_optimizer)
       : at_(at), data_(data), cfg_(o.step), average_(at.reduce_in_storage) {
     const StepConfig& cfg = o.step;
     const int dp = at.dp_size;
@@ -144,7 +148,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     const std::vector<int> bounds = layer_bounds(layers, parts, o.split);
     for (int c = 0; c < at.chunks; ++c) {
       const int k = Pipelined ? pipeline::virtual_stage(at.schedule, at.stages, at.stage, c) : 0;
-      const models::GptPart part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
+      const models::Part part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
       {  // what ZeRO accounts for itself is made uncounted
         const int shard = at.shard ? at.shard->size() : at.dp->size();
         const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, shard)
@@ -156,7 +160,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
         zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
             m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
             at.keep_gathered, at.replicas, at.reduce_in_storage, at.edp, at.ep_size));
-        if constexpr (requires { m.initialise(o.seed, 0, 0); })
+        if constexpr (Zero >= 3)
           if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
             for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
         this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
@@ -285,7 +289,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   //! when the model has experts); the time in all-to-alls is this rank's own.
   layers::MoeStats routed() {
     layers::MoeStats moe;
-    if constexpr (requires(Model& m) { m.take_moe_stats(); }) {
+    if constexpr (requires(Model& m) { m.take_moe_stats(); m.shape().experts; }) {
       if (this->parts.front()->shape().experts == 0) return moe;
       for (auto& p : this->parts) moe += p->take_moe_stats();
       std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
@@ -313,13 +317,13 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
                                           row0(i)};
       if constexpr (Zero > 0) loss += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
-      else loss += m.forward(0, mb) / mbs;
+      else loss += m.forward(0, mb, nullptr) / mbs;
       if (i + 1 < mbs) {
         if constexpr (Zero >= 2) {  // the micro-batches' gradients accumulate in every bucket
           if (i == 0) zero_.front()->hold_all();
           zero_.front()->accumulate(0, 1.0 / mbs);
         } else {
-          m.backward(0, 1.0 / mbs);
+          m.backward(0, 1.0 / mbs, nullptr);
         }
       } else if constexpr (Zero > 0) {
         zero_.front()->backward(0, 1.0 / mbs);

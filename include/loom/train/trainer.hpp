@@ -13,7 +13,7 @@
 
 #include <loom/comm/context.hpp>
 #include <loom/config.hpp>
-#include <loom/models/gpt.hpp>
+#include <loom/models/part.hpp>
 #include <loom/train/concepts.hpp>
 #include <loom/train/rank_in_layout.hpp>
 #include <loom/train/step.hpp>
@@ -32,7 +32,7 @@ namespace loom::train {
 template <class Model, class Optimizer>
 class TrainerOf {
  public:
-  //! What the trainer builds and steps (part_of_t): for models::Gpt<S, ...>, the shape-free models::GptModel.
+  //! What the trainer builds and steps (part_of_t): Model::part_type where Model names one, else Model.
   using Part = part_of_t<Model>;
   static_assert(ModelRequirements<Part>::ok,
                 "loom: the model does not have what the trainer needs (train::TrainableModel)");
@@ -40,21 +40,26 @@ class TrainerOf {
                 "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
   using T = typename Part::value_type;
   using acc = loom::acc_t<T>;
+  using Shape = typename Part::Shape;
+  //! The trainer's options: the seed, the model's Options, the step, a layer split.
+  using Options = TrainerOptions<typename Part::Options>;
 
   //! Builds this rank's model parts (from options.seed: the same whole model on every layout) and, with
   //! make_optimizer(specs, numel), one optimizer per part. Checks what the type cannot: that the global batch
   //! splits over data parallelism and micro-batches, that the micro-batch count fits the schedule, that the layers
-  //! split over the virtual stages. For a model whose type fixes its shape (models::Gpt<S, ...>).
+  //! split over the virtual stages. For a model whose type fixes its shape (Model::static_shape), each part built
+  //! as Model(seed, tp, cp, ep, part, options.model) (BuildableModel).
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
-    requires requires { Model::static_shape; }
-  TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const TrainerOptions& options,
+    requires detail::FixesShape<Model>
+  TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const Options& options,
             MakeOptimizer&& make_optimizer)
-      : TrainerOf(Model::static_shape, at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
-  //! The same for a model of shape `shape` (models::GptModel), built as Model(shape, seed, tp, part, options).
+      : TrainerOf(Shape(Model::static_shape), at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
+  //! The same for a model of shape `shape` given at run time (models::GptModel), built as Model(shape, seed, tp, cp,
+  //! ep, part, options.model).
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
-    requires(!requires { Model::static_shape; })
-  TrainerOf(const models::GptShape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
-            const TrainerOptions& options, MakeOptimizer&& make_optimizer)
+    requires(!detail::FixesShape<Model>)
+  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+            const Options& options, MakeOptimizer&& make_optimizer)
       : TrainerOf(shape, at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
 
   //! Optimizer step `step` (it keys the batch and dropout): forward and backward of every micro-batch, gradients
@@ -64,8 +69,8 @@ class TrainerOf {
 
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
   const std::vector<std::unique_ptr<Part>>& parts() const { return core_->parts; }
-  //! The model's shape.
-  const models::GptShape& shape() const { return core_->parts.front()->shape(); }
+  //! The whole model's shape.
+  const Shape& shape() const { return core_->parts.front()->shape(); }
   //! The model, where this rank holds one part.
   Part& model() {
     LOOM_CHECK(core_->parts.size() == 1, "model(): this rank holds ", core_->parts.size(), " parts (parts())");
@@ -100,12 +105,12 @@ class TrainerOf {
   std::vector<U> assemble(Gather&& gather) {
     const auto& parts = core_->parts;
     if (!pipelined_) return gather(0);
-    std::vector<U> whole(static_cast<std::size_t>(shape().params()), U(0));
     const auto global = parts.front()->param_specs(0, true);
+    std::vector<U> whole(static_cast<std::size_t>(layers::numel_of_table(global)), U(0));
     for (std::size_t c = 0; c < parts.size(); ++c) {
       const auto g = gather(c);
       for (const auto& s : parts[c]->specs()) {
-        if (s.index == 0 && !parts[c]->embedding()) continue;  // the tied table's second holder
+        if (second_holder(*parts[c], s)) continue;  // a tied table counts on the part with the embedding
         const auto& at = global[s.index];
         std::copy_n(g.begin() + at.offset, numel_of(at.shape), whole.begin() + at.offset);
       }
@@ -116,10 +121,22 @@ class TrainerOf {
   }
 
  private:
+  //! Whether parameter s of `part` is a table tied between the input and the output that this part (one without the
+  //! embedding) holds for its output layer: the part with the embedding holds it too.
+  static bool second_holder(Part& part, const layers::ParamSpec& s) {
+    const auto tied = part.tied_grad();
+    return !part.embedding() && !tied.empty() && tied.data() == part.grads().data() + s.offset;
+  }
+
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
-  TrainerOf(const models::GptShape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
-            const TrainerOptions& options, MakeOptimizer&& make_optimizer, int)
+  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+            const Options& options, MakeOptimizer&& make_optimizer, int)
       : pipelined_(Pipelined), zero_(Zero) {
+    static_assert(BuildableModel<Model, Comm>,
+                  "loom: the trainer builds each part of the model as Model(seed, tp, cp, ep, part, options) when "
+                  "the type fixes its shape (Model::static_shape), else as Model(shape, seed, tp, cp, ep, part, "
+                  "options): tp the tensor-parallel communicator, cp and ep the context- and expert-parallel ones "
+                  "(null where the layout has none), part a models::Part (train::BuildableModel)");
     static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
                   "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
     static_assert(Zero < 3 || UnitModel<Part>,
@@ -129,7 +146,7 @@ class TrainerOf {
     LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
                "tensor-parallel group has ", at.tp->size());
     // Under ZeRO-3 over several ranks each rank writes only its shard of the parameters (TrainerCore).
-    models::GptOptions model = options.model;
+    typename Part::Options model = options.model;
     if constexpr (Zero >= 3) model.write_buffers = (at.shard ? at.shard : at.dp)->size() == 1;
     constexpr int cp = Part::config::template size<Axis::cp>;
     LOOM_CHECK(cp == 1 || at.cp, "the model is split over ", cp, " context-parallel ranks but the rank was given no "
@@ -139,14 +156,14 @@ class TrainerOf {
                at.ep ? "a group of " + std::to_string(at.ep->size()) : std::string("no expert-parallel groups"),
                " (RankInLayout::ep, edp)");
     Comm* ep = at.ep_size > 1 ? at.ep : nullptr;
-    const std::function<std::unique_ptr<Part>(models::GptPart)> make_part = [&](models::GptPart part) {
-      if constexpr (requires { Model::static_shape; })
+    const std::function<std::unique_ptr<Part>(models::Part)> make_part = [&](models::Part part) {
+      if constexpr (detail::FixesShape<Model>)
         return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, at.cp, ep, part, model));
       else
         return std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, ep, part, model);
     };
     core_ = std::make_unique<detail::TrainerCore<Part, Optimizer, Comm, Pipelined, Zero>>(
-        at, data, options, shape.layers, make_part, std::forward<MakeOptimizer>(make_optimizer));
+        at, data, options, static_cast<int>(shape.layers), make_part, std::forward<MakeOptimizer>(make_optimizer));
   }
 
   std::unique_ptr<detail::TrainerBase<Part, Optimizer>> core_;
@@ -155,18 +172,24 @@ class TrainerOf {
 };
 
 namespace detail {
-//! Whether Model meets every rule of layout Cfg: a model whose type fixes its shape is checked against the whole
-//! layout at compile time (models::LayoutRules, its expert-parallel degree too), one of any shape when it is built.
+//! Whether Model meets every rule of layout Cfg: a model that states them (Model::fits_layout<Cfg>, models::Gpt's
+//! checks its shape against the whole layout at compile time) is held to its own; any other model is refused expert
+//! parallelism, which only a model with experts can use.
 template <class Model, class Cfg>
 constexpr bool fits_layout() {
-  if constexpr (requires { Model::static_shape; })
-    return models::LayoutRules<Model::static_shape, Cfg, typename Model::device>::ok;
-  else
+  if constexpr (requires { Model::template fits_layout<Cfg>; }) {
+    return Model::template fits_layout<Cfg>;
+  } else {
+    static_assert(Cfg::template size<Axis::ep> == 1,
+                  "loom: EP<n> (n > 1) needs a model with experts, one that states the layouts it fits "
+                  "(Model::fits_layout<Cfg>)");
     return true;
+  }
 }
 }  // namespace detail
 
-//! Trains Model (models::Gpt<S, T, ModelLayout<Cfg>, Dev>) on one rank of layout Cfg with Optimizer. The layout type
+//! Trains Model (a train::TrainableModel on model layout ModelLayout<Cfg>: models::Gpt<S, T, ModelLayout<Cfg>, Dev>,
+//! or a model of one's own) on one rank of layout Cfg with Optimizer. The layout type
 //! is the whole configuration: its tensor-parallel degree and sequence parallelism are the model's, its pipeline
 //! degree, schedule and chunks per stage (PP<p, Schedule, Interleaved<v>>) the step's; what it does not say (the
 //! global batch, micro-batches, learning rate, an explicit layer split) is in TrainerOptions, checked once, here.
@@ -186,9 +209,10 @@ class Trainer : public TrainerOf<Model, Optimizer> {
   static constexpr Schedule schedule = Cfg::schedule;
   static constexpr int chunks = pipelined ? pipeline::chunks_per_stage(Cfg::schedule, Cfg::virtual_stages) : 1;
 
+  using Options = typename TrainerOf<Model, Optimizer>::Options;
+
   template <class Backend, class MakeOptimizer>
-  Trainer(Context<Cfg, Backend>& ctx, const Batches& data, const TrainerOptions& options,
-          MakeOptimizer&& make_optimizer)
+  Trainer(Context<Cfg, Backend>& ctx, const Batches& data, const Options& options, MakeOptimizer&& make_optimizer)
       : TrainerOf<Model, Optimizer>(rank_in_layout(ctx), data, options, std::forward<MakeOptimizer>(make_optimizer)) {}
 };
 

@@ -49,10 +49,14 @@
 namespace loom::train {
 
 //! What ZeRO-3 needs of a model part beside what the trainer does: its parameters in units (param_units), a forward
-//! run unit by unit, and which parameters each forward unit and backward chunk reads. models::GptModel has it.
+//! run unit by unit, which parameters each forward unit and backward chunk reads, and a part built without writing
+//! its buffers (options().write_buffers false) whose shard each rank initialises (initialise(seed, lo, hi)).
+//! models::GptModel has it.
 template <class M>
 concept UnitModel = requires(M& m, const M& cm, int i, const typename M::MicroBatch& mb,
-                             const typename M::value_type* p) {
+                             const typename M::value_type* p, std::uint64_t seed, std::int64_t lo) {
+  { cm.options().write_buffers } -> std::convertible_to<bool>;
+  m.initialise(seed, lo, lo);
   { cm.param_units() } -> std::convertible_to<std::vector<typename M::ParamRange>>;
   { cm.forward_units() } -> std::convertible_to<int>;
   { cm.forward_unit_reads(i) } -> std::same_as<typename M::ParamRange>;
@@ -190,7 +194,7 @@ class ShardedDataParallel {
   void accumulate(int slot, double scale) {
     if constexpr (UnitModel<Model>)
       if (params_) return gathered_backward(slot, scale, false);
-    model_.backward(slot, scale);
+    model_.backward(slot, scale, nullptr);
   }
 
   //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
@@ -200,7 +204,7 @@ class ShardedDataParallel {
       if (params_) return gathered_backward(slot, scale, true);
     if (!overlap_ || comm_.size() == 1) {
       hold_all();
-      model_.backward(slot, scale);
+      model_.backward(slot, scale, nullptr);
       model_.ops().synchronize();
       reduce_all();
       return;
@@ -317,14 +321,19 @@ class ShardedDataParallel {
     ShardedDataParallel* self;
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
   };
-  //! Before backward chunk c: the buckets whose reduce-scatter is done are released, and the ones it writes held.
+  //! Before backward chunk c: the buckets whose reduce-scatter is done are released, and the ones it writes held
+  //! (for a model that does not say what a chunk writes, backward_chunk_writes(c), every bucket before chunk 0).
   struct HoldWritten {
     ShardedDataParallel* self;
     void operator()(std::size_t c) const {
       self->release_reduced();
-      const auto r = self->model_.backward_chunk_writes(static_cast<int>(c));
-      for (std::size_t p = r.first; p < r.last; ++p) self->hold(self->bucket_of_[p]);
-      if (r.also != Model::no_param) self->hold(self->bucket_of_[r.also]);
+      if constexpr (requires { self->model_.backward_chunk_writes(0); }) {
+        const auto r = self->model_.backward_chunk_writes(static_cast<int>(c));
+        for (std::size_t p = r.first; p < r.last; ++p) self->hold(self->bucket_of_[p]);
+        if (r.also != Model::no_param) self->hold(self->bucket_of_[r.also]);
+      } else if (c == 0) {
+        self->hold_all();
+      }
     }
   };
 

@@ -23,6 +23,10 @@ struct GptSlot {
   std::vector<typename Block::Acts> act;  //!< one per block; with recompute only act[0].x (the part's input)
   std::vector<Buf> inputs;                //!< with recompute: each block's input but the first
   Buf out, lnf, lnf_full, logits, losses;
+  //! The gradient of the part's input: during the slot's backward the gradient of each block's output in turn, then
+  //! input_grad(slot) (the embedding's output gradient in the part with it). The slot's own: a backward of another
+  //! slot does not touch it.
+  Buf dx;
   AccBuf lnf_mean, lnf_rstd, row_max, row_sumexp;
   //! The tokens where the kernels read them: the caller's arrays on the host, the copies below on a device.
   const std::int32_t* ids = nullptr;
@@ -44,11 +48,11 @@ struct GptSlot {
 };
 
 //! What a split backward keeps per slot between B (input gradients) and W (weight gradients): each block's branch
-//! gradients, the final norm's output gradient, the embedding's output gradient.
+//! gradients, the final norm's output gradient.
 template <class T, class Dev, class Tp>
 struct GptSplit {
   std::vector<typename GptBlock<T, Dev, Tp>::Grads> blocks;
-  Tensor<T, Dev> dlnf, dx;
+  Tensor<T, Dev> dlnf;
 };
 
 //! The sizes activation storage is made for: a batch shape on this rank's rows, in a part of the model.
@@ -75,7 +79,7 @@ struct GptActivations {
   //! The branch gradients of a backward that is not split; with selective recompute also the attention core that
   //! forward computes and does not keep.
   typename Block::Grads grads;
-  Buf recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss;
+  Buf recompute_out, dlnf, partial, emb_full, dlnf_full, dloss;
 
   //! Storage for shape s in every slot (n of them), made by block's layers.
   void allocate(int n, const GptActivationShape& s, const Block& block) {
@@ -93,6 +97,7 @@ struct GptActivations {
           st.act[std::size_t(i)] = block.make_acts(true, !s.selective(), s.first + i);
       }
       st.out = Buf({rows, d});
+      st.dx = Buf({rows, d});
       if (s.head) {
         st.lnf = Buf({rows, d});
         st.lnf_mean = AccBuf({rows});
@@ -108,7 +113,6 @@ struct GptActivations {
     scratch_act = s.full() ? block.make_acts(false) : typename Block::Acts{};
     recompute_out = s.full() ? Buf({rows, d}) : Buf();
     dlnf = Buf({rows, d});
-    dx = Buf({rows, d});
     partial = emb_full = dlnf_full = Buf();
     if (Tp::sequence_parallel) partial = Buf({N, d}), emb_full = Buf({N, d}), dlnf_full = Buf({N, d});
     dloss = Buf({N});
@@ -123,7 +127,6 @@ struct GptActivations {
       MemoryUseScope use(MemoryUse::activations);
       for (int i = 0; i < s.blocks; ++i) sp.blocks.push_back(block.make_grads(s.selective(), s.first + i));
       if (s.head) sp.dlnf = Buf({s.rows, s.d_model});
-      if (s.embedding) sp.dx = Buf({s.rows, s.d_model});
     }
     return sp;
   }
@@ -135,14 +138,14 @@ struct GptActivations {
     for (const auto& st : slots) {
       for (const auto& a : st.act) n += Block::bytes(a);
       for (const auto& t : st.inputs) n += Block::held(t);
-      n += Block::held(st.out, st.lnf, st.lnf_full, st.logits, st.losses, st.lnf_mean, st.lnf_rstd, st.row_max,
+      n += Block::held(st.out, st.dx, st.lnf, st.lnf_full, st.logits, st.losses, st.lnf_mean, st.lnf_rstd, st.row_max,
                        st.row_sumexp);
     }
     n += Block::bytes(scratch_act) + Block::bytes(grads);
-    n += Block::held(recompute_out, dlnf, dx, partial, emb_full, dlnf_full, dloss);
+    n += Block::held(recompute_out, dlnf, partial, emb_full, dlnf_full, dloss);
     for (const auto& sp : splits) {
       for (const auto& g : sp.blocks) n += Block::bytes(g);
-      n += Block::held(sp.dlnf, sp.dx);
+      n += Block::held(sp.dlnf);
     }
     return n;
   }

@@ -3,7 +3,7 @@
 // GPT-2's (LayerNorm, learned positions, GELU MLP, biases, the tied embedding), Llama 3's (RMSNorm, rotary positions
 // with Llama 3's frequency scaling, SwiGLU, no biases, an output layer of its own), Mixtral's (Llama's with a mixture
 // of SwiGLU experts), or any mix of them, with grouped-query attention. Its parameters are laid out as GPT-2's names
-// say (checkpoint/hf.hpp maps them to each family's Hugging Face names), each rank holding its part of each in one
+// say (models/gpt/hf.hpp maps them to each family's Hugging Face names), each rank holding its part of each in one
 // flat buffer. Forward keeps a micro-batch's activations in
 // the slot its caller names, and every backward names the slot it reads: no call depends on which slot an earlier
 // call used. The model computes on the device Dev (Host, or Cuda with <loom/kernels/cuda/device_ops.cuh>).
@@ -55,6 +55,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   using config = Cfg;
   using device = Dev;
   using Options = GptOptions;
+  using Shape = GptShape;
   using ParamRange = models::ParamRange;
   using Weights::no_param, Weights::tp_size, Weights::sequence_parallel, Weights::cp_size, Weights::cp_algorithm,
       Weights::embedding, Weights::head;
@@ -94,6 +95,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   GptModel& operator=(const GptModel&) = delete;
 
   const GptOptions& options() const { return opt_; }
+  //! The whole model's training FLOPs per token (forward and backward) for sequences of `seq` tokens.
+  double flops_per_token(int seq) const { return shape_.flops_per_token(seq); }
 
   //! One micro-batch through this part of the model: whole sequences, of which a rank takes its share (with
   //! context parallelism its two zigzag chunks of each).
@@ -212,17 +215,19 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   const T* logits(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).logits.data(); }
   //! This part's output of the micro-batch in `slot` (this rank's rows x d_model, in Dev's memory).
   const T* output(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).out.data(); }
-  //! The gradient of this part's input left by the last backward (this rank's rows x d_model, in Dev's memory),
-  //! for the previous part.
-  const T* input_grad() const { return acts_.dx.data(); }
+  //! The gradient of this part's input from the backward (or backward_inputs) of the micro-batch in `slot` (this
+  //! rank's rows x d_model, in Dev's memory), for the previous part; the slot's own, until its next forward.
+  const T* input_grad(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).dx.data(); }
 
   //! Backward of the micro-batch in `slot`, accumulating into grads(): from its loss (scaled by `scale`) in the
-  //! part with the loss, else from doutput (Dev's memory), the gradient of output(slot). Leaves input_grad().
+  //! part with the loss, else from doutput (Dev's memory), the gradient of output(slot). Leaves input_grad(slot).
   void backward(int slot, double scale, const T* doutput = nullptr) {
     check_slot(slot);
     LOOM_CHECK(head() || doutput != nullptr, "a part without the loss needs the gradient of its output");
+    LOOM_CHECK(B_ > 0 && acts_.slots[static_cast<std::size_t>(slot)].forwarded, "backward() before forward()");
     if (!head() && doutput != nullptr)
-      ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
+      ops_.copy(doutput, acts_.slots[static_cast<std::size_t>(slot)].dx.data(),
+                std::size_t(region_.rows()) * shape_.d_model);
     for (int c = 0; c < backward_chunks(); ++c) backward_chunk(slot, c, scale);
   }
   //! The backward of the whole model's forward(ids, targets, ...), in slot 0, scaled by `scale` (1/m when m
@@ -231,7 +236,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! Backward runs in chunks, so that gradients can be reduced while the rest is computed: first the loss, the
   //! tied head and the final norm (in the part with the loss); then the blocks, last first; last the embedding (in
-  //! the part with it). Before chunk 0 of a part without the loss, input_grad() must hold d(output).
+  //! the part with it). Before chunk 0 of a part without the loss, input_grad(slot) must hold d(output).
   int backward_chunks() const { return (head() ? 1 : 0) + (ix_.last - ix_.first) + (embedding() ? 1 : 0); }
 
   //! The parameters whose gradients backward chunk c writes (the loss's chunk writes the tied table's as well, which
@@ -271,13 +276,13 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
       block_backward_weight(st, l, acts_.grads);
       return ix_.of_block(l);
     }
-    embedding_weight(st, acts_.dx.data());
+    embedding_weight(st, st.dx.data());
     return ix_.of_embedding();
   }
 
   //! The backward of the micro-batch in `slot` split in two, as zero-bubble schedules run it. B: the gradient of
   //! this part's input (from the loss, scaled by `scale`, in the part with the loss, else from doutput), left in
-  //! input_grad(); the branch gradients the weight gradients need are kept with the slot (under full recompute, W
+  //! input_grad(slot); the branch gradients the weight gradients need are kept with the slot (under full recompute, W
   //! runs each block's forward once more).
   void backward_inputs(int slot, double scale, const T* doutput = nullptr) {
     check_slot(slot);
@@ -285,9 +290,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     Slot& st = acts_.slots[static_cast<std::size_t>(slot)];
     auto& sp = acts_.split(slot, activation_shape(), *block_);
     if (head()) head_input(st, scale, sp.dlnf.data());
-    else if (doutput != nullptr) ops_.copy(doutput, acts_.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
+    else if (doutput != nullptr) ops_.copy(doutput, st.dx.data(), std::size_t(region_.rows()) * shape_.d_model);
     for (int l = ix_.last - 1; l >= ix_.first; --l) block_backward_input(st, l, sp.blocks[block_index(l)], scale);
-    if (embedding()) ops_.copy(acts_.dx.data(), sp.dx.data(), static_cast<std::size_t>(sp.dx.numel()));
   }
   //! W: the weight gradients of the micro-batch in `slot`, after backward_inputs(slot); accumulates into grads().
   void backward_weights(int slot) {
@@ -299,7 +303,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
       if (full()) recompute(st, l, sp.blocks[block_index(l)]);
       block_backward_weight(st, l, sp.blocks[block_index(l)]);
     }
-    if (embedding()) embedding_weight(st, sp.dx.data());
+    if (embedding()) embedding_weight(st, st.dx.data());
   }
 
   //! Elements of an activation passed between parts for B sequences of T tokens: this rank's rows x d_model.
@@ -404,14 +408,14 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     }
   }
 
-  //! Block l's backward to the gradient of its input, in acts_.dx, keeping its branch gradients in g; recomputes
+  //! Block l's backward to the gradient of its input, in the slot's dx, keeping its branch gradients in g; recomputes
   //! its forward first with recompute. `scale` scales a mixture of experts' router losses as the loss is.
   void block_backward_input(Slot& st, int l, typename Block::Grads& g, double scale) {
     if (full()) recompute(st, l, g);
     auto counted = tp_.counting(layers::Phase::backward);
     const auto i = block_index(l);
     block_->backward_input(l, block_params(params_, l), st.input_of(i, full()), full() ? acts_.scratch_act : st.act[i],
-                           g, acts_.dx.data(), st.dropout, scale, &moe_stats_);
+                           g, st.dx.data(), st.dropout, scale, &moe_stats_);
   }
   //! Under full recompute: block l's forward again, from its kept input, into acts_.scratch_act.
   void recompute(Slot& st, int l, typename Block::Grads& g) {
@@ -429,12 +433,12 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     sum_shared(r);
   }
 
-  //! The loss's backward to acts_.dx, the gradient of the last block's output; dlnf keeps the final norm's output
+  //! The loss's backward to the slot's dx, the gradient of the last block's output; dlnf keeps the final norm's output
   //! gradient for head_weight.
   void head_input(Slot& st, double scale, T* dlnf) {
     auto counted = tp_.counting(layers::Phase::other);
     head_->backward_input(st, scale, param_ptr(ix_.output_table()), param_ptr(ix_.lnf_w), dlnf,
-                          acts_.dlnf_full.data(), acts_.dloss.data(), acts_.dx.data());
+                          acts_.dlnf_full.data(), acts_.dloss.data(), st.dx.data());
   }
   //! The loss's weight gradients: the output table (this rank's vocabulary rows) and the final norm.
   void head_weight(Slot& st, const T* dlnf) {
@@ -503,6 +507,16 @@ class Gpt : public GptModel<T, Cfg, Dev> {
 
  public:
   static constexpr GptShape static_shape = S;
+  //! What a trainer builds and steps (train::part_of_t): the shape-free model, one code for every shape; for this
+  //! type only (part_type_for), not for a type derived from it, which is its own part.
+  using part_type = Model;
+  using part_type_for = Gpt;
+  //! The same model on model layout L (what testing::ModelOn gives for a layout).
+  template <class L>
+  using with_layout = Gpt<S, T, L, Dev>;
+  //! Whether the shape meets every rule of the whole layout L (LayoutRules: its failures are loom: assertions).
+  template <class L>
+  static constexpr bool fits_layout = LayoutRules<S, L, Dev>::ok;
 
   explicit Gpt(std::uint64_t seed, GptOptions opt = {})
     requires(Model::tp_size == 1 && Model::cp_size == 1)

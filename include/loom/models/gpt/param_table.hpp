@@ -23,7 +23,7 @@ using layers::ParamSpec;
 
 //! The parameters of tensor-parallel rank `rank` of `tp` (and expert-parallel rank ep_rank of ep) in part `part` of
 //! a model of shape s, in the order of the single-rank model's flat buffer (GPT-2's names; Llama's and Mixtral's
-//! blocks have the same names for the same roles, checkpoint/hf.hpp maps them to Hugging Face's). tp = ep = 1 and
+//! blocks have the same names for the same roles, models/gpt/hf.hpp maps them to Hugging Face's). tp = ep = 1 and
 //! the whole part give the whole model. A tied embedding table is held by the parts with the embedding and with the
 //! output layer; an untied one by the first, and the output layer's table (lm_head) by the last.
 template <class T>
@@ -54,15 +54,6 @@ std::vector<ParamSpec> gpt_param_specs(const GptShape& s, int tp, int rank, GptP
   if (!s.tied) layers::VocabParallelEmbedding<T>::declare(t, "lm_head", s.vocab, d, std_w);
   return t.take();
 }
-
-//! An index into a part's parameter table that names no parameter: the part does not hold it.
-inline constexpr std::size_t no_param = static_cast<std::size_t>(-1);
-
-//! Parameters [first, last) of a part's table, and `also` one more (the tied table, which the output layer
-//! completes in a part without the embedding): what a backward chunk completes.
-struct ParamRange {
-  std::size_t first, last, also = no_param;
-};
 
 //! Where the groups of a part's table start: the embedding's (the table, and the learned positions) in the part with
 //! block 0; blocks [first, last) of the shape's; the output layer's (the final norm, and lm_head when untied) in the

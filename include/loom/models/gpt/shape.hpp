@@ -4,6 +4,7 @@
 
 #include <loom/config.hpp>
 #include <loom/core/device.hpp>
+#include <loom/models/part.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -173,11 +174,9 @@ inline constexpr GptShape llama3_1b = [] {
 inline constexpr GptShape mixtral_tiny = mixtral_spec({2, 4, 2, 64, 256, 128, 0, 0, 2, 1, 96});
 inline constexpr GptShape mixtral_small = mixtral_spec({4, 8, 4, 256, 256, 256, 0, 0, 2, 1, 352});
 
-//! The part of the model a pipeline stage holds: blocks [first, last) (last -1: to the end); the part with block 0
-//! holds the embedding, the part with the last block the final norm, the tied output layer and the loss.
-struct GptPart {
-  int first = 0, last = -1;
-};
+//! The part of a GPT a pipeline stage holds (models::Part): the part with block 0 holds the embedding, the part with
+//! the last block the final norm, the output layer and the loss.
+using GptPart = Part;
 
 //! What a block keeps from forward for backward (Korthikanti et al. 2022). none: every activation; selective: all
 //! but the attention core's output and log-sum-exp, which backward recomputes from q, k and v (with context
@@ -303,44 +302,6 @@ struct ExpertParallelRules {
                 "loom: the experts must be divisible by EP (each expert-parallel rank holds experts / EP)");
   static constexpr bool ok = true;
 };
-
-//! The rules a layout must meet for a model on device Dev, checked where a model is declared.
-//!
-//! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
-//! device pointers (Nccl; Local with <loom/comm/local_cuda.cuh>, ranks sharing one GPU), but the model does not yet
-//! wait for its stream before a tensor-parallel collective, and sync_grads packs the shared gradients in host
-//! memory (std::vector). Those two lift the rule.
-template <class Dev, class Cfg>
-struct DeviceRules {
-  static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
-  static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
-                "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
-                "tensor-parallel collectives take host memory)");
-  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1,
-                "loom: a model on a CUDA device supports cp = 1 only (ring and Ulysses attention run on the host)");
-  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,
-                "loom: a model on a CUDA device supports ep = 1 only (mixture-of-experts layers run on the host)");
-  static constexpr bool ok = true;
-};
-
-namespace detail {
-template <class Cfg>
-struct ModelLayoutOf {
-  static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
-  using TpAxis = std::conditional_t<Cfg::sequence_parallel, TP<tp, SequenceParallel>, TP<tp>>;
-  using CpAxis = std::conditional_t<Cfg::cp_algorithm == CpAlgorithm::ulysses, CP<cp, Ulysses>, CP<cp, Ring>>;
-  using type = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
-                                  std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
-};
-}  // namespace detail
-
-//! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism, its
-//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>). Gpt<S, T, ModelLayout<Cfg>> is one type for every
-//! layout that differs from Cfg only in its other axes. The expert-parallel degree is not part of it: a model's
-//! experts split over the expert-parallel communicator it is given (EP<n>'s group), so that dp4 and dp4.ep4 share
-//! one model's code; LayoutRules checks a shape against the whole layout.
-template <class Cfg>
-using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;
 
 //! Every rule a shape S must meet to be trained on the whole layout Cfg on device Dev: the tensor-, context- and
 //! expert-parallel rules and the device's. train::Trainer<Cfg, Gpt<S, ...>> checks them; Gpt<S, T, ModelLayout<Cfg>>

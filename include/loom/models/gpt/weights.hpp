@@ -9,7 +9,7 @@
 #include <loom/layers/tp.hpp>
 #include <loom/models/gpt/param_table.hpp>
 #include <loom/models/gpt/shape.hpp>
-#include <loom/models/gpt/sharding.hpp>
+#include <loom/models/sharding.hpp>
 #include <loom/tensor/tensor.hpp>
 
 #include <cmath>

@@ -1,12 +1,14 @@
 // A model's checkpoint as Hugging Face writes its family: GPT-2's, DIR/model.safetensors with the tensors named and
 // shaped as GPT2Model's (wte.weight, h.0.attn.c_attn.weight [d, 3d], ...) and DIR/config.json with GPT2Config's
-// keys; Llama's and Mixtral's as checkpoint/hf.hpp writes them. A model whose parts are no Hugging Face family's is
-// written in loom's names with GPT-2's keys and its parts (loom_parts) in config.json.
+// keys; Llama's and Mixtral's as models/gpt/hf.hpp writes them. A model whose parts are no Hugging Face family's is
+// written in loom's names with GPT-2's keys and its parts (loom_parts) in config.json. With them the three functions
+// by which the library's checkpoints (checkpoint/training.hpp, trainer.hpp, sharded.hpp) read and write any model,
+// found by argument-dependent lookup: model_config, write_model and read_model of models::GptModel.
 #pragma once
 
-#include <loom/checkpoint/hf.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/gpt/hf.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -184,3 +186,24 @@ void load_gpt(const std::string& dir, models::GptModel<T, Cfg, Dev>& model) {
 }
 
 }  // namespace loom::checkpoint
+
+namespace loom::models {
+
+//! What a checkpoint records of the model: config.json's keys (checkpoint::gpt_config).
+template <class T, class Cfg, class Dev>
+nlohmann::ordered_json model_config(const GptModel<T, Cfg, Dev>& model) {
+  return checkpoint::gpt_config(model.shape(), model.options().ln_eps);
+}
+//! Writes the whole model's parameters (in the single-rank layout) as DIR/model.safetensors and DIR/config.json in
+//! its family's Hugging Face names (checkpoint::write_gpt).
+template <class T, class Cfg, class Dev>
+void write_model(const std::string& dir, const GptModel<T, Cfg, Dev>& model, const std::vector<T>& whole) {
+  checkpoint::write_gpt(dir, model.shape(), whole, model.options().ln_eps);
+}
+//! Reads DIR's parameters into the model, each rank its part (checkpoint::load_gpt).
+template <class T, class Cfg, class Dev>
+void read_model(const std::string& dir, GptModel<T, Cfg, Dev>& model) {
+  checkpoint::load_gpt(dir, model);
+}
+
+}  // namespace loom::models

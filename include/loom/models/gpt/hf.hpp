@@ -2,7 +2,7 @@
 // transformers' keys (rope_scaling included) and the tensors under their names and layouts (nn.Linear weights are
 // [out, in], loom's are [in, out]; q, k and v are three tensors where loom fuses them, as are SwiGLU's gate and up
 // projections), in one model.safetensors or in shards listed by model.safetensors.index.json. GPT-2's files are
-// checkpoint/gpt.hpp's; write_gpt and load_gpt there take every family.
+// models/gpt/checkpoint.hpp's; write_gpt and load_gpt there take every family.
 #pragma once
 
 #include <loom/checkpoint/safetensors.hpp>

@@ -1,0 +1,68 @@
+// What every model shares with the trainer, whatever its kind: the part of a model a pipeline stage holds (a range of
+// its blocks), a range of a part's parameter table, the part of a layout a model's type depends on (ModelLayout),
+// and the rules a layout must meet for a model on a device.
+#pragma once
+
+#include <loom/config.hpp>
+#include <loom/core/device.hpp>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace loom::models {
+
+//! The part of a model a pipeline stage holds: blocks [first, last) of the model's shape().layers (last -1: to the
+//! end). The part with block 0 reads the token ids; the part with the last block computes the loss.
+struct Part {
+  int first = 0, last = -1;
+};
+
+//! An index into a part's parameter table that names no parameter: the part does not hold it.
+inline constexpr std::size_t no_param = static_cast<std::size_t>(-1);
+
+//! Parameters [first, last) of a part's table, and `also` one more (a table tied between the input and the output,
+//! which the output layer completes in a part without the input's): what a backward chunk completes, or what a
+//! forward unit reads.
+struct ParamRange {
+  std::size_t first, last, also = no_param;
+};
+
+//! The rules a layout must meet for a model on device Dev, checked where a model is declared.
+//!
+//! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
+//! device pointers (Nccl; Local with <loom/comm/local_cuda.cuh>, ranks sharing one GPU), but the model does not yet
+//! wait for its stream before a tensor-parallel collective, and sync_grads packs the shared gradients in host
+//! memory (std::vector). Those two lift the rule.
+template <class Dev, class Cfg>
+struct DeviceRules {
+  static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
+  static_assert(std::is_same_v<Dev, Host> || (Cfg::template size<Axis::tp> == 1 && !Cfg::sequence_parallel),
+                "loom: a model on a CUDA device supports tp = 1 only, without sequence parallelism (the "
+                "tensor-parallel collectives take host memory)");
+  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1,
+                "loom: a model on a CUDA device supports cp = 1 only (ring and Ulysses attention run on the host)");
+  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,
+                "loom: a model on a CUDA device supports ep = 1 only (mixture-of-experts layers run on the host)");
+  static constexpr bool ok = true;
+};
+
+namespace detail {
+template <class Cfg>
+struct ModelLayoutOf {
+  static constexpr int tp = Cfg::template size<Axis::tp>, cp = Cfg::template size<Axis::cp>;
+  using TpAxis = std::conditional_t<Cfg::sequence_parallel, TP<tp, SequenceParallel>, TP<tp>>;
+  using CpAxis = std::conditional_t<Cfg::cp_algorithm == CpAlgorithm::ulysses, CP<cp, Ulysses>, CP<cp, Ring>>;
+  using type = std::conditional_t<cp == 1, std::conditional_t<tp == 1, Parallel<>, Parallel<TpAxis>>,
+                                  std::conditional_t<tp == 1, Parallel<CpAxis>, Parallel<TpAxis, CpAxis>>>;
+};
+}  // namespace detail
+
+//! The part of a layout a model's type depends on: its tensor-parallel degree and sequence parallelism, its
+//! context-parallel degree and algorithm (CP<n> is CP<n, Ring>). Gpt<S, T, ModelLayout<Cfg>> is one type for every
+//! layout that differs from Cfg only in its other axes. The expert-parallel degree is not part of it: a model's
+//! experts split over the expert-parallel communicator it is given (EP<n>'s group), so that dp4 and dp4.ep4 share
+//! one model's code; LayoutRules checks a shape against the whole layout.
+template <class Cfg>
+using ModelLayout = typename detail::ModelLayoutOf<Cfg>::type;
+
+}  // namespace loom::models
