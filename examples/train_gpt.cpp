@@ -8,6 +8,8 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <fstream>
+#include <thread>
 #include <map>
 #include <sstream>
 
@@ -24,7 +26,10 @@ const char* usage =
     "                 [--capacity-factor F (0: dropless)] [--aux-loss-coeff C] [--z-loss-coeff C]\n"
     "                 [--router softmax|sigmoid]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
-    "                 [--data FILE] [--batch-order sequential|shuffle] [--log-json FILE]\n"
+    "                 [--data FILE | --train-data GLOB] [--batch-order sequential|shuffle] [--log-json FILE]\n"
+    "                 [--val-data GLOB] [--val-every N (0: at the end)] [--val-batches K]\n"
+    "                 [--lr-schedule constant|cosine|linear|wsd] [--min-lr LR] [--decay-steps N (0: --steps)]\n"
+    "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
@@ -110,6 +115,15 @@ Args parse(int argc, char** argv) {
     else if (f == "--aux-loss-coeff") a.aux_loss_coeff = number<double>(f, v);
     else if (f == "--z-loss-coeff") a.z_loss_coeff = number<double>(f, v);
     else if (f == "--router") a.router = v;
+    else if (f == "--train-data") a.train_data = v;
+    else if (f == "--val-data") a.val_data = v;
+    else if (f == "--val-every") a.val_every = number<int>(f, v);
+    else if (f == "--val-batches") a.val_batches = number<int>(f, v);
+    else if (f == "--lr-schedule") a.lr_schedule = v;
+    else if (f == "--min-lr") a.min_lr = number<double>(f, v);
+    else if (f == "--decay-steps") a.decay_steps = number<int>(f, v);
+    else if (f == "--wsd-decay-fraction") a.wsd_decay_fraction = number<double>(f, v);
+    else if (f == "--peak-flops") a.peak_flops = number<double>(f, v);
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -159,6 +173,24 @@ Args parse(int argc, char** argv) {
              a.recompute, "'");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
+  LOOM_CHECK(a.data.empty() || a.train_data.empty(), "--data ", a.data, " and --train-data ", a.train_data,
+             " name two data sets: give one");
+  LOOM_CHECK(a.val_every >= 0, "--val-every must not be negative, got ", a.val_every);
+  LOOM_CHECK(a.val_batches >= 1, "--val-batches must be at least 1, got ", a.val_batches);
+  for (const auto& [given, flag] : {std::pair{a.val_every > 0, "--val-every"}, std::pair{a.val_batches != 4,
+                                                                                        "--val-batches"}})
+    LOOM_CHECK(!given || !a.val_data.empty(), flag, " says how to validate, but no --val-data GLOB is given");
+  LOOM_CHECK(a.val_data.empty() || a.dropout == 0, "--val-data: validation runs the training forward, which drops "
+             "out with --dropout ", show(a.dropout), "; validate with --dropout 0");
+  LOOM_CHECK(a.peak_flops >= 0, "--peak-flops must not be negative (0: the device's default), got ",
+             show(a.peak_flops));
+  LOOM_CHECK(optim::lr_shape_named(a.lr_schedule), "--lr-schedule must be constant, cosine, linear or wsd, got '",
+             a.lr_schedule, "'");
+  LOOM_CHECK(a.decay_steps >= 0, "--decay-steps must not be negative (0: --steps), got ", a.decay_steps);
+  lr_schedule(a).check();
+  // The norms' epsilon of a model read from a Hugging Face directory (--model or --init-from), else 1e-5.
+  if (hugging_face_dir(a.model)) checkpoint::hf_shape(a.model, &a.norm_eps);
+  else if (!a.init_from.empty() && hugging_face_dir(a.init_from)) checkpoint::hf_shape(a.init_from, &a.norm_eps);
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
     if (a.schedule == s) return a;
   throw Error("loom: --schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + a.schedule + "'");
@@ -304,6 +336,24 @@ std::string fnv1a(const std::vector<std::int32_t>& tokens) {
   return buf;
 }
 
+//! FNV-1a (64 bits) over a file's bytes, in hex; a file that cannot be read is refused with its name.
+std::string file_fnv1a(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("loom: cannot read " + path);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  std::vector<char> buf(1 << 20);
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < f.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[static_cast<std::size_t>(i)]);
+      h *= 0x100000001b3ull;
+    }
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
 //! The data a run record names, in words: "'my.txt' (337 tokens, FNV-1a 5d...)", or the built-in corpus.
 std::string describe_data(const std::string& path, std::uint64_t tokens, const std::string& hash) {
   return (path.empty() ? std::string("built-in corpus") : "'" + path + "'") + " (" + std::to_string(tokens) +
@@ -321,18 +371,67 @@ train::TrainerOptions<models::GptOptions> trainer_options(const Args& a) {
   o.model.moe.aux_loss_coeff = a.aux_loss_coeff;
   o.model.moe.z_loss_coeff = a.z_loss_coeff;
   o.model.moe.sigmoid = a.router == "sigmoid";
-  // The norms' epsilon of a model read from a Hugging Face directory (--model or --init-from), else 1e-5.
-  if (hugging_face_dir(a.model)) checkpoint::hf_shape(a.model, &o.model.ln_eps);
-  else if (!a.init_from.empty() && hugging_face_dir(a.init_from)) checkpoint::hf_shape(a.init_from, &o.model.ln_eps);
+  o.model.ln_eps = a.norm_eps;
   o.split = a.layer_split;
   auto& c = o.step;
   c.batch = a.batch, c.seq = a.seq, c.micro_batches = a.micro_batches, c.lr = a.lr, c.warmup = a.warmup;
+  c.schedule = lr_schedule(a);
   c.grad_clip = a.grad_clip, c.bucket_bytes = static_cast<std::size_t>(a.bucket_mb * (1 << 20));
   return o;
 }
 
-nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens) {
-  return {{"model", a.model},
+//! Where the schedule's decay ends: --decay-steps, else --steps; 0 for a constant rate, which has none.
+int decay_steps(const Args& a) {
+  if (a.lr_schedule == "constant") return 0;
+  return a.decay_steps > 0 ? a.decay_steps : a.steps;
+}
+
+optim::LrSchedule lr_schedule(const Args& a) {
+  return {*optim::lr_shape_named(a.lr_schedule), a.lr,         a.min_lr, a.warmup,
+          a.decay_steps > 0 ? a.decay_steps : a.steps, a.wsd_decay_fraction};
+}
+
+double peak_flops(const Args& a) {
+  if (a.peak_flops > 0) return a.peak_flops;
+  if (a.device == "cuda") return 989e12;
+  return 64e9 * std::max(1u, std::thread::hardware_concurrency());
+}
+
+DataSet open_data(const Args& a, int vocab) {
+  const auto order = a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential;
+  DataSet d;
+  if (a.train_data.empty()) {
+    auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
+    for (auto t : tokens)
+      LOOM_CHECK(t < vocab, "the data has token ", t, " outside the model's vocabulary of ", vocab);
+    d.tokens = tokens.size();
+    d.hash = fnv1a(tokens);
+    d.source = std::make_unique<train::Batches>(std::move(tokens), a.batch, a.seq, order, a.seed, a.data);
+    return d;
+  }
+  const auto paths = data::expand_glob(a.train_data);
+  auto shards = std::make_unique<data::TokenShards>(paths, a.batch, a.seq, order, a.seed, vocab);
+  std::string all;
+  for (const auto& s : shards->shards()) {
+    const std::string h = file_fnv1a(s->path());
+    d.shards.push_back({{"name", std::filesystem::path(s->path()).filename().string()}, {"tokens", s->tokens()},
+                        {"fnv1a", h}});
+    all += h;
+  }
+  d.tokens = static_cast<std::uint64_t>(shards->tokens());
+  d.hash = fnv1a(std::vector<std::int32_t>(all.begin(), all.end()));
+  d.source = std::move(shards);
+  return d;
+}
+
+std::unique_ptr<data::TokenShards> open_validation(const Args& a, int vocab) {
+  if (a.val_data.empty()) return nullptr;
+  return std::make_unique<data::TokenShards>(data::expand_glob(a.val_data), a.batch, a.seq,
+                                             train::BatchOrder::sequential, 0, vocab);
+}
+
+nlohmann::json run_record(const Args& a, const std::string& layout, const DataSet& data) {
+  nlohmann::json r = {{"model", a.model},
           {"optimizer", a.optimizer},
           {"dtype", a.dtype},
           {"seed", a.seed},
@@ -344,15 +443,21 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const std::v
           {"grad_clip", a.grad_clip},
           {"dropout", a.dropout},
           {"batch_order", a.batch_order},
-          {"data", a.data},
-          {"data_tokens", static_cast<std::uint64_t>(tokens.size())},
-          {"data_fnv1a", fnv1a(tokens)},
+          {"data", a.train_data.empty() ? a.data : a.train_data},
+          {"data_tokens", data.tokens},
+          {"data_fnv1a", data.hash},
+          {"lr_schedule", a.lr_schedule},
+          {"min_lr", a.min_lr},
+          {"decay_steps", decay_steps(a)},
+          {"wsd_decay_fraction", a.wsd_decay_fraction},
           {"micro_batches", a.micro_batches},
           {"capacity_factor", a.capacity_factor},
           {"aux_loss_coeff", a.aux_loss_coeff},
           {"z_loss_coeff", a.z_loss_coeff},
           {"router", a.router},
           {"parallel", layout}};
+  if (!data.shards.empty()) r["data_shards"] = data.shards;
+  return r;
 }
 
 void check_resume(const Args& a, const nlohmann::json& run) {
@@ -405,6 +510,30 @@ void check_resume(const Args& a, const nlohmann::json& run) {
     compare("aux_loss_coeff", "--aux-loss-coeff", a.aux_loss_coeff);
     compare("z_loss_coeff", "--z-loss-coeff", a.z_loss_coeff);
     compare("router", "--router", a.router);
+  }
+  // The schedule (a checkpoint written before schedules has none to compare: it ran a constant rate).
+  if (ix.run.contains("lr_schedule")) {
+    compare("lr_schedule", "--lr-schedule", a.lr_schedule);
+    compare("min_lr", "--min-lr", a.min_lr);
+    compare("decay_steps", "--decay-steps", decay_steps(a));
+    compare("wsd_decay_fraction", "--wsd-decay-fraction", a.wsd_decay_fraction);
+  }
+  // Token shards, one by one: the first that differs is named.
+  if (ix.run.contains("data_shards") && run.contains("data_shards")) {
+    const auto& was = ix.run["data_shards"];
+    const auto& now = run["data_shards"];
+    for (std::size_t k = 0; k < std::max(was.size(), now.size()); ++k) {
+      auto say = [](const nlohmann::json& s) {
+        return "'" + s.value("name", std::string()) + "' (" + std::to_string(s.value("tokens", std::int64_t{0})) +
+               " tokens, FNV-1a " + s.value("fnv1a", std::string()) + ")";
+      };
+      if (k < was.size() && k < now.size() && was[k] == now[k]) continue;
+      LOOM_CHECK(a.allow_changed_run, "--resume ", a.resume, ": the data set changed: shard ", k, " of --train-data ",
+                 a.train_data, " is ", k < now.size() ? say(now[k]) : std::string("missing"),
+                 " but the checkpoint's run read ", k < was.size() ? say(was[k]) : std::string("no such shard"),
+                 " (--allow-changed-run continues on the new data)");
+      break;
+    }
   }
   // The data by content: the same bytes under another path are the same data.
   const auto tokens = saved("data_tokens", std::uint64_t{});

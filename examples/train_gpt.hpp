@@ -7,9 +7,11 @@
 #include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
+#include <loom/data/shards.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/gpt/checkpoint.hpp>
 #include <loom/optim/optimizers.hpp>
+#include <loom/optim/schedule.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/trainer.hpp>
 #ifdef LOOM_HAS_MPI
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,10 +55,39 @@ struct Args {
   bool progress = true;
   bool schedule_given = false;     //!< --schedule was on the command line
   bool allow_changed_run = false;  //!< --allow-changed-run: --resume may continue with other settings
+  //! Token shards (llm.c's format) to train on instead of --data's bytes, and to validate on: globs.
+  std::string train_data, val_data;
+  int val_every = 0;    //!< --val-every N: validation every N steps (0: at the end only)
+  int val_batches = 4;  //!< --val-batches K: the validation loss is the mean over batches 0..K-1 of --val-data
+  //! --lr-schedule constant|cosine|linear|wsd, --min-lr, --decay-steps (0: --steps), --wsd-decay-fraction.
+  std::string lr_schedule = "constant";
+  double min_lr = 0, wsd_decay_fraction = 0.2;
+  int decay_steps = 0;
+  double peak_flops = 0;  //!< --peak-flops: the job's peak FLOP/s for MFU (0: the device's default, default_peak_flops)
+  double norm_eps = 1e-5;  //!< the norms' epsilon: a Hugging Face directory's (--model or --init-from), read by parse
   int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
 };
+
+//! The training data: bytes (--data, or the built-in corpus) or token shards (--train-data), drawn into the global
+//! batches of the run, and what a run record names of it.
+struct DataSet {
+  std::unique_ptr<train::DataSource> source;
+  std::uint64_t tokens = 0;
+  std::string hash;  //!< FNV-1a over the tokens (bytes), or over the shards' own
+  nlohmann::json shards = nlohmann::json::array();  //!< per shard: its file name, tokens and FNV-1a of its bytes
+};
+//! The training data of the run, for a model of `vocab` tokens (a token at or above it is refused, naming where).
+DataSet open_data(const Args& a, int vocab);
+//! --val-data's shards, read in order, or null without it.
+std::unique_ptr<data::TokenShards> open_validation(const Args& a, int vocab);
+//! The peak FLOP/s MFU is measured against: --peak-flops, else a nominal figure for the device (cpu: 64 GFLOP/s per
+//! hardware thread, AVX2's two 8-wide FMAs at 2 GHz; cuda: 989 TFLOP/s, an H100's or H200's dense bf16).
+double peak_flops(const Args& a);
+//! The learning rate of each step from --lr, --warmup, --lr-schedule, --min-lr, --decay-steps and
+//! --wsd-decay-fraction (checked by parse).
+optim::LrSchedule lr_schedule(const Args& a);
 
 //! Skipped steps in a row (the loss or the gradient norm not finite) after which a run stops.
 inline constexpr int max_skipped_in_a_row = 10;
@@ -65,7 +97,7 @@ std::string show(double x);
 
 //! What a checkpoint's index records of a run (under "run"): the settings that make it the run it is, and the data's
 //! size and FNV-1a hash. `layout` is the layout's name.
-nlohmann::json run_record(const Args& a, const std::string& layout, const std::vector<std::int32_t>& tokens);
+nlohmann::json run_record(const Args& a, const std::string& layout, const DataSet& data);
 
 //! For --resume: refuses a checkpoint that stands at or beyond --steps, and one saved by a run with other settings
 //! (unless --allow-changed-run; the model and optimizer never change); `run` is this run's run_record.
@@ -132,13 +164,16 @@ struct Launch {
   static LayoutRun<pipelined, zero> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
 };
 
-//! The training loop every layout shares: steps from `start`, progress, --log-json, the summary. step(i) runs
-//! optimizer step i and returns its train::StepResult. A skipped step (every rank left the model as it was: its loss
-//! or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
-//! Compiled once per backend, whatever the layout and the model.
+//! The training loop every layout shares: steps from `start`, progress, --log-json, validation, the summary. step(i)
+//! runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss (every
+//! --val-every steps and after the last). A skipped step (every rank left the model as it was: its loss or gradient
+//! norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run. MFU is the model's
+//! FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per backend, whatever
+//! the layout and the model.
 template <class Comm, class Step>
 void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
-                std::size_t data_tokens, int start, Held held, Step&& step) {
+                std::size_t data_tokens, int start, Held held, double flops_per_token,
+                const std::function<double()>& validate, Step&& step) {
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
@@ -201,6 +236,10 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
+    const double mfu = flops_per_token * tps / peak_flops(a);
+    // Validation every --val-every steps and after the last step (on every rank: a collective).
+    const bool validates = validate && ((a.val_every > 0 && (i + 1) % a.val_every == 0) || i + 1 == a.steps);
+    const double val_loss = validates ? validate() : 0;
     std::vector<double> peak{static_cast<double>(host_memory().peak())};
     world.all_reduce(peak, comm::Reduce::max);
     if (i == start) first_loss = loss;
@@ -208,8 +247,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
       log << "{\"step\": " << i << ", \"loss\": ";
       if (std::isfinite(loss)) log << loss;
       else log << "null";
-      log << ", \"lr\": " << r.lr << ", \"tokens_per_s\": " << tps << ", \"peak_bytes\": "
+      log << ", \"lr\": " << r.lr << ", \"grad_norm\": ";
+      if (std::isfinite(r.grad_norm)) log << r.grad_norm;
+      else log << "null";
+      log << ", \"tokens_per_s\": " << tps << ", \"mfu\": " << mfu << ", \"peak_bytes\": "
           << static_cast<std::uint64_t>(peak[0]);
+      if (validates) log << ", \"val_loss\": " << val_loss;
       if (r.moe.forwards > 0)
         log << ", \"moe_dropped\": " << r.moe.dropped_fraction() << ", \"moe_load_max_over_mean\": "
             << r.moe.mean_imbalance() << ", \"moe_aux_loss\": " << r.moe.aux_loss / r.moe.forwards;
@@ -221,13 +264,19 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                                     i - in_a_row + 1, " to ", i, "): the loss is ", show(r.loss),
                                     " and the gradient norm ", show(r.grad_norm), " (try a lower --lr)"));
     if (!lead) continue;
+    if (validates) {
+      if (bar) std::fputc('\n', stderr);
+      std::printf("val   %5d  loss %.4f  perplexity %.3f\n", i, val_loss, std::exp(val_loss));
+      std::fflush(stdout);
+    }
     if (bar) {
       const int width = 30, done = a.steps ? (i + 1) * width / a.steps : width;
       std::fprintf(stderr, "\r[%.*s%*s] step %d/%d loss %.4f %.0f tok/s ", done, "##############################",
                    width - done, "", i + 1, a.steps, loss, tps);
       std::fflush(stderr);
     } else if (i % 25 == 0 || i + 1 == a.steps) {
-      std::printf("step %5d  loss %.4f  lr %.2e  %.0f tok/s", i, loss, r.lr, tps);
+      std::printf("step %5d  loss %.4f  lr %.2e  grad norm %.3f  %.0f tok/s  mfu %.2f%%", i, loss, r.lr,
+                  r.grad_norm, tps, 100 * mfu);
       if (r.moe.forwards > 0)  // the dropped share of the assignments, the largest expert load over the mean
         std::printf("  dropped %.2f%%  load max/mean %.3f", 100 * r.moe.dropped_fraction(), r.moe.mean_imbalance());
       std::printf("\n");
@@ -275,7 +324,7 @@ inline bool hugging_face_dir(const std::string& dir) {
 //! --resume, the training loop, --save (sharded checkpoints). Compiled once per model, optimizer and backend.
 template <class Model, class Opt, class Comm>
 void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& world, const LayoutFacts& layout,
-                 std::size_t data_tokens, const nlohmann::json& run) {
+                 std::size_t data_tokens, const train::DataSource* val, const nlohmann::json& run) {
   if (!a.init_from.empty()) {
     if (hugging_face_dir(a.init_from))
       for (const auto& p : trainer.parts()) checkpoint::load_gpt(a.init_from, *p);
@@ -298,7 +347,15 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   std::optional<checkpoint::CheckpointWriter> saver;
   if (!a.save.empty()) saver.emplace(a.save, checkpoint::SaveOptions{a.async_save, a.keep});
   int saved_at = -1;
-  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, [&](int i) {
+  std::function<double()> validate;
+  if (val)
+    validate = [&] {
+      double sum = 0;
+      for (int k = 0; k < a.val_batches; ++k) sum += trainer.evaluate(*val, k);
+      return sum / a.val_batches;
+    };
+  const double flops = trainer.parts().front()->flops_per_token(a.seq);
+  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, [&](int i) {
     const train::StepResult r = trainer.step(i);
     if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0)
       saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
@@ -325,17 +382,15 @@ train::TrainerOptions<models::GptOptions> trainer_options(const Args& a);
 //! Pipelined and ZeRO stage: the shape is a value (models::GptModel).
 template <class T, class ML, class Dev, class Comm, bool Pipelined, int Zero>
 void train_rank(const Args& a, const models::GptShape& shape, const train::RankInLayout<Comm, Pipelined, Zero>& at,
-                const LayoutFacts& layout, const std::vector<std::int32_t>& tokens, const nlohmann::json& run) {
+                const LayoutFacts& layout, const DataSet& data, const train::DataSource* val,
+                const nlohmann::json& run) {
   using Model = models::GptModel<T, ML, Dev>;
   static_assert(std::is_same_v<Dev, Host> || !Pipelined, "loom: train_gpt runs pipeline parallelism on the host");
-  const train::Batches batches(tokens, a.batch, a.seq,
-                               a.batch_order == "shuffle" ? train::BatchOrder::shuffle : train::BatchOrder::sequential,
-                               a.seed, a.data);
   const train::TrainerOptions<models::GptOptions> options = trainer_options(a);
   auto go = [&](auto make) {
     using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
-    train::TrainerOf<Model, Opt> trainer(shape, at, batches, options, make);
-    run_trainer(a, trainer, *at.world, layout, tokens.size(), run);
+    train::TrainerOf<Model, Opt> trainer(shape, at, *data.source, options, make);
+    run_trainer(a, trainer, *at.world, layout, data.tokens, val, run);
   };
   // On a GPU train_gpt compiles AdamW alone, which halves the CUDA part of its build.
   if (a.optimizer == "adamw")
@@ -376,20 +431,19 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   LOOM_CHECK(!f.sequence_parallel || (a.seq / f.cp) % f.tp == 0, "--parallel ", f.name,
              ": sequence parallelism splits each sequence", f.cp > 1 ? "'s share on a cp rank" : "", " over tp = ",
              f.tp, " ranks, but its length ", a.seq / f.cp, " is not a multiple of it");
-  auto tokens = a.data.empty() ? train::builtin_corpus() : train::read_bytes(a.data);
-  for (auto t : tokens)
-    LOOM_CHECK(t < S.vocab, "the data has token ", t, " outside the model's vocabulary of ", S.vocab);
+  const DataSet data = open_data(a, S.vocab);
+  const auto val = open_validation(a, S.vocab);
   // Checked here, before any rank starts: a refusal is one message and exit status 1 on every backend.
-  const nlohmann::json run = run_record(a, f.name, tokens);
+  const nlohmann::json run = run_record(a, f.name, data);
   if (!a.resume.empty()) check_resume(a, run);
   if (!a.init_from.empty() && !hugging_face_dir(a.init_from))
     checkpoint::read_index(checkpoint::resolve_checkpoint(a.init_from));  // the shape is checked as it loads
   if (a.backend == "mpi") {
     if constexpr (std::is_same_v<Dev, Host>)
-      return layout.mpi(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, tokens, run); });
+      return layout.mpi(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, data, val.get(), run); });
     throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
   }
-  layout.local([&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, tokens, run); });
+  layout.local([&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, data, val.get(), run); });
   return 0;
 }
 

@@ -1,5 +1,6 @@
-// Token data for training: a byte file (each byte one token of a 256-entry vocabulary) or a deterministic built-in
-// corpus, and the batches drawn from it in sequential or seeded-shuffle order, the same whatever the layout.
+// Token data for training: what the trainer reads (DataSource: the rows of the global batch of a step, the same
+// whatever the layout), a byte file (each byte one token of a 256-entry vocabulary) or a deterministic built-in
+// corpus, and the batches drawn from it in sequential or seeded-shuffle order. Token shards are data/shards.hpp's.
 #pragma once
 
 #include <loom/core/error.hpp>
@@ -59,9 +60,30 @@ inline std::vector<std::int32_t> builtin_corpus(std::size_t bytes = 1 << 20, std
 
 enum class BatchOrder { sequential, shuffle };
 
+//! What the trainer reads: rows [r0, r0 + rows) of the global batch `b` (the step's, or a validation batch's), each
+//! row a sequence of the source's length, as inputs and their targets (the next tokens), rows × seq each. A rank
+//! asks for its rows only; the global batch depends on b alone, so every layout trains on the same data. Implement
+//! it to feed the trainer from a loader of one's own.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual void fill(std::int64_t b, std::int64_t r0, int rows, std::int32_t* inputs, std::int32_t* targets) const = 0;
+};
+
+//! Where row r of global batch b of B windows of T tokens starts in a stream of n tokens: ((b·B + r)·T) mod
+//! (n − T − 1) in sequential order, a seeded uniform position in [0, n − T − 1) in shuffle order.
+inline std::int64_t window_start(std::int64_t b, std::int64_t r, int B, int T, std::int64_t n, BatchOrder order,
+                                 std::uint64_t seed) {
+  const std::int64_t span = n - T - 1;
+  const std::int64_t i = b * B + r;
+  if (order == BatchOrder::sequential) return (i * T) % span;
+  return static_cast<std::int64_t>(random::uniform(random::key(seed, 0x73687566), static_cast<std::uint64_t>(i)) *
+                                   static_cast<double>(span));
+}
+
 //! Draws batches of B sequences of T tokens (inputs, and targets shifted by one). In sequential order row r of
 //! batch b is the window starting at ((b*B + r)*T) mod (N - T - 1); in shuffle order at a seeded position.
-class Batches {
+class Batches final : public DataSource {
  public:
   //! tokens must hold at least T + 2: a window of T inputs and their targets spans T + 1 tokens, and starts are
   //! taken mod N - T - 1, which must be positive. `path`, the file the tokens were read from (if any), is named by
@@ -75,17 +97,13 @@ class Batches {
                " tokens, too few for one sequence of ", T, " tokens and its targets (", T + 2, " needed)");
   }
 
-  //! The window start of row r of batch b.
-  std::int64_t start(std::int64_t b, int r) const {
-    const std::int64_t span = static_cast<std::int64_t>(tokens_.size()) - T_ - 1;
-    const std::int64_t i = b * B_ + r;
-    if (order_ == BatchOrder::sequential) return (i * T_) % span;
-    return static_cast<std::int64_t>(random::uniform(random::key(seed_, 0x73687566), static_cast<std::uint64_t>(i)) *
-                                     static_cast<double>(span));
+  //! The window start of row r of batch b (window_start).
+  std::int64_t start(std::int64_t b, std::int64_t r) const {
+    return window_start(b, r, B_, T_, static_cast<std::int64_t>(tokens_.size()), order_, seed_);
   }
 
   //! Rows [r0, r0 + rows) of batch b into inputs and targets (rows*T each).
-  void fill(std::int64_t b, int r0, int rows, std::int32_t* inputs, std::int32_t* targets) const {
+  void fill(std::int64_t b, std::int64_t r0, int rows, std::int32_t* inputs, std::int32_t* targets) const override {
     for (int r = 0; r < rows; ++r) {
       const auto s = start(b, r0 + r);
       for (int t = 0; t < T_; ++t) {

@@ -21,17 +21,21 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace loom::train {
 
-//! How one optimizer step is made: global batch, micro-batches, clipping, warmup.
+//! How one optimizer step is made: global batch, micro-batches, clipping, the learning rate.
 struct StepConfig {
   int batch = 16;          //!< sequences per step, over the whole data-parallel group
   int seq = 64;            //!< tokens per sequence
   int micro_batches = 1;   //!< per rank: gradient accumulation
-  double lr = 3e-3;
+  double lr = 3e-3;        //!< without a schedule: the rate after a linear warm-up of `warmup` steps
   int warmup = 0;
+  //! The learning rate of each step (optim::LrSchedule, or any function of the step: a run resumed at step s
+  //! continues on it); empty: lr after the warm-up.
+  std::function<double(int)> schedule;
   double grad_clip = 1.0;  //!< 0: off
   std::size_t bucket_bytes = std::size_t{25} << 20;
   bool overlap = true;
@@ -113,6 +117,9 @@ class TrainerBase {
   virtual void take_state(std::size_t c, const acc* whole, acc* shard) const = 0;
   //! What this rank holds of part c, for sharded checkpoints (Holding).
   virtual Holding holding(std::size_t c) const = 0;
+  //! The loss of global batch `batch` of `data` (the mean over its sequences, on every rank), the model unchanged:
+  //! the step's forward and backward without the update (a pipeline's schedule needs both), its gradients dropped.
+  virtual double evaluate(const DataSource& data, std::int64_t batch) = 0;
   //! The world's size and this rank's place in it; a barrier over the world.
   virtual int world_rank() const = 0;
   virtual int world_size() const = 0;
@@ -130,10 +137,10 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
  public:
   template <class MakeOptimizer>
-  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data,
               const TrainerOptions<typename Model::Options>& o, int layers,
               const std::function<std::unique_ptr<Model>(models::Part)>& make_part, MakeOptimizer&& make_optimizer)
-      : at_(at), data_(data), cfg_(o.step), average_(at.reduce_in_storage) {
+      : at_(at), data_(&data), cfg_(o.step), average_(at.reduce_in_storage) {
     const StepConfig& cfg = o.step;
     const int dp = at.dp_size;
     LOOM_CHECK(cfg.micro_batches >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0, "the global batch of ",
@@ -186,16 +193,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
 
   StepResult step(int step) override {
     auto& parts = this->parts;
-    for (std::size_t c = 0; c < parts.size(); ++c) {
-      if constexpr (Zero > 0) zero_[c]->zero_grad();  // under ZeRO-2, what the rank holds
-      else parts[c]->zero_grad();
-    }
-    const double loss = Pipelined ? run_pipeline(step) : run_micro_batches(step);
-    // The loss of the global batch: on the last stage, summed over the pipeline, averaged over data parallelism
-    // (and context parallelism: each cp rank's is the mean over its share of the sequences).
-    std::vector<double> l{loss};
-    if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
-    at_.dp->all_reduce(l, comm::Reduce::avg);
+    const std::vector<double> l{forward_backward(step)};
     // The global norm: every element once (tensor-parallel ranks sum their parts; the tied table counts on the
     // stage with the embedding).
     double sq = 0;
@@ -215,7 +213,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     // Every rank skips the update, or none does (StepResult).
     std::vector<int> finite{std::isfinite(norm) && std::isfinite(l[0]) ? 1 : 0};
     at_.world->all_reduce(finite, comm::Reduce::min);
-    const double lr = optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
+    const double lr = cfg_.schedule ? cfg_.schedule(step) : optim::warmup_lr(cfg_.lr, step, cfg_.warmup);
     if (!finite[0]) return {l[0], norm, true, lr, moe};
     for (std::size_t c = 0; c < parts.size(); ++c) {
       if constexpr (Zero > 0) {  // this rank's shard, then every rank's updated parameters
@@ -228,6 +226,20 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       }
     }
     return {l[0], norm, false, lr, moe};
+  }
+
+  double evaluate(const DataSource& data, std::int64_t batch) override {
+    const DataSource* training = std::exchange(data_, &data);
+    double loss = 0;
+    try {
+      loss = forward_backward(batch);
+    } catch (...) {
+      data_ = training;
+      throw;
+    }
+    data_ = training;
+    routed();  // what the experts routed here is not the next step's
+    return loss;
   }
 
   void sum_over_pipeline(std::span<T> x) override {
@@ -299,12 +311,26 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     return moe;
   }
 
+  //! Every part's gradients zeroed, the forward and backward of global batch `step` of data_, and its loss: on the
+  //! last stage, summed over the pipeline, averaged over data parallelism (and context parallelism: each cp rank's is
+  //! the mean over its share of the sequences).
+  double forward_backward(std::int64_t step) {
+    for (std::size_t c = 0; c < this->parts.size(); ++c) {
+      if constexpr (Zero > 0) zero_[c]->zero_grad();  // under ZeRO-2, what the rank holds
+      else this->parts[c]->zero_grad();
+    }
+    std::vector<double> l{Pipelined ? run_pipeline(step) : run_micro_batches(step)};
+    if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
+    at_.dp->all_reduce(l, comm::Reduce::avg);
+    return l[0];
+  }
+
   //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
   std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
 
   //! Without a pipeline: each micro-batch forward and backward in turn; the last backward averages the gradients
   //! over data parallelism, bucket by bucket, as they complete.
-  double run_micro_batches(int step) {
+  double run_micro_batches(std::int64_t step) {
     Model& m = *this->parts.front();
     auto& in = in_.front();
     auto& tg = tg_.front();
@@ -313,7 +339,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     double loss = 0;
     const int mbs = cfg_.micro_batches;
     for (int i = 0; i < mbs; ++i) {
-      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+      data_->fill(step, row0(i), micro_, in.data(), tg.data());
       const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
                                           row0(i)};
       if constexpr (Zero > 0) loss += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
@@ -337,7 +363,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   //! With a pipeline: the schedule's table over every micro-batch; each part's gradients are averaged over data
   //! parallelism as soon as its last backward is done, while this stage (and the others) compute on; then the tied
   //! table's sum over its two holders (both are sums over other ranks, so their order does not matter).
-  double run_pipeline(int step) {
+  double run_pipeline(std::int64_t step) {
     auto& parts = this->parts;
     // Data only where it is needed: token ids for the embedding, targets for the loss.
     const bool needs_data =
@@ -347,7 +373,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       auto& tg = tg_[std::size_t(i)];
       in.resize(std::size_t(micro_) * cfg_.seq);
       tg.resize(in.size());
-      data_.fill(step, row0(i), micro_, in.data(), tg.data());
+      data_->fill(step, row0(i), micro_, in.data(), tg.data());
     }
     auto& dp = *at_.dp;
     if constexpr (Zero >= 2)  // every bucket is written before the parts are reduce-scattered
@@ -394,7 +420,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   }
 
   RankInLayout<Comm, Pipelined, Zero> at_;
-  const Batches& data_;
+  const DataSource* data_;  //!< the training data, or what evaluate() reads
   StepConfig cfg_;
   int rows_ = 0, micro_ = 0;
   pipeline::RuntimeTable table_;

@@ -51,14 +51,14 @@ class TrainerOf {
   //! as Model(seed, tp, cp, ep, part, options.model) (BuildableModel).
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
     requires detail::FixesShape<Model>
-  TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data, const Options& options,
+  TrainerOf(const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data, const Options& options,
             MakeOptimizer&& make_optimizer)
       : TrainerOf(Shape(Model::static_shape), at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
   //! The same for a model of shape `shape` given at run time (models::GptModel), built as Model(shape, seed, tp, cp,
   //! ep, part, options.model).
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
     requires(!detail::FixesShape<Model>)
-  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data,
             const Options& options, MakeOptimizer&& make_optimizer)
       : TrainerOf(shape, at, data, options, std::forward<MakeOptimizer>(make_optimizer), 0) {}
 
@@ -66,6 +66,10 @@ class TrainerOf {
   //! averaged and clipped, the update; or, when the loss or gradient norm is not finite on some rank, no update on
   //! any rank.
   StepResult step(int step) { return core_->step(step); }
+  //! The loss of global batch `batch` of `data` (validation: the mean over its sequences, the same on every rank and
+  //! every layout), the model and the optimizer unchanged. The step's forward and backward without the update: a
+  //! collective over the world, as a step is.
+  double evaluate(const DataSource& data, std::int64_t batch) { return core_->evaluate(data, batch); }
 
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
   const std::vector<std::unique_ptr<Part>>& parts() const { return core_->parts; }
@@ -129,7 +133,7 @@ class TrainerOf {
   }
 
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
-  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const Batches& data,
+  TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data,
             const Options& options, MakeOptimizer&& make_optimizer, int)
       : pipelined_(Pipelined), zero_(Zero) {
     static_assert(BuildableModel<Model, Comm>,
@@ -212,7 +216,7 @@ class Trainer : public TrainerOf<Model, Optimizer> {
   using Options = typename TrainerOf<Model, Optimizer>::Options;
 
   template <class Backend, class MakeOptimizer>
-  Trainer(Context<Cfg, Backend>& ctx, const Batches& data, const Options& options, MakeOptimizer&& make_optimizer)
+  Trainer(Context<Cfg, Backend>& ctx, const DataSource& data, const Options& options, MakeOptimizer&& make_optimizer)
       : TrainerOf<Model, Optimizer>(rank_in_layout(ctx), data, options, std::forward<MakeOptimizer>(make_optimizer)) {}
 };
 
