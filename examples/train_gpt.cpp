@@ -29,7 +29,7 @@ const char* usage =
     "                 [--data FILE | --train-data GLOB] [--batch-order sequential|shuffle] [--log-json FILE]\n"
     "                 [--val-data GLOB] [--val-every N (0: at the end)] [--val-batches K]\n"
     "                 [--lr-schedule constant|cosine|linear|wsd] [--min-lr LR] [--decay-steps N (0: --steps)]\n"
-    "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)]\n"
+    "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
@@ -54,6 +54,20 @@ std::string show(double x) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
+}
+
+//! The ids a Hugging Face tokenizer.json gives: one more than the largest of its vocabulary and added tokens.
+int tokenizer_size(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error("loom: cannot open the tokenizer " + path);
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  LOOM_CHECK(!j.is_discarded() && j.is_object() && j.contains("model") && j["model"].contains("vocab") &&
+                 j["model"]["vocab"].is_object(),
+             path, " is not a tokenizer.json with a model.vocab");
+  int n = 0;
+  for (const auto& [token, id] : j["model"]["vocab"].items()) n = std::max(n, id.get<int>() + 1);
+  for (const auto& t : j.value("added_tokens", nlohmann::json::array())) n = std::max(n, t.value("id", 0) + 1);
+  return n;
 }
 
 Args parse(int argc, char** argv) {
@@ -124,6 +138,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--decay-steps") a.decay_steps = number<int>(f, v);
     else if (f == "--wsd-decay-fraction") a.wsd_decay_fraction = number<double>(f, v);
     else if (f == "--peak-flops") a.peak_flops = number<double>(f, v);
+    else if (f == "--vocab") a.vocab = number<int>(f, v);
+    else if (f == "--tokenizer") a.tokenizer = v;
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -188,6 +204,10 @@ Args parse(int argc, char** argv) {
              a.lr_schedule, "'");
   LOOM_CHECK(a.decay_steps >= 0, "--decay-steps must not be negative (0: --steps), got ", a.decay_steps);
   lr_schedule(a).check();
+  LOOM_CHECK(a.vocab >= 0, "--vocab must not be negative (0: the model's), got ", a.vocab);
+  LOOM_CHECK(a.vocab == 0 || a.tokenizer.empty(), "--vocab ", a.vocab, " and --tokenizer ", a.tokenizer,
+             " both set the vocabulary: give one");
+  if (!a.tokenizer.empty()) a.vocab = tokenizer_size(a.tokenizer);
   // The norms' epsilon of a model read from a Hugging Face directory (--model or --init-from), else 1e-5.
   if (hugging_face_dir(a.model)) checkpoint::hf_shape(a.model, &a.norm_eps);
   else if (!a.init_from.empty() && hugging_face_dir(a.init_from)) checkpoint::hf_shape(a.init_from, &a.norm_eps);

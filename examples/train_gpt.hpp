@@ -65,6 +65,9 @@ struct Args {
   int decay_steps = 0;
   double peak_flops = 0;  //!< --peak-flops: the job's peak FLOP/s for MFU (0: the device's default, default_peak_flops)
   double norm_eps = 1e-5;  //!< the norms' epsilon: a Hugging Face directory's (--model or --init-from), read by parse
+  //! --vocab N, or --tokenizer FILE's size (read by parse): the model's vocabulary at run time (0: the shape's).
+  int vocab = 0;
+  std::string tokenizer;
   int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
@@ -457,19 +460,25 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
     return Error(loom::detail::cat("loom: --model ", a.model, " cannot run on --parallel ", layout.facts.name, ": ",
                                    rule));
   };
+  constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
+  // A shape given at run time (a Hugging Face directory's, or a vocabulary from --vocab or --tokenizer), checked here.
+  auto run_shape = [&](models::GptShape S) -> int {
+    if (a.vocab > 0) S.vocab = a.vocab;
+    for (const auto rule : {models::shape_violation(S), models::tensor_parallel_violation(S, tp, ML::sequence_parallel),
+                            models::context_parallel_violation(S, tp, cp, ML::cp_algorithm),
+                            models::expert_parallel_violation(S, layout.facts.ep)})
+      if (!rule.empty()) throw refuse(rule);
+    if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
+    if constexpr (!std::is_same_v<Dev, Host>)
+      if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
+    return train<float, ML, Dev>(a, S, argc, argv, layout);
+  };
   auto go = [&]<models::GptShape S>() -> int {
-    constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
     constexpr auto rule = !models::tensor_parallel_violation(S, tp, ML::sequence_parallel).empty()
                               ? models::tensor_parallel_violation(S, tp, ML::sequence_parallel)
                               : models::context_parallel_violation(S, tp, cp, ML::cp_algorithm);
     if constexpr (rule.empty()) {
-      // The expert-parallel degree is not part of the model layout (the model's experts split over its ep group).
-      if (const auto expert_rule = models::expert_parallel_violation(S, layout.facts.ep); !expert_rule.empty())
-        throw refuse(expert_rule);
-      if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
-      if constexpr (!std::is_same_v<Dev, Host>)
-        if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
-      return train<float, ML, Dev>(a, S, argc, argv, layout);
+      return run_shape(S);
     } else {
       throw refuse(rule);
     }
@@ -485,18 +494,7 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
   if (a.model == "llama3-1b") return go.template operator()<models::llama3_1b>();
   if (a.model == "mixtral-tiny") return go.template operator()<models::mixtral_tiny>();
   if (a.model == "mixtral-small") return go.template operator()<models::mixtral_small>();
-  if (hugging_face_dir(a.model)) {  // the shape from its config.json, checked here rather than at compile time
-    const models::GptShape S = checkpoint::hf_shape(a.model);
-    constexpr int tp = ML::template size<Axis::tp>, cp = ML::template size<Axis::cp>;
-    for (const auto rule : {models::shape_violation(S), models::tensor_parallel_violation(S, tp, ML::sequence_parallel),
-                            models::context_parallel_violation(S, tp, cp, ML::cp_algorithm),
-                            models::expert_parallel_violation(S, layout.facts.ep)})
-      if (!rule.empty()) throw refuse(rule);
-    if (a.dtype == "f64") return train<double, ML, Dev>(a, S, argc, argv, layout);
-    if constexpr (!std::is_same_v<Dev, Host>)
-      if (a.dtype == "bf16") return train<bf16, ML, Dev>(a, S, argc, argv, layout);
-    return train<float, ML, Dev>(a, S, argc, argv, layout);
-  }
+  if (hugging_face_dir(a.model)) return run_shape(checkpoint::hf_shape(a.model));  // from its config.json
   throw Error("loom: unknown --model '" + a.model + "' (" + std::string(model_names) +
               ", or a Hugging Face directory)");
 }

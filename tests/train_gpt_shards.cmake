@@ -84,6 +84,19 @@ refused("an empty glob" "the data pattern '${DIR}/none_\\*.bin' names no file" -
 refused("a token outside the vocabulary"
         "big_000000.bin' holds token [0-9]+ at position [0-9]+, at or above the model's vocabulary of 256"
         --train-data ${DIR}/data/big_*.bin)
+# The vocabulary at run time: --vocab 301 takes the shard of tokens up to 299, on one rank and on tp4 (76 rows on
+# the first ranks, 73 on the last), with the same losses; --tokenizer sets the tokenizer's 512.
+run(--steps 3 --train-data ${DIR}/data/big_*.bin --vocab 301 --log-json ${DIR}/vocab_one.jsonl)
+if(NOT out MATCHES "train_gpt: model tiny \\(127552 parameters")
+  message(FATAL_ERROR "--vocab 301: not tiny with 301 tokens (127552 parameters):\n${out}")
+endif()
+run(--steps 3 --train-data ${DIR}/data/big_*.bin --vocab 301 --parallel tp4 --log-json ${DIR}/vocab_tp4.jsonl)
+expect_losses(${DIR}/vocab_one.jsonl 0 ${DIR}/vocab_tp4.jsonl 0 3 10)
+run(--steps 1 --tokenizer ${CMAKE_CURRENT_LIST_DIR}/tokenizers/gpt2-512.json --parallel tp2)
+if(NOT out MATCHES "model tiny \\(141056 parameters")
+  message(FATAL_ERROR "--tokenizer gpt2-512.json: not tiny with 512 tokens (141056 parameters):\n${out}")
+endif()
+
 # A changed shard: the resumed run names it.
 execute_process(COMMAND ${PY} -c "import sys; d=bytearray(open(sys.argv[1],'rb').read()); d[-1]^=1; open(sys.argv[1],'wb').write(d)"
                 ${DIR}/data/train_000001.bin)
