@@ -50,6 +50,16 @@ if(NOT n EQUAL 3 OR NOT one STREQUAL spread)
   message(FATAL_ERROR "validation losses: one rank ${one}, tp2.pp2.dp2 ${spread} (3 each, equal to 9 digits)")
 endif()
 expect_losses(${DIR}/one.jsonl 0 ${DIR}/spread.jsonl 0 10 10)
+# scripts/plot-log draws the log (where matplotlib is): the loss, the validation loss, lr and throughput.
+execute_process(COMMAND ${PY} -c "import matplotlib" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+if(rc EQUAL 0)
+  execute_process(COMMAND ${PY} ${CMAKE_CURRENT_LIST_DIR}/../scripts/plot-log ${DIR}/one.jsonl ${DIR}/one.png
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  file(SIZE ${DIR}/one.png png_bytes)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "10 steps of .* drawn in" OR png_bytes LESS 10000)
+    message(FATAL_ERROR "plot-log failed (exit ${rc}, ${png_bytes} bytes of PNG):\n${out}${err}")
+  endif()
+endif()
 # The cosine schedule: warm-up to the peak at step 1, min_lr from step 10 on.
 file(STRINGS ${DIR}/one.jsonl lines)
 list(GET lines 1 l1)
