@@ -27,6 +27,7 @@ const char* usage =
     "                 [--router softmax|sigmoid]\n"
     "                 [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--layer-split N,N,... (per pipeline part)]\n"
     "                 [--data FILE | --train-data GLOB] [--batch-order sequential|shuffle] [--log-json FILE]\n"
+    "                 [--log-dir DIR (a log per rank)]\n"
     "                 [--val-data GLOB] [--val-every N (0: at the end)] [--val-batches K]\n"
     "                 [--lr-schedule constant|cosine|linear|wsd] [--min-lr LR] [--decay-steps N (0: --steps)]\n"
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
@@ -117,6 +118,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--data") a.data = v;
     else if (f == "--batch-order") a.batch_order = v;
     else if (f == "--log-json") a.log_json = v;
+    else if (f == "--log-dir") a.log_dir = v;
     else if (f == "--save") a.save = v;
     else if (f == "--save-every") a.save_every = number<int>(f, v);
     else if (f == "--keep") a.keep = number<int>(f, v);

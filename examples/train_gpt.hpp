@@ -68,6 +68,7 @@ struct Args {
   //! --vocab N, or --tokenizer FILE's size (read by parse): the model's vocabulary at run time (0: the shape's).
   int vocab = 0;
   std::string tokenizer;
+  std::string log_dir;  //!< --log-dir DIR: every rank's own log, DIR/rank-NNNNN.jsonl
   int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
@@ -184,6 +185,17 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
     log.precision(12);
   }
+  // --log-dir: every rank's own line per step (its step time, throughput and memory; the loss is the global one).
+  std::ofstream rank_log;
+  if (!a.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.log_dir, ec);
+    char name[32];
+    std::snprintf(name, sizeof name, "/rank-%05d.jsonl", world.rank());
+    rank_log.open(a.log_dir + name, std::ios::trunc);
+    LOOM_CHECK(rank_log.good(), "rank ", world.rank(), " cannot write ", a.log_dir, name, " (--log-dir)");
+    rank_log.precision(12);
+  }
   const bool bar = lead && a.progress && isatty(fileno(stderr));
   if (lead) {
     std::printf("train_gpt: model %s (%lld parameters, %d layers, d=%d, heads=%d/%d), %s, %s, layout %s (%s), "
@@ -261,6 +273,14 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
             << r.moe.mean_imbalance() << ", \"moe_aux_loss\": " << r.moe.aux_loss / r.moe.forwards;
       log << (r.skipped ? ", \"skipped\": true}\n" : "}\n");
       log.flush();
+    }
+    if (rank_log.is_open()) {
+      rank_log << "{\"rank\": " << world.rank() << ", \"step\": " << i << ", \"loss\": ";
+      if (std::isfinite(loss)) rank_log << loss;
+      else rank_log << "null";
+      rank_log << ", \"step_s\": " << secs << ", \"tokens_per_s\": " << tps << ", \"peak_bytes\": "
+               << rank_memory().peak() << "}\n";
+      rank_log.flush();
     }
     if (in_a_row == max_skipped_in_a_row)  // on every rank
       throw Error(loom::detail::cat("loom: stopping at step ", i, " after ", in_a_row, " skipped steps in a row (",

@@ -35,3 +35,12 @@ if(TARGET loom-tokenize)
             "-DFILES=${_docs}" -P ${CMAKE_CURRENT_SOURCE_DIR}/loom_tokenize.cmake)
   set_tests_properties(loom_tokenize_shards PROPERTIES LABELS data SKIP_REGULAR_EXPRESSION "no tokenizers here")
 endif()
+
+# train_gpt --log-dir: a log per process under mpirun.
+if(TARGET train_gpt AND LOOM_WITH_MPI)
+  add_test(NAME train_gpt_mpi_log_dir
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DMPI=${MPIEXEC_EXECUTABLE};--oversubscribe;--bind-to;none"
+            -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_log_dir -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_log_dir.cmake)
+  set_tests_properties(train_gpt_mpi_log_dir PROPERTIES LABELS "data;mpi"
+                       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endif()
