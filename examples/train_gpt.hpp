@@ -63,7 +63,7 @@ struct Args {
   std::string lr_schedule = "constant";
   double min_lr = 0, wsd_decay_fraction = 0.2;
   int decay_steps = 0;
-  double peak_flops = 0;  //!< --peak-flops: the job's peak FLOP/s for MFU (0: the device's default, default_peak_flops)
+  double peak_flops = 0;  //!< --peak-flops: the job's peak FLOP/s for MFU (0: the device's default, peak_flops)
   double norm_eps = 1e-5;  //!< the norms' epsilon: a Hugging Face directory's (--model or --init-from), read by parse
   //! --vocab N, or --tokenizer FILE's size (read by parse): the model's vocabulary at run time (0: the shape's).
   int vocab = 0;
@@ -230,6 +230,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 a.capacity_factor == 0 ? "0 (dropless)" : show(a.capacity_factor).c_str(),
                 show(a.aux_loss_coeff).c_str(), show(a.z_loss_coeff).c_str(), layout.ep);
   if (lead && start > 0) std::printf("train_gpt: resuming %s at step %d\n", a.resume.c_str(), start);
+  const double peak_rate = peak_flops(a);  // MFU's denominator, FLOP/s
   double first_loss = 0, loss = 0;
   int skipped = 0, in_a_row = 0;
   const auto t_start = std::chrono::steady_clock::now();
@@ -251,7 +252,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
-    const double mfu = flops_per_token * tps / peak_flops(a);
+    const double mfu = flops_per_token * tps / peak_rate;
     // Validation every --val-every steps and after the last step (on every rank: a collective).
     const bool validates = validate && ((a.val_every > 0 && (i + 1) % a.val_every == 0) || i + 1 == a.steps);
     const double val_loss = validates ? validate() : 0;

@@ -194,19 +194,9 @@ class TokenShards final : public train::DataSource {
     return static_cast<std::int32_t>(v);
   }
 
-  //! The window start of row r of batch b (train::window_start).
-  std::int64_t start(std::int64_t b, std::int64_t r) const {
-    return train::window_start(b, r, B_, T_, tokens(), order_, seed_);
-  }
-
   void fill(std::int64_t b, std::int64_t r0, int rows, std::int32_t* inputs, std::int32_t* targets) const override {
-    for (int r = 0; r < rows; ++r) {
-      const auto s = start(b, r0 + r);
-      for (int t = 0; t < T_; ++t) {
-        inputs[std::size_t(r) * T_ + t] = token(s + t);
-        targets[std::size_t(r) * T_ + t] = token(s + t + 1);
-      }
-    }
+    train::fill_windows(b, r0, rows, B_, T_, tokens(), order_, seed_, [&](std::int64_t i) { return token(i); },
+                        inputs, targets);
   }
 
  private:

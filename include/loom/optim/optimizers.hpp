@@ -6,6 +6,7 @@
 
 #include <loom/kernels/ops.hpp>
 #include <loom/layers/param.hpp>
+#include <loom/optim/schedule.hpp>
 #include <loom/tensor/tensor.hpp>
 
 #include <cmath>
@@ -176,9 +177,9 @@ double clip_grad_norm(const Tensor<T, Dev>& grads, double max_norm, const kernel
   return norm;
 }
 
-//! Linear warmup over `warmup` steps to lr, then constant (step is 0-based).
+//! Linear warmup over `warmup` steps to lr, then constant (step is 0-based): the constant LrSchedule.
 inline double warmup_lr(double lr, int step, int warmup) {
-  return warmup > 0 && step < warmup ? lr * (step + 1) / warmup : lr;
+  return LrSchedule{LrShape::constant, lr, 0, warmup}(step);
 }
 
 }  // namespace loom::optim

@@ -81,6 +81,20 @@ inline std::int64_t window_start(std::int64_t b, std::int64_t r, int B, int T, s
                                    static_cast<double>(span));
 }
 
+//! Rows [r0, r0 + rows) of global batch b of B windows of T tokens from a stream of n tokens (window_start), each
+//! token read as token(i): inputs, and targets shifted by one (rows × T each).
+template <class Token>
+void fill_windows(std::int64_t b, std::int64_t r0, int rows, int B, int T, std::int64_t n, BatchOrder order,
+                  std::uint64_t seed, const Token& token, std::int32_t* inputs, std::int32_t* targets) {
+  for (int r = 0; r < rows; ++r) {
+    const auto s = window_start(b, r0 + r, B, T, n, order, seed);
+    for (int t = 0; t < T; ++t) {
+      inputs[std::size_t(r) * T + t] = token(s + t);
+      targets[std::size_t(r) * T + t] = token(s + t + 1);
+    }
+  }
+}
+
 //! Draws batches of B sequences of T tokens (inputs, and targets shifted by one). In sequential order row r of
 //! batch b is the window starting at ((b*B + r)*T) mod (N - T - 1); in shuffle order at a seeded position.
 class Batches final : public DataSource {
@@ -104,13 +118,8 @@ class Batches final : public DataSource {
 
   //! Rows [r0, r0 + rows) of batch b into inputs and targets (rows*T each).
   void fill(std::int64_t b, std::int64_t r0, int rows, std::int32_t* inputs, std::int32_t* targets) const override {
-    for (int r = 0; r < rows; ++r) {
-      const auto s = start(b, r0 + r);
-      for (int t = 0; t < T_; ++t) {
-        inputs[r * T_ + t] = tokens_[s + t];
-        targets[r * T_ + t] = tokens_[s + t + 1];
-      }
-    }
+    fill_windows(b, r0, rows, B_, T_, static_cast<std::int64_t>(tokens_.size()), order_, seed_,
+                 [&](std::int64_t i) { return tokens_[static_cast<std::size_t>(i)]; }, inputs, targets);
   }
 
   std::size_t tokens() const { return tokens_.size(); }
