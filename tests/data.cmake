@@ -1,6 +1,9 @@
 # Training data: token shards and learning-rate schedules.
 loom_add_test(test_data test_data.cpp LABELS data)
 
+# Text generation: decoding with a key/value cache against the whole model, on one rank and over tensor parallelism.
+loom_add_test(test_generate test_generate.cpp LABELS "data;model")
+
 # train_gpt on token shards written with numpy (Debian's python3-numpy, beside python3-torch): validation on every
 # layout, the schedule, resuming, refusals. Skipped where numpy is missing.
 if(TARGET train_gpt)

@@ -311,6 +311,24 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     const int local = T_ / cp_size;
     return static_cast<std::size_t>(sequence_parallel ? B * local / tp_size : B * local) * shape_.d_model;
   }
+  //! What code that computes with the parameters outside training reads (the decoder of models/gpt/generate.hpp):
+  //! this rank's part of block l's parameters, as pointers into params(), in a part that holds block l ...
+  using block_type = Block;
+  typename Block::Params block_weights(int l) const {
+    LOOM_CHECK(l >= ix_.first && l < ix_.last, "block ", l, " is outside this part's blocks ", ix_.first, "..",
+               ix_.last - 1);
+    return block_params(params_, l);
+  }
+  //! ... and the ends' (null where this part holds none, or the spec has none): the token table, the learned
+  //! positions, the final norm, the output layer's table (the tied token table, or lm_head).
+  struct EndWeights {
+    const T *wte, *wpe, *lnf_w, *lnf_b, *output;
+  };
+  EndWeights end_weights() const {
+    return {param_ptr(ix_.wte), param_ptr(ix_.wpe), param_ptr(ix_.lnf_w), param_ptr(ix_.lnf_b),
+            head() ? param_ptr(ix_.output_table()) : nullptr};
+  }
+
   //! The context-parallel communicator the attention runs over (null without context parallelism); its traffic()
   //! counts what the model sent over it.
   comm::AnyComm* cp() const { return cp_.get(); }
