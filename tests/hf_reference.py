@@ -4,7 +4,8 @@
                     precision, saved with save_pretrained to its DIR, and DIR/reference.json: for the batch of
                     DIR/batch.json (ids, targets, B, T) the logits, the loss, the gradient of every parameter (Hugging
                     Face names), and the parameters after 3 AdamW steps on that batch (the hyper-parameters in
-                    batch.json).
+                    batch.json); and greedy decoding from the untrained model: batch.json's prompt and new_tokens,
+                    the tokens chosen and the logits each was chosen from (greedy, greedy_logits).
   logits DIR [DIR ...]:  loads each DIR with from_pretrained and writes the logits of DIR/batch.json's ids to
                     DIR/logits.json.
 (One process for several models: importing torch and transformers is most of a call's time.)
@@ -101,6 +102,19 @@ def loss_of(model, ids, targets):
     return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def greedy_of(model, prompt, n):
+    """Greedy decoding as a loop over the model's forward (transformers' generate() fails to import with Debian's
+    torch 1.13): each step runs the whole text so far and takes the argmax of the last position's logits (the lowest
+    id among equals). Returns the tokens and the logits each was chosen from."""
+    ids, chosen_from = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            last = model(torch.tensor([ids])).logits[0, -1]
+            chosen_from.append(last.tolist())
+            ids.append(int(torch.argmax(last)))
+    return {"greedy": ids[len(prompt):], "greedy_logits": chosen_from}
+
+
 def make(family, d):
     b = json.load(open(f"{d}/batch.json"))
     torch.manual_seed(b.get("seed", 0))
@@ -121,12 +135,13 @@ def make(family, d):
     set_rope(model, config)
     model.train()
     model.save_pretrained(d, safe_serialization=True)
+    greedy = greedy_of(model, b["prompt"], b["new_tokens"])
     ids = torch.tensor(b["ids"]).reshape(b["B"], b["T"])
     targets = torch.tensor(b["targets"]).reshape(b["B"], b["T"])
     logits, loss = loss_of(model, ids, targets)
     loss.backward()
     out = {"loss": loss.item(), "logits": logits.detach().reshape(-1).tolist(),
-           "grads": {n: p.grad.reshape(-1).tolist() for n, p in model.named_parameters()}}
+           "grads": {n: p.grad.reshape(-1).tolist() for n, p in model.named_parameters()}, **greedy}
     # Weight decay on matrices and embeddings, not on biases and norms, as loom's parameter table says.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]

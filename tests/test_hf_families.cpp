@@ -5,9 +5,11 @@
 // backward, and the parameters after 3 AdamW steps; then exports its model, which transformers' from_pretrained
 // loads and computes the same logits from. Double precision throughout: transformers' float32 spots (RMSNorm's
 // statistics, the rotary tables, Mixtral's router softmax) are computed in double by the reference script, with
-// the same formulas. Exits 77 (skipped) where the environment is missing.
+// the same formulas. Greedy decoding with the key/value cache gives the tokens of transformers' greedy loop over its
+// forward, from the logits it chose them from. Exits 77 (skipped) where the environment is missing.
 #include <loom/models/gpt/checkpoint.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/gpt/generate.hpp>
 #include <loom/optim/optimizers.hpp>
 
 #include "temp_dir.hpp"
@@ -82,8 +84,8 @@ const double lr = 1e-2, wd = 0.1;
 nlohmann::json batch() {
   std::vector<std::int32_t> ids, targets;
   for (int i = 0; i < B * T; ++i) ids.push_back((i * 7 + 3) % vocab), targets.push_back((i * 5 + 1) % vocab);
-  return {{"B", B}, {"T", T}, {"vocab", vocab}, {"ids", ids}, {"targets", targets}, {"lr", lr}, {"weight_decay", wd},
-          {"seed", 7}};
+  return {{"B", B},  {"T", T},   {"vocab", vocab},         {"ids", ids}, {"targets", targets}, {"lr", lr},
+          {"weight_decay", wd}, {"seed", 7}, {"prompt", {4, 19, 2, 11, 7}}, {"new_tokens", 24}};
 }
 
 //! Loom's run of the model transformers made in `dir` (reference.json): the comparisons; its trained model exported
@@ -103,6 +105,24 @@ std::vector<double> check_family(const std::string& family, const std::string& d
   opts.moe.capacity_factor = 0, opts.moe.aux_loss_coeff = 0;  // Mixtral routes every token (dropless)
   models::GptModel<double> m(shape, 1, opts);
   checkpoint::load_gpt(dir, m);
+
+  // Greedy decoding with the cache (models::GptDecoder) against transformers' greedy loop over its forward.
+  const auto prompt = b["prompt"].get<std::vector<std::int32_t>>();
+  const auto greedy = ref["greedy"].get<std::vector<std::int32_t>>();
+  models::GptDecoder<double> dec(m);
+  const auto generated = dec.generate(prompt, b["new_tokens"].get<int>(), {});
+  if (generated != greedy) std::fprintf(stderr, "FAILED %s: greedy generation differs from transformers'\n",
+                                        family.c_str()), ++failures;
+  double dgreedy = 0;
+  dec.reset();
+  std::span<const double> from = dec.feed(prompt);
+  for (std::size_t i = 0; i < greedy.size(); ++i) {
+    dgreedy = std::max(dgreedy, compare(family + " logits of generated token " + std::to_string(i),
+                                        std::vector<double>(from.begin(), from.end()), ref["greedy_logits"][i]));
+    if (i + 1 < greedy.size()) from = dec.feed(std::span<const std::int32_t>(&greedy[i], 1));
+  }
+  std::printf("%s: greedy generation of %zu tokens equal to transformers', logits %.2g\n", family.c_str(),
+              greedy.size(), dgreedy);
 
   const double loss = m.forward(ids.data(), targets.data(), B, T);
   const std::vector<double> logits(m.logits(0), m.logits(0) + std::size_t(B) * T * vocab);
