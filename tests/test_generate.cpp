@@ -135,7 +135,8 @@ TEST_CASE("the decoder refuses what it cannot do, naming the values", "[generate
   CHECK_THROWS_WITH(models::GptDecoder<double>(m, 25), Catch::Contains("capacity of 25 tokens is outside 1..24"));
   // A stop token ends the text after it: the greedy first token stops at once.
   const auto first = dec.generate(prompt, 4, {});
-  CHECK(dec.generate(prompt, 4, {}, first[0]) == std::vector<std::int32_t>{first[0]});
+  const std::vector<std::int32_t> stops = {36, first[0]};
+  CHECK(dec.generate(prompt, 4, {}, stops) == std::vector<std::int32_t>{first[0]});
 }
 
 TEST_CASE("choosing a token: greedy, temperature, top-k, top-p, seeds", "[generate]") {

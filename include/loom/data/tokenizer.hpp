@@ -195,6 +195,13 @@ class Tokenizer {
     const auto it = vocab_.find(content);
     return it == vocab_.end() ? -1 : it->second;
   }
+  //! The token that ends a text, where generation stops: GPT-2's <|endoftext|> or Llama 3's <|end_of_text|>; -1
+  //! where the tokenizer has neither.
+  int end_of_text() const {
+    for (const char* name : {"<|endoftext|>", "<|end_of_text|>"})
+      if (int id = token_id(name); id >= 0) return id;
+    return -1;
+  }
   //! The special token that separates documents: GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|>, or the first
   //! special token; -1 without one.
   int document_separator() const {

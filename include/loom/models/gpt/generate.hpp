@@ -144,10 +144,11 @@ class GptDecoder {
     return logits_;
   }
 
-  //! The prompt, then up to max_new tokens chosen under s, each given to `each` as it is chosen; stops after `stop`
-  //! (a token id; -1: none). Starts a new text. Returns the generated tokens (without the prompt).
+  //! The prompt, then up to max_new tokens chosen under s, each given to `each` as it is chosen; stops after any of
+  //! the tokens `stop`. Starts a new text. Returns the generated tokens (without the prompt).
   std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, int max_new, const Sampling& s,
-                                     std::int32_t stop = -1, FunctionRef<void(std::int32_t)> each = [](std::int32_t) {}) {
+                                     std::span<const std::int32_t> stop = {},
+                                     FunctionRef<void(std::int32_t)> each = [](std::int32_t) {}) {
     s.check();
     LOOM_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
     LOOM_CHECK(max_new >= 0, "cannot generate ", max_new, " tokens");
@@ -162,7 +163,7 @@ class GptDecoder {
       const std::int32_t t = choose_token(logits, s, std::uint64_t(i));
       out.push_back(t);
       each(t);
-      if (t == stop || i + 1 == max_new) break;
+      if (std::find(stop.begin(), stop.end(), t) != stop.end() || i + 1 == max_new) break;
       logits = feed(std::span<const std::int32_t>(&out.back(), 1));
     }
     return out;

@@ -169,11 +169,9 @@ inline models::GptShape llama_shape(const nlohmann::json& c, const std::string& 
   return s;
 }
 
-//! The shape of the model in a Hugging Face directory (DIR/config.json of model_type llama, mixtral or gpt2), and in
-//! eps its norms' epsilon.
-inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) {
-  const std::string file = dir + "/config.json";
-  const nlohmann::json c = read_config(file);
+//! The shape a config.json's keys describe (model_type llama, mixtral or gpt2; read from `file`, which messages
+//! name), and in eps its norms' epsilon.
+inline models::GptShape config_shape(const nlohmann::json& c, const std::string& file, double* eps = nullptr) {
   if (c.value("model_type", std::string()) != "gpt2") return llama_shape(c, file, eps);
   using detail::hf_int;
   const int d = hf_int(c, file, "n_embd");
@@ -188,6 +186,13 @@ inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) 
   }
   if (eps) *eps = c.contains("layer_norm_epsilon") ? detail::hf_number(c, file, "layer_norm_epsilon") : 1e-5;
   return s;
+}
+
+//! The shape of the model in a Hugging Face directory (DIR/config.json of model_type llama, mixtral or gpt2), and in
+//! eps its norms' epsilon.
+inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) {
+  const std::string file = dir + "/config.json";
+  return config_shape(read_config(file), file, eps);
 }
 
 //! One Hugging Face tensor's share of a loom parameter: its rows (transposed: its columns) fill `extent` of the loom
