@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -58,6 +59,18 @@ inline void write_json_lines(const std::string& path, const std::vector<nlohmann
     LOOM_CHECK(f.good(), "cannot write ", path, ".tmp");
   }
   LOOM_CHECK(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, "cannot rename ", path, ".tmp to ", path);
+}
+
+//! The last line of JSON that `command` prints (a reference run: `what` names it in the error when it fails).
+inline nlohmann::json run_json(const std::string& command, const std::string& what) {
+  FILE* p = popen(command.c_str(), "r");
+  LOOM_CHECK(p, "cannot run ", command);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = pclose(p);
+  LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the ", what, " reference failed (", command, ")");
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
 
 //! Runs the benchmark's body: a refusal or failure is one line on stderr and exit status 1.

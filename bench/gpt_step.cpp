@@ -17,6 +17,7 @@
 
 #include <Eigen/Core>
 
+#include "cli.hpp"
 #include "gpt_step.hpp"
 
 #include <cstdio>
@@ -65,23 +66,12 @@ Row measure(const models::GptShape& S, const std::string& name, const StepOption
   return {name, "loom", "cpu", "f32", o.threads, o.batch, T, step * 1e3, o.batch * T / step, host_memory().peak()};
 }
 
-//! The last line of JSON that `command` prints (a reference run: `what` names it in the error when it fails).
-nlohmann::json run_json(const std::string& command, const std::string& what) {
-  FILE* p = popen(command.c_str(), "r");
-  LOOM_CHECK(p, "cannot run ", command);
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = pclose(p);
-  LOOM_CHECK(rc == 0 && out.find('{') != std::string::npos, "the ", what, " reference failed (", command, ")");
-  return nlohmann::json::parse(out.substr(out.rfind('{')));
-}
 
 //! One line of JSON from bench/gpt_torch.py run with `args`.
 nlohmann::json run_torch(const StepOptions& o, const std::string& args) {
   std::ostringstream cmd;
   cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " " << LOOM_SOURCE_DIR << "/bench/gpt_torch.py " << args;
-  return run_json(cmd.str(), "PyTorch (install PyTorch for " + o.python + " or pass --no-torch)");
+  return bench::run_json(cmd.str(), "PyTorch (install PyTorch for " + o.python + " or pass --no-torch)");
 }
 
 //! The same model and step in PyTorch: on the CPU with o.threads threads; on CUDA eager and (unless --no-compile)
@@ -98,7 +88,8 @@ std::vector<Row> measure_torch(const models::GptShape& s, const std::string& nam
     std::ostringstream cmd;
     cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.hf_python << " " << LOOM_SOURCE_DIR << "/bench/hf_step.py "
         << config << " " << T << " " << o.batch << " " << o.steps << " " << o.threads;
-    const auto j = run_json(cmd.str(), "transformers (run scripts/install-deps, pass --hf-python or --no-torch)");
+    const auto j =
+        bench::run_json(cmd.str(), "transformers (run scripts/install-deps, pass --hf-python or --no-torch)");
     std::filesystem::remove(config);
     rows.push_back({name, "transformers " + j.at("version").get<std::string>(), "cpu", "f32", o.threads, o.batch, T,
                     j.at("step_ms"), j.at("tokens_per_s"), 0});
@@ -122,15 +113,10 @@ std::vector<Row> measure_torch(const models::GptShape& s, const std::string& nam
 }
 
 models::GptShape shape_of(const std::string& name) {
-  if (name == "tiny") return models::tiny;
-  if (name == "small") return models::small;
-  if (name == "gpt2") return models::gpt2;
-  if (name == "llama-tiny") return models::llama_tiny;
-  if (name == "llama-small") return models::llama_small;
-  if (name == "mixtral-tiny") return models::mixtral_tiny;
-  if (name == "mixtral-small") return models::mixtral_small;
-  throw Error("loom: unknown model '" + name + "' (tiny, small, gpt2, llama-tiny, llama-small, mixtral-tiny, "
-              "mixtral-small)");
+  const auto s = models::shape_named(name);
+  LOOM_CHECK(s && name != "long" && name != "llama3-1b" && name.find("-moe") == std::string::npos,
+             "unknown model '", name, "' (tiny, small, gpt2, llama-tiny, llama-small, mixtral-tiny, mixtral-small)");
+  return *s;
 }
 
 }  // namespace

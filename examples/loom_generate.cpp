@@ -187,7 +187,13 @@ Args parse(int argc, char** argv) {
       }
     };
     if (f == "--prompt") a.prompt = v, a.has_prompt = true;
-    else if (f == "--prompt-ids") a.prompt_ids = parse_ids(v), a.has_ids = true;
+    else if (f == "--prompt-ids") {
+      try {
+        a.prompt_ids = parse_ids(v), a.has_ids = true;
+      } catch (const std::exception& e) {
+        wrong(e.what());
+      }
+    }
     else if (f == "--tokenizer") a.tokenizer = v;
     else if (f == "--max-new-tokens") number(a.max_new);
     else if (f == "--temperature") number(a.sampling.temperature);
@@ -282,7 +288,7 @@ int run(const Args& a) {
     {
       std::ofstream f(tmp, std::ios::trunc);
       LOOM_CHECK(f.good(), "cannot write --json file ", tmp);
-      f << j.dump(1) << "\n";
+      f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // bad UTF-8 as U+FFFD
       LOOM_CHECK(f.good(), "cannot write --json file ", tmp);
     }
     std::filesystem::rename(tmp, a.json, ec);

@@ -6,6 +6,10 @@
 // lists the flags.
 #include "train_gpt.hpp"
 
+#ifdef LOOM_HAS_TOKENIZER
+#include <loom/data/tokenizer.hpp>
+#endif
+
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +35,7 @@ const char* usage =
     "                 [--val-data GLOB] [--val-every N (0: at the end)] [--val-batches K]\n"
     "                 [--lr-schedule constant|cosine|linear|wsd] [--min-lr LR] [--decay-steps N (0: --steps)]\n"
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
+    "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
@@ -55,6 +60,42 @@ std::string show(double x) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
+}
+
+//! --sample-every's settings checked, and the prompt encoded: with --tokenizer (by loom::data::Tokenizer; default:
+//! its document separator, which starts every document loom-tokenize writes), else as bytes (default: a newline).
+void prepare_samples(Args& a) {
+  LOOM_CHECK(a.sample_every >= 0, "--sample-every must not be negative (0: no samples), got ", a.sample_every);
+  LOOM_CHECK(a.sample_tokens >= 1, "--sample-tokens must be at least 1, got ", a.sample_tokens);
+  for (const auto& [given, flag] : {std::pair{a.sample_tokens != 32, "--sample-tokens"},
+                                    std::pair{a.prompt_given, "--prompt"}})
+    LOOM_CHECK(!given || a.sample_every > 0, flag, " says how to sample, but no --sample-every N is given");
+  if (a.sample_every == 0) return;
+  LOOM_CHECK(a.device == "cpu", "--sample-every generates on the host; --device ", a.device, " does not yet");
+  if (a.tokenizer.empty()) {
+    for (unsigned char c : a.prompt_given ? a.prompt : std::string("\n")) a.prompt_ids.push_back(c);
+    a.detokenize = [](const std::vector<std::int32_t>& ids) {
+      std::string text;
+      for (std::int32_t t : ids) text.push_back(static_cast<char>(t));
+      return text;
+    };
+  } else {
+#ifdef LOOM_HAS_TOKENIZER
+    auto tok = std::make_shared<const data::Tokenizer>(a.tokenizer);
+    const int separator = tok->document_separator();
+    if (a.prompt_given) a.prompt_ids = tok->encode(a.prompt);
+    else if (separator >= 0) a.prompt_ids = {separator};
+    for (int id : {tok->end_of_text(), separator})
+      if (id >= 0 && std::find(a.sample_stops.begin(), a.sample_stops.end(), id) == a.sample_stops.end())
+        a.sample_stops.push_back(id);
+    a.detokenize = [tok](const std::vector<std::int32_t>& ids) { return tok->decode(ids); };
+#else
+    throw Error("loom: --sample-every with --tokenizer " + a.tokenizer + " needs loom::tokenizer (PCRE2), which this "
+                "build of train_gpt lacks");
+#endif
+  }
+  LOOM_CHECK(!a.prompt_ids.empty(), "--prompt '", a.prompt, "' has no tokens", a.tokenizer.empty() ? "" :
+             " (and the tokenizer has no document separator to start from)");
 }
 
 //! The ids a Hugging Face tokenizer.json gives: one more than the largest of its vocabulary and added tokens.
@@ -142,6 +183,9 @@ Args parse(int argc, char** argv) {
     else if (f == "--peak-flops") a.peak_flops = number<double>(f, v);
     else if (f == "--vocab") a.vocab = number<int>(f, v);
     else if (f == "--tokenizer") a.tokenizer = v;
+    else if (f == "--sample-every") a.sample_every = number<int>(f, v);
+    else if (f == "--sample-tokens") a.sample_tokens = number<int>(f, v);
+    else if (f == "--prompt") a.prompt = v, a.prompt_given = true;
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -210,6 +254,7 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.vocab == 0 || a.tokenizer.empty(), "--vocab ", a.vocab, " and --tokenizer ", a.tokenizer,
              " both set the vocabulary: give one");
   if (!a.tokenizer.empty()) a.vocab = tokenizer_size(a.tokenizer);
+  prepare_samples(a);
   // The norms' epsilon of a model read from a Hugging Face directory (--model or --init-from), else 1e-5.
   if (hugging_face_dir(a.model)) checkpoint::hf_shape(a.model, &a.norm_eps);
   else if (!a.init_from.empty() && hugging_face_dir(a.init_from)) checkpoint::hf_shape(a.init_from, &a.norm_eps);
@@ -479,6 +524,8 @@ nlohmann::json run_record(const Args& a, const std::string& layout, const DataSe
           {"router", a.router},
           {"parallel", layout}};
   if (!data.shards.empty()) r["data_shards"] = data.shards;
+  if (!a.tokenizer.empty())  // where loom-generate finds it
+    r["tokenizer"] = std::filesystem::absolute(a.tokenizer).lexically_normal().string();
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include <loom/data/shards.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/gpt/checkpoint.hpp>
+#include <loom/models/gpt/generate.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/optim/schedule.hpp>
 #include <loom/train/data.hpp>
@@ -72,6 +73,14 @@ struct Args {
   int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
+  //! --sample-every N: a text generated greedily from the model every N steps and after the last (0: none): --prompt
+  //! TEXT and the --sample-tokens K tokens after it, encoded by parse (with --tokenizer, else as bytes) into prompt_ids;
+  //! detokenize gives a sample's text, and sample_stops the tokens that end one.
+  int sample_every = 0, sample_tokens = 32;
+  std::string prompt;
+  bool prompt_given = false;
+  std::vector<std::int32_t> prompt_ids, sample_stops;
+  std::function<std::string(const std::vector<std::int32_t>&)> detokenize;
 };
 
 //! The training data: bytes (--data, or the built-in corpus) or token shards (--train-data), drawn into the global
@@ -168,16 +177,17 @@ struct Launch {
   static LayoutRun<pipelined, zero> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
 };
 
-//! The training loop every layout shares: steps from `start`, progress, --log-json, validation, the summary. step(i)
-//! runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss (every
-//! --val-every steps and after the last). A skipped step (every rank left the model as it was: its loss or gradient
+//! The training loop every layout shares: steps from `start`, progress, --log-json, validation, samples, the summary.
+//! step(i) runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss (every
+//! --val-every steps and after the last); sample(), where given, a generated text (every --sample-every steps and
+//! after the last; a collective, whose text rank 0 has). A skipped step (every rank left the model as it was: its loss or gradient
 //! norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run. MFU is the model's
 //! FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per backend, whatever
 //! the layout and the model.
 template <class Comm, class Step>
 void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
                 std::size_t data_tokens, int start, Held held, double flops_per_token,
-                const std::function<double()>& validate, Step&& step) {
+                const std::function<double()>& validate, const std::function<std::string()>& sample, Step&& step) {
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
@@ -256,6 +266,11 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     // Validation every --val-every steps and after the last step (on every rank: a collective).
     const bool validates = validate && ((a.val_every > 0 && (i + 1) % a.val_every == 0) || i + 1 == a.steps);
     const double val_loss = validates ? validate() : 0;
+    const bool samples = sample && ((i + 1) % a.sample_every == 0 || i + 1 == a.steps);
+    // As a JSON string (one line, whatever the text holds; bytes that are not UTF-8 shown as U+FFFD).
+    const std::string text = samples ? nlohmann::json(sample()).dump(-1, ' ', false,
+                                                                     nlohmann::json::error_handler_t::replace)
+                                     : std::string();
     std::vector<double> peak{static_cast<double>(host_memory().peak())};
     world.all_reduce(peak, comm::Reduce::max);
     if (i == start) first_loss = loss;
@@ -269,6 +284,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
       log << ", \"tokens_per_s\": " << tps << ", \"mfu\": " << mfu << ", \"peak_bytes\": "
           << static_cast<std::uint64_t>(peak[0]);
       if (validates) log << ", \"val_loss\": " << val_loss;
+      if (samples) log << ", \"sample\": " << text;
       if (r.moe.forwards > 0)
         log << ", \"moe_dropped\": " << r.moe.dropped_fraction() << ", \"moe_load_max_over_mean\": "
             << r.moe.mean_imbalance() << ", \"moe_aux_loss\": " << r.moe.aux_loss / r.moe.forwards;
@@ -291,6 +307,11 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     if (validates) {
       if (bar) std::fputc('\n', stderr);
       std::printf("val   %5d  loss %.4f  perplexity %.3f\n", i, val_loss, std::exp(val_loss));
+      std::fflush(stdout);
+    }
+    if (samples) {
+      if (bar && !validates) std::fputc('\n', stderr);
+      std::printf("sample %4d  %s\n", i, text.c_str());
       std::fflush(stdout);
     }
     if (bar) {
@@ -378,8 +399,29 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
       for (int k = 0; k < a.val_batches; ++k) sum += trainer.evaluate(*val, k);
       return sum / a.val_batches;
     };
+  // Samples: the whole model put together (a collective), then rank 0 decodes greedily with a model of its own.
+  std::function<std::string()> sample;
+  std::unique_ptr<models::GptModel<typename Model::value_type>> sampler;
+  if constexpr (std::is_same_v<typename Model::device, Host>) {
+    if (a.sample_every > 0)
+      sample = [&] {
+        const auto whole = trainer.whole_params();
+        if (world.rank() != 0) return std::string();
+        if (!sampler) {
+          models::GptOptions opt = trainer.parts().front()->options();
+          opt.write_buffers = false, opt.dropout = 0;
+          sampler = std::make_unique<models::GptModel<typename Model::value_type>>(trainer.shape(), 0, opt);
+        }
+        std::copy(whole.begin(), whole.end(), sampler->params().data());
+        models::GptDecoder<typename Model::value_type> decoder(*sampler);
+        std::vector<std::int32_t> text = a.prompt_ids;  // the prompt and its continuation
+        const auto more = decoder.generate(a.prompt_ids, a.sample_tokens, {}, a.sample_stops);
+        text.insert(text.end(), more.begin(), more.end());
+        return a.detokenize(text);
+      };
+  }
   const double flops = trainer.parts().front()->flops_per_token(a.seq);
-  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, [&](int i) {
+  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample, [&](int i) {
     const train::StepResult r = trainer.step(i);
     if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0)
       saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
@@ -455,6 +497,16 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   LOOM_CHECK(!f.sequence_parallel || (a.seq / f.cp) % f.tp == 0, "--parallel ", f.name,
              ": sequence parallelism splits each sequence", f.cp > 1 ? "'s share on a cp rank" : "", " over tp = ",
              f.tp, " ranks, but its length ", a.seq / f.cp, " is not a multiple of it");
+  if (a.sample_every > 0) {
+    LOOM_CHECK(f.ep == 1, "--sample-every generates from the whole model, which the layout ", f.name,
+               " cannot put together yet: its experts are split over ep", f.ep);
+    LOOM_CHECK(std::int64_t(a.prompt_ids.size()) + a.sample_tokens - 1 <= S.max_seq, "--prompt of ",
+               a.prompt_ids.size(), " tokens and --sample-tokens ", a.sample_tokens, " exceed the model's ",
+               S.max_seq, " positions (max_seq)");
+    for (std::size_t i = 0; i < a.prompt_ids.size(); ++i)
+      LOOM_CHECK(a.prompt_ids[i] < S.vocab, "--prompt: token ", a.prompt_ids[i], " at position ", i,
+                 " is outside the model's vocabulary 0..", S.vocab - 1);
+  }
   const DataSet data = open_data(a, S.vocab);
   const auto val = open_validation(a, S.vocab);
   // Checked here, before any rank starts: a refusal is one message and exit status 1 on every backend.

@@ -47,3 +47,23 @@ if(TARGET train_gpt AND LOOM_WITH_MPI)
   set_tests_properties(train_gpt_mpi_log_dir PROPERTIES LABELS "data;mpi"
                        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 endif()
+
+# Generation from the command line: train_gpt's samples, loom-generate on every tensor-parallel degree and from a
+# Hugging Face export, seeds, a tokenizer from the run record, refusals.
+if(TARGET train_gpt AND TARGET loom-generate)
+  add_test(NAME loom_generate
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DLG=$<TARGET_FILE:loom-generate>
+            -DLC=$<TARGET_FILE:loom-ckpt> -DTOK=${PROJECT_SOURCE_DIR}/tests/tokenizers/llama3-512.json
+            -DDIR=${LOOM_TEST_SCRATCH}/loom_generate -P ${CMAKE_CURRENT_SOURCE_DIR}/loom_generate.cmake)
+  set_tests_properties(loom_generate PROPERTIES LABELS "data;model")
+endif()
+
+# bench/data runs: each section's rows (small sizes, without the Python references).
+if(TARGET data AND TARGET loom-tokenize)
+  add_test(NAME bench_data_runs
+    COMMAND ${CMAKE_COMMAND}
+            "-DCMD=$<TARGET_FILE:data>;--sections;generate,tokenize;--models;llama-tiny;--new-tokens;4;--corpus-mb;0.2;--no-reference"
+            "-DEXPECT_REGEX=generate +llama-tiny, prompt 16, 4 new tokens \\(f32\\) +loom +[0-9]+ +[0-9.]+ tokens/s.*tokenize +gpt2-512.json, [0-9]+ documents, 0 MB +loom-tokenize +2 +[0-9.]+ MB/s"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set_tests_properties(bench_data_runs PROPERTIES LABELS "data;bench")
+endif()

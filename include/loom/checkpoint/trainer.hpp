@@ -16,15 +16,10 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
   if (!trainer.pipelined() && trainer.zero_stage() == 0)
     return save_training(dir, trainer.model(), trainer.optimizers().front(), next_step, write, run);
   using A = typename Optimizer::acc;
-  using T = typename Model::value_type;
   static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
   auto& parts = trainer.parts();
   auto& opts = trainer.optimizers();
-  const auto whole = trainer.template assemble<T>([&](std::size_t c) {
-    if (trainer.zero_stage() < 3) return parts[c]->gather(parts[c]->params().data());
-    const auto flat = trainer.params_of_part(c);  // from every data-parallel rank's chunks (ZeRO is on the host)
-    return parts[c]->gather(flat.data());
-  });
+  const auto whole = trainer.whole_params();
   std::vector<std::pair<std::string, std::vector<A>>> state;
   const auto names = opts.front().state();
   for (std::size_t k = 0; k < names.size(); ++k)

@@ -124,6 +124,18 @@ class TrainerOf {
     return whole;
   }
 
+  //! The whole model's parameters in the single-rank layout, from every rank's parts (under ZeRO-3 from the
+  //! data-parallel ranks' chunks): a collective over the tensor- and pipeline-parallel groups (and, under ZeRO-3, the
+  //! data-parallel group).
+  std::vector<T> whole_params() {
+    return assemble<T>([&](std::size_t c) {
+      auto& part = *core_->parts[c];
+      if (zero_ < 3) return part.gather(part.params().data());
+      const auto flat = params_of_part(c);
+      return part.gather(flat.data());
+    });
+  }
+
  private:
   //! Whether parameter s of `part` is a table tied between the input and the output that this part (one without the
   //! embedding) holds for its output layer: the part with the embedding holds it too.

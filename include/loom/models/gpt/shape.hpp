@@ -11,6 +11,7 @@
 #include <numbers>
 #include <numeric>
 #include <optional>
+#include <utility>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -173,6 +174,19 @@ inline constexpr GptShape llama3_1b = [] {
 //! Mixtral's parts at tiny's and small's dimensions: 8 SwiGLU experts of half the dense width, top-2.
 inline constexpr GptShape mixtral_tiny = mixtral_spec({2, 4, 2, 64, 256, 128, 0, 0, 2, 1, 96});
 inline constexpr GptShape mixtral_small = mixtral_spec({4, 8, 4, 256, 256, 256, 0, 0, 2, 1, 352});
+
+//! The shape train_gpt's --model calls `name` (tiny, small, gpt2, long, tiny-moe, small-moe, llama-tiny, llama-small,
+//! llama3-1b, mixtral-tiny, mixtral-small), or none.
+constexpr std::optional<GptShape> shape_named(std::string_view name) {
+  constexpr std::pair<std::string_view, GptShape> named[] = {
+      {"tiny", tiny},           {"small", small},           {"gpt2", gpt2},
+      {"long", long_context},   {"tiny-moe", tiny_moe},     {"small-moe", small_moe},
+      {"llama-tiny", llama_tiny}, {"llama-small", llama_small}, {"llama3-1b", llama3_1b},
+      {"mixtral-tiny", mixtral_tiny}, {"mixtral-small", mixtral_small}};
+  for (const auto& [n, s] : named)
+    if (n == name) return s;
+  return std::nullopt;
+}
 
 //! The part of a GPT a pipeline stage holds (models::Part): the part with block 0 holds the embedding, the part with
 //! the last block the final norm, the output layer and the loss.
