@@ -270,6 +270,7 @@ int run(const Args& a) {
   const Result r = a.dtype == "f64" ? decode<double>(a, src, prompt, stop) : decode<float>(a, src, prompt, stop);
   const std::string prompt_text = text_of(tok, prompt), text = text_of(tok, r.generated);
   std::printf("%s%s\n", prompt_text.c_str(), text.c_str());
+  std::fflush(stdout);  // before the report on stderr
   const double prompt_rate = double(prompt.size()) / r.prompt_s;
   const double rate = r.generated.size() > 1 ? double(r.generated.size() - 1) / r.generate_s : 0;
   std::fprintf(stderr, "loom-generate: %s, %s on %s: prompt %zu tokens in %.3f s (%.0f tokens/s), %zu new tokens "

@@ -35,7 +35,7 @@ const char* usage =
     "                 [--val-data GLOB] [--val-every N (0: at the end)] [--val-batches K]\n"
     "                 [--lr-schedule constant|cosine|linear|wsd] [--min-lr LR] [--decay-steps N (0: --steps)]\n"
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
-    "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT]\n"
+    "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT] [--write-corpus FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
     "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
 
@@ -60,6 +60,22 @@ std::string show(double x) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
+}
+
+//! --write-corpus FILE: the built-in corpus's bytes, written to a temporary name and renamed; exit status 0.
+int write_corpus(const std::string& path) {
+  const auto tokens = train::builtin_corpus();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    for (std::int32_t t : tokens) f.put(static_cast<char>(t));
+    LOOM_CHECK(f.good(), "cannot write --write-corpus file ", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  LOOM_CHECK(!ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+  std::printf("train_gpt: wrote the built-in corpus (%zu bytes) to %s\n", tokens.size(), path.c_str());
+  return 0;
 }
 
 //! --sample-every's settings checked, and the prompt encoded: with --tokenizer (by loom::data::Tokenizer; default:
@@ -186,6 +202,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--sample-every") a.sample_every = number<int>(f, v);
     else if (f == "--sample-tokens") a.sample_tokens = number<int>(f, v);
     else if (f == "--prompt") a.prompt = v, a.prompt_given = true;
+    else if (f == "--write-corpus") a.write_corpus = v;
     else throw Error("loom: unknown flag '" + f + "'\n" + usage);
   }
   LOOM_CHECK(a.steps >= 0, "--steps must not be negative, got ", a.steps);
@@ -639,6 +656,7 @@ int main(int argc, char** argv) {
   using namespace train_gpt;
   try {
     Args a = parse(argc, argv);
+    if (!a.write_corpus.empty()) return write_corpus(a.write_corpus);
     const std::string layout = parse_parallel(a.parallel, a);
     if (a.device == "cuda") {
       if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;

@@ -81,6 +81,7 @@ struct Args {
   bool prompt_given = false;
   std::vector<std::int32_t> prompt_ids, sample_stops;
   std::function<std::string(const std::vector<std::int32_t>&)> detokenize;
+  std::string write_corpus;  //!< --write-corpus FILE: write the built-in corpus there and exit
 };
 
 //! The training data: bytes (--data, or the built-in corpus) or token shards (--train-data), drawn into the global

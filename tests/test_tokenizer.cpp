@@ -64,6 +64,7 @@ int main() {
   const std::string root = std::string(LOOM_SOURCE_DIR) + "/tests/tokenizers/";
   compare(root + "gpt2-512.json", dir);
   compare(root + "llama3-512.json", dir);
+  compare(std::string(LOOM_SOURCE_DIR) + "/examples/corpus-tokenizer.json", dir);  // the shipped one
   const loom::data::Tokenizer gpt2(root + "gpt2-512.json");
   check(gpt2.document_separator() == gpt2.token_id("<|endoftext|>") && gpt2.document_separator() >= 0,
         "GPT-2's documents are separated by <|endoftext|>");
