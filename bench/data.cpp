@@ -189,14 +189,16 @@ std::vector<Row> generate(const DataOptions& o, const std::string& model) {
   const std::string what = model + ", prompt " + std::to_string(o.prompt) + ", " + std::to_string(o.new_tokens) +
                            " new tokens (f32)";
   std::vector<Row> rows{{"generate", what, "loom", threads_in_use(), mine, "tokens/s", ""},
-                        {"generate", model + ": the prompt (prefill)", "loom", threads_in_use(), prefill, "tokens/s", ""}};
+                        {"generate", model + ": the prompt (prefill)", "loom", threads_in_use(), prefill, "tokens/s",
+                         ""}};
   if (!o.reference) return rows;
   const std::string config = (fs::temp_directory_path() / ("loom-bench-generate-" + model + ".json")).string();
   std::ofstream(config) << checkpoint::gpt_config(S).dump();
   std::ostringstream cmd;
   cmd << "OMP_NUM_THREADS=" << o.threads << " " << o.hf_python << " " << LOOM_SOURCE_DIR << "/bench/hf_generate.py "
       << config << " " << o.prompt << " " << o.new_tokens << " " << o.threads;
-  const auto j = bench::run_json(cmd.str(), "transformers (run scripts/install-deps, pass --hf-python or --no-reference)");
+  const auto j =
+      bench::run_json(cmd.str(), "transformers (run scripts/install-deps, pass --hf-python or --no-reference)");
   fs::remove(config);
   const double theirs = j.at("tokens_per_s"), their_prefill = j.at("prefill_tokens_per_s");
   const std::string v = "transformers " + j.at("version").get<std::string>();

@@ -125,7 +125,8 @@ Result decode(const Args& a, const Source& src, const std::vector<std::int32_t>&
               const std::vector<std::int32_t>& stop) {
   double eps = src.options.ln_eps;
   models::GptShape shape;
-  const std::vector<T> whole = src.hugging_face ? std::vector<T>{} : checkpoint::read_checkpoint_model<T>(a.dir, shape, eps);
+  const std::vector<T> whole =
+      src.hugging_face ? std::vector<T>{} : checkpoint::read_checkpoint_model<T>(a.dir, shape, eps);
   if (a.parallel == "tp2") return decode<T, Parallel<TP<2>>>(a, src, whole, prompt, stop);
   if (a.parallel == "tp4") return decode<T, Parallel<TP<4>>>(a, src, whole, prompt, stop);
   return decode<T, Parallel<>>(a, src, whole, prompt, stop);

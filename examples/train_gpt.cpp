@@ -1,9 +1,8 @@
-// train_gpt: trains a GPT with a compile-time shape on a parallel layout picked by --parallel, following the
-// command-line contract in DESIGN.md. Layouts: one rank, data parallelism, tensor parallelism with and without sequence
+// train_gpt: trains a GPT-2, Llama or Mixtral model on a parallel layout picked by --parallel, with the command line
+// docs/train_gpt.md gives. Layouts: one rank, data parallelism, tensor parallelism with and without sequence
 // parallelism, pipeline parallelism, context parallelism, expert parallelism (mixture-of-experts models), and their
-// combinations up to 8 ranks; ranks as threads
-// (--backend local) or MPI processes (mpirun -np N train_gpt --backend mpi --parallel SPEC). `train_gpt --help`
-// lists the flags.
+// combinations up to 8 ranks; ranks as threads (--backend local) or MPI processes (mpirun -np N train_gpt --backend
+// mpi --parallel SPEC). `train_gpt --help` lists the flags.
 #include "train_gpt.hpp"
 
 #ifdef LOOM_HAS_TOKENIZER
@@ -636,8 +635,16 @@ void check_resume(const Args& a, const nlohmann::json& run) {
                 changed.c_str());
 }
 
+#ifdef LOOM_TRAIN_GPT_ONLY
+//! The layout this build was configured for (LOOM_TRAIN_GPT_LAYOUT), by its name: any layout LayoutOf spells.
+using NamedLayout = Family<LayoutOf<LOOM_TRAIN_GPT_ONLY>>;
+#endif
+
 std::vector<std::string> layouts() {
   std::vector<std::string> all;
+#ifdef LOOM_TRAIN_GPT_ONLY
+  all = NamedLayout::names();
+#endif
   for (auto* f : {&replicated_layouts, &tensor_parallel_layouts, &context_parallel_layouts})
     for (auto& n : (*f)()) all.push_back(n);
   return all;
@@ -662,6 +669,9 @@ int main(int argc, char** argv) {
       if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;
       throw Error("loom: no family compiled the layout " + layout + " for --device cuda");
     }
+#ifdef LOOM_TRAIN_GPT_ONLY
+    if (auto rc = NamedLayout::run(layout, a, argc, argv)) return *rc;
+#endif
     for (auto* run : {&run_replicated, &run_tensor_parallel, &run_context_parallel})
       if (auto rc = (*run)(layout, a, argc, argv)) return *rc;
     throw Error("loom: no family compiled the layout " + layout);

@@ -74,8 +74,8 @@ struct Args {
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
   //! --sample-every N: a text generated greedily from the model every N steps and after the last (0: none): --prompt
-  //! TEXT and the --sample-tokens K tokens after it, encoded by parse (with --tokenizer, else as bytes) into prompt_ids;
-  //! detokenize gives a sample's text, and sample_stops the tokens that end one.
+  //! TEXT and the --sample-tokens K tokens after it, encoded by parse (with --tokenizer, else as bytes) into
+  //! prompt_ids; detokenize gives a sample's text, and sample_stops the tokens that end one.
   int sample_every = 0, sample_tokens = 32;
   std::string prompt;
   bool prompt_given = false;
@@ -179,12 +179,12 @@ struct Launch {
 };
 
 //! The training loop every layout shares: steps from `start`, progress, --log-json, validation, samples, the summary.
-//! step(i) runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss (every
-//! --val-every steps and after the last); sample(), where given, a generated text (every --sample-every steps and
-//! after the last; a collective, whose text rank 0 has). A skipped step (every rank left the model as it was: its loss or gradient
-//! norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run. MFU is the model's
-//! FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per backend, whatever
-//! the layout and the model.
+//! step(i) runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss
+//! (every --val-every steps and after the last); sample(), where given, a generated text (every --sample-every steps
+//! and after the last; a collective, whose text rank 0 has). A skipped step (every rank left the model as it was: its
+//! loss or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
+//! MFU is the model's FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per
+//! backend, whatever the layout and the model.
 template <class Comm, class Step>
 void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
                 std::size_t data_tokens, int start, Held held, double flops_per_token,
@@ -272,7 +272,9 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
     const std::string text = samples ? nlohmann::json(sample()).dump(-1, ' ', false,
                                                                      nlohmann::json::error_handler_t::replace)
                                      : std::string();
-    std::vector<double> peak{static_cast<double>(host_memory().peak())};
+    // peak_bytes: the most loaded rank's peak (its ledger), the same quantity on threads and under mpirun;
+    // process_peak_bytes: the largest process's (on threads, every rank of the process together).
+    std::vector<double> peak{static_cast<double>(rank_memory().peak()), static_cast<double>(host_memory().peak())};
     world.all_reduce(peak, comm::Reduce::max);
     if (i == start) first_loss = loss;
     if (lead && log.is_open()) {  // JSON has no NaN: a loss that is not finite is null
@@ -283,7 +285,8 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
       if (std::isfinite(r.grad_norm)) log << r.grad_norm;
       else log << "null";
       log << ", \"tokens_per_s\": " << tps << ", \"mfu\": " << mfu << ", \"peak_bytes\": "
-          << static_cast<std::uint64_t>(peak[0]);
+          << static_cast<std::uint64_t>(peak[0]) << ", \"process_peak_bytes\": "
+          << static_cast<std::uint64_t>(peak[1]);
       if (validates) log << ", \"val_loss\": " << val_loss;
       if (samples) log << ", \"sample\": " << text;
       if (r.moe.forwards > 0)
@@ -579,12 +582,14 @@ int train_model(const Args& a, int& argc, char**& argv) {
   return train_model_layout<models::ModelLayout<Cfg>, Dev>(a, argc, argv, Launch<Cfg>::run());
 }
 
-//! Whether train_gpt compiles layout Cfg: every layout, or with -DLOOM_TRAIN_GPT_ONLY="name" (CMake:
-//! LOOM_TRAIN_GPT_LAYOUT=name) only that one, so that a build for one run does not wait for the others.
-template <class Cfg>
+//! Whether train_gpt compiles layout Cfg of its lists on device Dev: every one; with -DLOOM_TRAIN_GPT_ONLY="name"
+//! (CMake: LOOM_TRAIN_GPT_LAYOUT=name) none on the host, where the layout the name spells is compiled alone
+//! (NamedLayout: any layout, of any size), and on CUDA only the one so named; so that a build for one run does not
+//! wait for the others.
+template <class Dev, class Cfg>
 inline constexpr bool compiled =
 #ifdef LOOM_TRAIN_GPT_ONLY
-    Cfg::name() == std::string_view(LOOM_TRAIN_GPT_ONLY);
+    !std::is_same_v<Dev, Host> && Cfg::name() == std::string_view(LOOM_TRAIN_GPT_ONLY);
 #else
     true;
 #endif
@@ -595,7 +600,7 @@ template <class Dev, class... Cfgs>
 struct DeviceFamily {
   static std::vector<std::string> names() {
     std::vector<std::string> v;
-    ((compiled<Cfgs> ? (void)v.emplace_back(Cfgs::name()) : void()), ...);
+    ((compiled<Dev, Cfgs> ? (void)v.emplace_back(Cfgs::name()) : void()), ...);
     return v;
   }
   static std::optional<int> run(const std::string& layout, const Args& a, int& argc, char**& argv) {
@@ -607,7 +612,10 @@ struct DeviceFamily {
  private:
   template <class Cfg>
   static void run_one(const std::string& layout, const Args& a, int& argc, char**& argv, std::optional<int>& rc) {
-    if constexpr (compiled<Cfg>)
+    // Every layout train_gpt lists is the one its name spells, so that LOOM_TRAIN_GPT_LAYOUT builds it as listed.
+    static_assert(LayoutOf<name_of_layout<Cfg>>::name() == Cfg::name(),
+                  "loom: a train_gpt layout is not the layout its name spells (LayoutOf)");
+    if constexpr (compiled<Dev, Cfg>)
       if (layout == Cfg::name() && !rc) rc = train_model<Cfg, Dev>(a, argc, argv);
   }
 };

@@ -51,4 +51,12 @@ if(LOOM_WITH_MPI)
   set_tests_properties(doc_training_loop.threads doc_training_loop.mpi PROPERTIES LABELS "docs;model")
   set_tests_properties(doc_training_loop.mpi PROPERTIES LABELS "docs;model;mpi"
                        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+  # The same page header-only, as a project that does not link loom::cpu_kernels builds it: the kernels, the Local
+  # backend, the model and the trainer from the headers alone (the directory's link to loom::cpu_kernels replaced).
+  add_executable(doc_training_loop_header_only ${CMAKE_CURRENT_BINARY_DIR}/doc_training_loop.cpp)
+  set_property(TARGET doc_training_loop_header_only PROPERTY LINK_LIBRARIES loom::mpi)
+  add_test(NAME doc_training_loop.header_only
+    COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:doc_training_loop_header_only>" "-DEXPECT_REGEX=${_expect}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+  set_tests_properties(doc_training_loop.header_only PROPERTIES LABELS "docs;model")
 endif()

@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/config.hpp>
@@ -248,6 +249,27 @@ void check_groups() {
 }
 
 using Tp2Cp2Dp2Ep2 = loom::Parallel<TP<2>, CP<2>, DP<2>, EP<2>>;
+
+// ---- Layouts by name: LayoutOf<"..."> parses Parallel<...>::name()'s spelling (or train_gpt's, with commas) --------
+static_assert(std::is_same_v<loom::LayoutOf<"single">, loom::Parallel<>>);
+static_assert(std::is_same_v<loom::LayoutOf<"tp2.sp.pp2.zb-v.dp2.zero1">,
+                             loom::Parallel<TP<2, loom::SequenceParallel>, PP<2, loom::ZeroBubbleV>,
+                                            DP<2, loom::ZeRO<1>>>>);
+static_assert(std::is_same_v<loom::LayoutOf<"dp4,zero3,shard2">, loom::Parallel<DP<4, loom::ZeRO<3>,
+                                                                                 loom::HybridShard<2>>>>);
+static_assert(std::is_same_v<loom::LayoutOf<"pp4.v2.dp2">, loom::Parallel<PP<4, loom::Interleaved<2>>, DP<2>>>);
+static_assert(std::is_same_v<loom::LayoutOf<"cp4.ulysses">, loom::Parallel<CP<4, loom::Ulysses>>>);
+// Defaults add nothing (size 1, zero0, ring, 1f1b); the axes come out in the order tp, cp, pp, dp, ep.
+static_assert(std::is_same_v<loom::LayoutOf<"tp1.cp2.ring.pp2.1f1b.dp1.zero0">, loom::Parallel<CP<2>, PP<2>>>);
+static_assert(loom::LayoutOf<"ep2.dp4.zero1">::name() == "dp4.zero1.ep2");
+static_assert(loom::LayoutOf<"cp2,ulysses,tp2,sp">::name() == "tp2.sp.cp2.ulysses");
+// Any size: a cluster's layout.
+static_assert(loom::LayoutOf<"tp8.pp16.dp64.zero1">::world_size == 8192);
+static_assert(loom::LayoutOf<"tp8.cp4.pp8.dp32.ep8">::size<Axis::edp> == 16);
+// The name of a layout whose axes are in that order gives the layout back.
+using NamedBack = loom::Parallel<TP<4, loom::SequenceParallel>, CP<2>, PP<2, loom::GPipe>, DP<2, loom::ZeRO<2>>, EP<2>>;
+static_assert(std::is_same_v<loom::LayoutOf<loom::name_of_layout<NamedBack>>, NamedBack>);
+static_assert(std::is_same_v<loom::LayoutOf<loom::name_of_layout<Megatron>>, Megatron>);
 
 TEMPLATE_TEST_CASE("rank and coordinates are a bijection", "[config][mesh]", Megatron, MegatronReordered, Tp4Cp2Dp2,
                    Tp2Cp2Dp2Ep4, Tp2Cp2Dp2Ep2, Tp2Dp4Ep2, Dp4Cp2Ep4, Dp8, Single, Tp3Dp5, Uneven) {

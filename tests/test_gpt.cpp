@@ -26,6 +26,7 @@ namespace {
 
 constexpr GptShape gqa{2, 4, 2, 16, 13, 8};  // 4 query heads over 2 key/value heads, head_dim 4
 constexpr GptShape mha{1, 2, 2, 8, 11, 6};
+constexpr GptShape mha2{2, 2, 2, 8, 11, 6};  // mha with two layers
 
 using test::Batch;
 using test::batch;
@@ -126,6 +127,7 @@ TEST_CASE("a checkpoint round-trips in the Hugging Face GPT-2 layout", "[gpt][ch
   const auto c = nlohmann::json::parse(cfg);
   CHECK(c["n_layer"] == 2);
   CHECK(c["n_kv_head"] == 2);
+  CHECK(c["model_type"] == "loom");  // GPT2LMHeadModel has no grouped-query attention: loom's own type
   CHECK(c["vocab_size"] == 13);
   checkpoint::load_gpt(dir, b);
   CHECK(std::equal(a.params().data(), a.params().data() + a.params().numel(), b.params().data()));
@@ -133,10 +135,16 @@ TEST_CASE("a checkpoint round-trips in the Hugging Face GPT-2 layout", "[gpt][ch
   Gpt<gqa, double> d(3);
   checkpoint::load_gpt(dir, d);
   CHECK(d.params().data()[17] == static_cast<double>(a.params().data()[17]));
-  // Into another shape: an error naming the mismatch.
+  // Into another shape: an error naming the mismatch (here, a GPT-2 of one layer).
   Gpt<mha, float> other(1);
   CHECK_THROWS_WITH(checkpoint::load_gpt(dir, other),
-                    "loom: " + dir + "/config.json has n_layer = 2 but the model has 1");
+                    Catch::StartsWith("loom: " + dir + "/config.json has model_type 'loom' but the model is gpt2's"));
+  checkpoint::save_gpt(dir, other);
+  CHECK_THROWS_WITH(checkpoint::load_gpt(dir, a), Catch::StartsWith("loom: " + dir + "/config.json has model_type "
+                                                                    "'gpt2' but the model is loom's"));
+  Gpt<mha2, float> deeper(1);
+  CHECK_THROWS_WITH(checkpoint::load_gpt(dir, deeper),
+                    "loom: " + dir + "/config.json has n_layer = 1 but the model has 2");
 }
 
 TEST_CASE("bad input to the model is reported", "[gpt]") {

@@ -62,8 +62,14 @@ execute_process(COMMAND truncate -s -8 ${DIR}/cut/rank-00003.safetensors RESULT_
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "truncate failed: ${rc}")
 endif()
-ckpt(1 "loom: ${DIR}/cut/rank-00003.safetensors is truncated: reading bytes \\[[0-9]+, [0-9]+\\) of tensor '[^']+' found"
+ckpt(1 "loom: ${DIR}/cut/rank-00003.safetensors is truncated: it holds [0-9]+ bytes, ${DIR}/cut/index.json says [0-9]+ \\(tensor '[^']+' lies at bytes \\[[0-9]+, [0-9]+\\) of it\\); the checkpoint is damaged"
      verify ${DIR}/cut)
+# --init-from the same checkpoint is refused too, before it reads a byte, whatever part of the file was lost.
+execute_process(COMMAND ${TG} ${common} --steps 1 --init-from ${DIR}/cut RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT "${out}${err}" MATCHES "rank-00003.safetensors is truncated: .* the checkpoint is damaged")
+  message(FATAL_ERROR "--init-from a damaged checkpoint: exit ${rc}, expected 1 and the file named:\n${out}${err}")
+endif()
 
 run(--steps 1 --init-from ${DIR}/ckpt --log-json ${DIR}/init.jsonl)
 run(--steps 1 --init-from ${DIR}/hf --log-json ${DIR}/init_hf.jsonl)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <loom/config/axis.hpp>
+#include <loom/config/layout_of.hpp>
 #include <loom/config/options.hpp>
 #include <loom/config/parallel.hpp>
 #include <loom/config/policies.hpp>

@@ -219,7 +219,8 @@ inline std::string resolve_checkpoint(const std::string& path) {
   return path + "/" + name;
 }
 
-//! Reads and checks DIR/index.json (a checkpoint directory, not its root).
+//! Reads and checks DIR/index.json (a checkpoint directory, not its root), and that every file it lists has the
+//! size it says.
 inline ShardedIndex read_index(const std::string& dir) {
   const std::string file = dir + "/index.json";
   std::ifstream f(file);
@@ -275,6 +276,23 @@ inline ShardedIndex read_index(const std::string& dir) {
       t.chunks.push_back(std::move(k));
     }
     ix.tensors.emplace(name, std::move(t));
+  }
+  // Every file as large as the index says, before a byte is read: a file cut short (or replaced) is refused on every
+  // load, also where the load reads none of what it lost (--init-from reads the parameters alone).
+  for (const auto& [name, bytes] : ix.files) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir + "/" + name, ec);
+    if (ec) throw Error("loom: " + dir + "/" + name + " is missing (" + file + " lists it): " + ec.message());
+    if (size == bytes) continue;
+    std::string lost;  // the first tensor whose bytes are gone
+    for (const auto& [tname, t] : ix.tensors)
+      for (const auto& k : t.chunks)
+        if (lost.empty() && k.file == name && k.offset + k.bytes > size)
+          lost = loom::detail::cat(" (tensor '", tname, "' lies at bytes [", k.offset, ", ", k.offset + k.bytes,
+                                   ") of it)");
+    throw Error(loom::detail::cat("loom: ", dir, "/", name, " is ", size < bytes ? "truncated" : "not the file written",
+                                  ": it holds ", size, " bytes, ", file, " says ", bytes, lost,
+                                  "; the checkpoint is damaged"));
   }
   return ix;
 }

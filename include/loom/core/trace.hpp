@@ -1,9 +1,12 @@
 // The trace recorder: spans of stage executions, collectives and kernels, per rank and resource, written as Chrome /
 // Perfetto trace events (open the file in ui.perfetto.dev). Enabled by LOOM_TRACE=file.json (written at exit) or
-// trace::start(file) (written by trace::stop()); while disabled, recording costs one relaxed atomic load.
+// trace::start(file) (written by trace::stop()); while disabled, recording costs one relaxed atomic load. A process
+// that a launcher started among others (mpirun: its ranks are processes) writes LOOM_TRACE's file with its rank
+// before the extension, file.rank-00003.json, so that each keeps its own.
 #pragma once
 
 #include <loom/core/error.hpp>
+#include <loom/core/launch.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -36,7 +39,7 @@ struct Recorder {
 
   Recorder() {
     if (const char* f = std::getenv("LOOM_TRACE"); f && *f) {
-      file = f;
+      file = per_process(f, loom::launch());
       on = true;
     }
   }
@@ -50,6 +53,16 @@ struct Recorder {
     }
   }
   void write(const std::string& path);
+
+  //! LOOM_TRACE's file for this process: as given, or with ".rank-NNNNN" before its extension in a process that is
+  //! one of several.
+  static std::string per_process(const std::string& file, const Launch& l) {
+    if (!l.several()) return file;
+    char tag[32];
+    std::snprintf(tag, sizeof tag, ".rank-%05ld", l.rank);
+    const std::filesystem::path p(file);
+    return (p.parent_path() / (p.stem().string() + tag + p.extension().string())).string();
+  }
 };
 
 inline Recorder& recorder() {

@@ -99,7 +99,8 @@ class GptDecoder {
                " tokens is outside 1..", s_.max_seq, " (the model's max_seq)");
     if (s_.rope()) rope_.emplace(hd_, s_.max_seq, rope_frequencies(s_), m.ops());
     const std::int64_t kv = std::int64_t{hkv_} * hd_;
-    for (int l = 0; l < s_.layers; ++l) keys_.emplace_back(Tensor<T>({cap_, kv})), values_.emplace_back(Tensor<T>({cap_, kv}));
+    for (int l = 0; l < s_.layers; ++l)
+      keys_.emplace_back(Tensor<T>({cap_, kv})), values_.emplace_back(Tensor<T>({cap_, kv}));
     logits_.resize(std::size_t(s_.vocab));
   }
 
@@ -114,8 +115,8 @@ class GptDecoder {
   std::span<const double> feed(std::span<const std::int32_t> tokens) {
     const int n = static_cast<int>(tokens.size());
     LOOM_CHECK(n >= 1, "feeding no tokens");
-    LOOM_CHECK(len_ + n <= cap_, "the decoder holds ", len_, " tokens and was given ", n, " more, past its capacity of ",
-               cap_);
+    LOOM_CHECK(len_ + n <= cap_, "the decoder holds ", len_, " tokens and was given ", n,
+               " more, past its capacity of ", cap_);
     for (int i = 0; i < n; ++i)
       LOOM_CHECK(tokens[std::size_t(i)] >= 0 && tokens[std::size_t(i)] < s_.vocab, "token ", tokens[std::size_t(i)],
                  " at position ", len_ + i, " is outside the vocabulary 0..", s_.vocab - 1);
@@ -277,8 +278,8 @@ class GptDecoder {
     if (s_.shared_experts > 0) mlp(ln_.data(), n, w.shared, s_.shared_experts * f / tp, branch_.data());
     else ops.fill(branch_.data(), std::size_t(n) * d, T(0));
     ops.matmul(ln_.data(), w.router, router_.data(), n, E, d, false, false);
-    const layers::Routing r = layers::route(router_.data(), n, layers::RouterConfig{E, s_.top_k, m_.options().moe.sigmoid,
-                                                                                  s_.renormalize, 0.0, 0.0, 0.0});
+    const layers::RouterConfig dropless{E, s_.top_k, m_.options().moe.sigmoid, s_.renormalize, 0.0, 0.0, 0.0};
+    const layers::Routing r = layers::route(router_.data(), n, dropless);
     const std::int64_t stride = std::int64_t{d} * up + std::int64_t{f} * d + (s_.bias ? up + d : 0);
     for (int t = 0; t < n; ++t) {  // one token at a time through each of its experts
       T* y = branch_.data() + std::ptrdiff_t(t) * d;

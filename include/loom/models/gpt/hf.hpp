@@ -27,8 +27,10 @@ enum class HfFamily { gpt2, llama, mixtral, none };
 
 inline HfFamily hf_family(const models::GptShape& s) {
   using namespace models;
+  // GPT-2's parts, without what GPT2LMHeadModel does not have (experts, fewer key/value heads): transformers would
+  // load such a model as a dense GPT-2, its experts ignored, so it is loom's own ("loom").
   if (s.norm == NormKind::layer && s.positions == PositionKind::learned && s.mlp == MlpKind::gelu && s.bias &&
-      s.tied)
+      s.tied && s.experts == 0 && s.kv_heads == s.heads)
     return HfFamily::gpt2;
   const bool llama_parts = s.norm == NormKind::rms && s.positions == PositionKind::rope && s.mlp == MlpKind::swiglu;
   if (llama_parts && s.experts == 0) return HfFamily::llama;
@@ -169,10 +171,11 @@ inline models::GptShape llama_shape(const nlohmann::json& c, const std::string& 
   return s;
 }
 
-//! The shape a config.json's keys describe (model_type llama, mixtral or gpt2; read from `file`, which messages
-//! name), and in eps its norms' epsilon.
+//! The shape a config.json's keys describe (model_type llama, mixtral or gpt2, or loom for a model of parts no
+//! Hugging Face family has; read from `file`, which messages name), and in eps its norms' epsilon.
 inline models::GptShape config_shape(const nlohmann::json& c, const std::string& file, double* eps = nullptr) {
-  if (c.value("model_type", std::string()) != "gpt2") return llama_shape(c, file, eps);
+  const std::string type = c.value("model_type", std::string());
+  if (type != "gpt2" && type != "loom") return llama_shape(c, file, eps);
   using detail::hf_int;
   const int d = hf_int(c, file, "n_embd");
   models::GptShape s{hf_int(c, file, "n_layer"), hf_int(c, file, "n_head"),
@@ -183,6 +186,28 @@ inline models::GptShape config_shape(const nlohmann::json& c, const std::string&
     s.experts = hf_int(c, file, "num_local_experts"), s.top_k = hf_int(c, file, "num_experts_per_tok");
     s.moe_every = hf_int(c, file, "moe_layer_freq"), s.expert_ff = hf_int(c, file, "moe_intermediate_size");
     s.shared_experts = hf_int(c, file, "n_shared_experts");
+  }
+  if (type == "loom") {  // the parts of a model no Hugging Face family has (checkpoint::loom_parts)
+    const auto& p = detail::hf_key(c, file, "loom_parts");
+    auto is = [&](const char* key, const char* value) {
+      const auto& v = detail::hf_key(p, file + ": loom_parts", key);
+      return v.is_string() && v.get<std::string>() == value;
+    };
+    auto flag = [&](const char* key) {
+      const auto& v = detail::hf_key(p, file + ": loom_parts", key);
+      if (!v.is_boolean()) throw Error("loom: " + file + ": loom_parts." + key + " = " + v.dump() + ", not a boolean");
+      return v.get<bool>();
+    };
+    using namespace models;
+    s.norm = is("norm", "rms") ? NormKind::rms : NormKind::layer;
+    s.positions = is("positions", "rope") ? PositionKind::rope : PositionKind::learned;
+    s.mlp = is("mlp", "swiglu") ? MlpKind::swiglu : MlpKind::gelu;
+    s.bias = flag("bias"), s.tied = flag("tied"), s.renormalize = flag("renormalize");
+    s.rope_theta = detail::hf_number(p, file + ": loom_parts", "rope_theta");
+    const auto& r = detail::hf_key(p, file + ": loom_parts", "rope_scaling");
+    if (!r.is_array() || r.size() != 4)
+      throw Error("loom: " + file + ": loom_parts.rope_scaling = " + r.dump() + ", not [factor, low, high, original]");
+    s.rope_scaling = {r[0].get<double>(), r[1].get<double>(), r[2].get<double>(), r[3].get<int>()};
   }
   if (eps) *eps = c.contains("layer_norm_epsilon") ? detail::hf_number(c, file, "layer_norm_epsilon") : 1e-5;
   return s;
