@@ -10,6 +10,7 @@
 #endif
 
 #include <charconv>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -59,6 +60,24 @@ std::string show(double x) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
+}
+
+//! The crash tests' fault injection: with LOOM_CHECKPOINT_FAULT=POINT or POINT@STEP set, a save of that step (any
+//! step) reaching POINT (checkpoint::fault_hook: write, index, rename) kills the process with SIGKILL, as a job that
+//! is killed.
+void install_fault_injection() {
+  const char* env = std::getenv("LOOM_CHECKPOINT_FAULT");
+  if (!env || !*env) return;
+  checkpoint::fault_hook() = [](const char* point, int step) {
+    const std::string v = std::getenv("LOOM_CHECKPOINT_FAULT");
+    const auto at = v.find('@');
+    if (v.substr(0, at) != point) return;
+    if (at != std::string::npos && v.substr(at + 1) != std::to_string(step)) return;
+    std::fprintf(stderr, "loom: LOOM_CHECKPOINT_FAULT=%s: killing the process at '%s' of the save of step %d\n",
+                 v.c_str(), point, step);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  };
 }
 
 //! --write-corpus FILE: the built-in corpus's bytes, written to a temporary name and renamed; exit status 0.
@@ -662,6 +681,7 @@ std::vector<std::string> cuda_layouts() { return {}; }
 int main(int argc, char** argv) {
   using namespace train_gpt;
   try {
+    install_fault_injection();
     Args a = parse(argc, argv);
     if (!a.write_corpus.empty()) return write_corpus(a.write_corpus);
     const std::string layout = parse_parallel(a.parallel, a);

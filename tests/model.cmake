@@ -64,6 +64,11 @@ if(TARGET train_gpt)
   set(_bin ${CMAKE_CURRENT_BINARY_DIR})
   set(_rs ${LOOM_TEST_SCRATCH}/train_gpt_resume_checks)  # the checkpoints of the resume_* cases
   set(_layouts "single, dp2, dp4, dp8, dp2.zero1, dp4.zero1, dp8.zero1, dp2.zero2, dp4.zero2, dp8.zero2, dp2.zero3, dp4.zero3, dp8.zero3, dp4.zero3.keep, dp8.zero3.keep, dp4.zero3.shard2, dp8.zero3.shard4, pp2, pp2.gpipe, pp2.zb-h1, pp2.zb-v, pp2.v2, pp4, pp4.gpipe, pp4.zb-h1, pp4.zb-v, pp4.v2, pp2.dp2, pp2.gpipe.dp2, pp2.zb-h1.dp2, pp2.zb-v.dp2, pp2.v2.dp2, pp2.dp4, pp2.gpipe.dp4, pp2.zb-h1.dp4, pp2.zb-v.dp4, pp2.v2.dp4, pp4.dp2, pp4.gpipe.dp2, pp4.zb-h1.dp2, pp4.zb-v.dp2, pp4.v2.dp2, pp2.dp2.zero1, pp2.gpipe.dp2.zero1, pp2.zb-h1.dp2.zero1, pp2.zb-v.dp2.zero1, pp2.v2.dp2.zero1, pp2.dp2.zero2, pp2.gpipe.dp2.zero2, pp2.zb-h1.dp2.zero2, pp2.zb-v.dp2.zero2, pp2.v2.dp2.zero2, pp2.dp2.zero3.keep, pp2.gpipe.dp2.zero3.keep, pp2.zb-h1.dp2.zero3.keep, pp2.zb-v.dp2.zero3.keep, pp2.v2.dp2.zero3.keep, dp2.ep2, dp4.ep2, dp4.ep4, dp8.ep8, pp2.dp2.ep2, dp4.zero1.ep2, dp4.zero3.ep2, tp2, tp4, tp8, tp2.dp2, tp2.dp4, tp4.dp2, tp2.dp2.zero1, tp2.dp4.zero1, tp2.dp2.ep2, tp2.sp, tp4.sp, tp8.sp, tp2.sp.dp2, tp2.sp.dp4, tp4.sp.dp2, tp2.pp2, tp2.pp2.gpipe, tp2.pp2.zb-h1, tp2.pp2.zb-v, tp2.pp2.v2, tp2.pp2.dp2, tp2.pp2.gpipe.dp2, tp2.pp2.zb-h1.dp2, tp2.pp2.zb-v.dp2, tp2.pp2.v2.dp2, tp2.sp.pp2.dp2, tp2.sp.pp2.gpipe.dp2, tp2.sp.pp2.zb-h1.dp2, tp2.sp.pp2.zb-v.dp2, tp2.sp.pp2.v2.dp2, tp2.pp4, tp2.pp4.gpipe, tp2.pp4.zb-h1, tp2.pp4.zb-v, tp2.pp4.v2, tp4.pp2, tp4.pp2.gpipe, tp4.pp2.zb-h1, tp4.pp2.zb-v, tp4.pp2.v2, cp2, cp4, cp8, cp2.ulysses, cp4.ulysses, cp8.ulysses, tp2.cp2, tp2.sp.cp2, cp2.dp2, cp2.dp2.zero1, cp4.dp2, cp2.pp2, tp2.cp2.pp2, cp2.dp2.ep4")
+  # The docs state as many layouts as there are.
+  add_test(NAME docs_layout_count
+    COMMAND ${CMAKE_COMMAND} "-DLAYOUTS=${_layouts}" -DROOT=${PROJECT_SOURCE_DIR}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/layout_count.cmake)
+  set_tests_properties(docs_layout_count PROPERTIES LABELS docs)
   set(_changed "(--allow-changed-run continues the run with the new values)")
   file(WRITE ${_bin}/empty.txt "")
   # name | arguments separated by ^ | the message: a whole line of the output

@@ -23,7 +23,7 @@ sep = tok.token_to_id("<|endoftext|>")
 docs = [[sep] + tok.encode(open(f, encoding="utf-8").read(), add_special_tokens=False).ids for f in sys.argv[3:]]
 val = sorted(glob.glob(f"{sys.argv[2]}/val_*.bin"))
 train = sorted(glob.glob(f"{sys.argv[2]}/train_*.bin"))
-assert len(val) == 1 and len(train) >= 2, (val, train)  # --shard-tokens splits the training tokens
-assert read(val[0]) == docs[0], "the validation shard is not the first document"
+assert len(val) >= 1 and len(train) >= 2, (val, train)  # --shard-tokens splits the training tokens
+assert sum((read(v) for v in val), []) == docs[0], "the validation shards are not the first document"
 assert sum((read(t) for t in train), []) == sum(docs[1:], []), "the training shards are not the other documents"
 print("loom-tokenize's shards hold tokenizers' ids, as llm.c reads them")
