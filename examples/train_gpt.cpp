@@ -655,8 +655,16 @@ void check_resume(const Args& a, const nlohmann::json& run) {
 }
 
 #ifdef LOOM_TRAIN_GPT_ONLY
-//! The layout this build was configured for (LOOM_TRAIN_GPT_LAYOUT), by its name: any layout LayoutOf spells.
-using NamedLayout = Family<LayoutOf<LOOM_TRAIN_GPT_ONLY>>;
+//! The layout this build was configured for (LOOM_TRAIN_GPT_LAYOUT), by its name: any layout LayoutOf spells, the
+//! only one this build compiles on the host.
+struct NamedLayout {
+  using Cfg = LayoutOf<LOOM_TRAIN_GPT_ONLY>;
+  static std::vector<std::string> names() { return {std::string(Cfg::name())}; }
+  static std::optional<int> run(const std::string& layout, const Args& a, int& argc, char**& argv) {
+    if (layout != Cfg::name()) return std::nullopt;
+    return train_model<Cfg, Host>(a, argc, argv);
+  }
+};
 #endif
 
 std::vector<std::string> layouts() {
