@@ -1,6 +1,6 @@
 // The data path's speeds, each beside what it is measured against in the same run:
 //   shards    reading token shards (data::TokenShards, memory-mapped) into a rank's rows, in tokens/s, against the
-//             tokens/s one rank's training step of --model consumes (forward and backward, one rank, f32);
+//             tokens/s one rank's training step of `small` consumes (forward and backward, f32);
 //   tokenize  loom-tokenize's MB/s on a corpus of documents against Hugging Face tokenizers' encode_batch in Python
 //             (bench/hf_tokenize.py) on the same files, tokenizer and threads;
 //   generate  greedy decoding with the key/value cache (models::GptDecoder), tokens/s after the first token, against

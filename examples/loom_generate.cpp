@@ -60,13 +60,6 @@ struct Source {
   nlohmann::json run;  //!< a loom checkpoint's run record
 };
 
-bool hugging_face_dir(const std::string& dir) {
-  std::error_code ec;
-  return std::filesystem::exists(dir + "/config.json", ec) &&
-         (std::filesystem::exists(dir + "/model.safetensors", ec) ||
-          std::filesystem::exists(dir + "/model.safetensors.index.json", ec));
-}
-
 //! The tokenizer file to use: --tokenizer, DIR/tokenizer.json, the run's --tokenizer (where it still exists), or
 //! none (bytes).
 std::string tokenizer_file(const Args& a, const Source& src) {
@@ -228,7 +221,7 @@ int run(const Args& a) {
   std::error_code ec;
   LOOM_CHECK(std::filesystem::is_directory(a.dir, ec), a.dir, " is not a directory (give a loom checkpoint or a "
              "Hugging Face model directory)");
-  if (hugging_face_dir(a.dir)) {
+  if (checkpoint::hugging_face_dir(a.dir)) {
     src.hugging_face = true;
     src.shape = checkpoint::hf_shape(a.dir, &src.options.ln_eps);
   } else {

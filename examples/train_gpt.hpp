@@ -360,14 +360,7 @@ void add_state_bytes(const Opt& opt, Held& held) {
     (name.ends_with(".master") ? held.master : held.state) += static_cast<double>(t.bytes());
 }
 
-//! Whether DIR is a Hugging Face model directory (config.json and model.safetensors, or its shards' index), not a
-//! loom checkpoint.
-inline bool hugging_face_dir(const std::string& dir) {
-  std::error_code ec;
-  return std::filesystem::exists(dir + "/config.json", ec) &&
-         (std::filesystem::exists(dir + "/model.safetensors", ec) ||
-          std::filesystem::exists(dir + "/model.safetensors.index.json", ec));
-}
+using checkpoint::hugging_face_dir;
 
 //! What a rank does once its trainer is built, whatever the layout: weights from --init-from, the bytes it holds,
 //! --resume, the training loop, --save (sharded checkpoints). Compiled once per model, optimizer and backend.

@@ -102,6 +102,8 @@ class GptDecoder {
     for (int l = 0; l < s_.layers; ++l)
       keys_.emplace_back(Tensor<T>({cap_, kv})), values_.emplace_back(Tensor<T>({cap_, kv}));
     logits_.resize(std::size_t(s_.vocab));
+    mine_.assign(std::size_t((s_.vocab + tp - 1) / tp), T(0));  // padded to the most entries a rank holds
+    all_.resize(mine_.size() * tp);
   }
 
   //! Tokens in the cache, and how many it holds.
@@ -132,14 +134,13 @@ class GptDecoder {
     // The last token's logits: its final norm, this rank's vocabulary rows, gathered over the group.
     const T* last = x + std::ptrdiff_t(n - 1) * d;
     norm_.forward(last, ends.lnf_w, ends.lnf_b, ln_.data(), mean_.data(), rstd_.data(), 1, d);
-    const int c = static_cast<int>((s_.vocab + tp - 1) / tp);  // the most entries a rank holds
-    std::vector<T> mine(std::size_t(c), T(0)), all(std::size_t(c) * tp);
-    ops.matmul(ln_.data(), ends.output, mine.data(), 1, slice_.count, d, false, true);
-    m_.tp().all_gather(mine.data(), all.data(), std::size_t(c));
+    const std::size_t c = mine_.size();  // the most entries a rank holds
+    ops.matmul(ln_.data(), ends.output, mine_.data(), 1, slice_.count, d, false, true);
+    m_.tp().all_gather(mine_.data(), all_.data(), c);
     for (int r = 0; r < tp; ++r) {
       const auto v = layers::vocab_slice(s_.vocab, tp, r);
       for (int i = 0; i < v.count; ++i)
-        logits_[std::size_t(v.first + i)] = static_cast<double>(all[std::size_t(r) * c + std::size_t(i)]);
+        logits_[std::size_t(v.first + i)] = static_cast<double>(all_[std::size_t(r) * c + std::size_t(i)]);
     }
     len_ += n;
     return logits_;
@@ -308,6 +309,7 @@ class GptDecoder {
   Tensor<T> x_, ln_, branch_, routed_, qkv_, core_, h_, g_, router_;
   Tensor<acc> mean_, rstd_;
   std::vector<acc> scores_, out_;
+  std::vector<T> mine_, all_;  //!< this rank's logits of the last token, and every rank's
   std::vector<double> logits_;
 };
 

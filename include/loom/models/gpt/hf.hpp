@@ -213,6 +213,15 @@ inline models::GptShape config_shape(const nlohmann::json& c, const std::string&
   return s;
 }
 
+//! Whether DIR is a Hugging Face model directory (config.json and model.safetensors, or its shards' index), not a
+//! loom checkpoint.
+inline bool hugging_face_dir(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir + "/config.json", ec) &&
+         (std::filesystem::exists(dir + "/model.safetensors", ec) ||
+          std::filesystem::exists(dir + "/model.safetensors.index.json", ec));
+}
+
 //! The shape of the model in a Hugging Face directory (DIR/config.json of model_type llama, mixtral or gpt2), and in
 //! eps its norms' epsilon.
 inline models::GptShape hf_shape(const std::string& dir, double* eps = nullptr) {
