@@ -1,4 +1,4 @@
-// What bench/ddp.cpp (CPU ranks, and the driver) and bench/ddp_cuda.cu (ranks sharing a CUDA device) share: the
+// What bench/ddp.cpp (CPU ranks, and the driver) and bench/ddp_cuda.cpp (ranks sharing a CUDA device) share: the
 // options, one row, and the measurement of one layout.
 #pragma once
 
@@ -83,7 +83,7 @@ Row measure(const DdpOptions& o) {
   return row;
 }
 
-//! The rows of ranks sharing a CUDA device (bench/ddp_cuda.cu); throws where loom was built without CUDA.
+//! The rows of ranks sharing a CUDA device (bench/ddp_cuda.cpp); throws where loom was built without CUDA.
 std::vector<Row> measure_cuda(const DdpOptions& o);
 
 }  // namespace ddp_bench

@@ -1,4 +1,4 @@
-// What bench/gpt_step.cpp (the CPU, and the driver) and bench/gpt_step_cuda.cu (the CUDA device) share: the options,
+// What bench/gpt_step.cpp (the CPU, and the driver) and bench/gpt_step_cuda.cpp (the CUDA device) share: the options,
 // one measured row, the timing of a model's training steps, and the FLOPs of a token.
 #pragma once
 
@@ -60,7 +60,7 @@ inline double flops_per_token(const loom::models::GptShape& s, int T) {
   return 6.0 * static_cast<double>(s.params()) + 12.0 * s.layers * s.d_model * T;
 }
 
-//! The rows of the CUDA device (bench/gpt_step_cuda.cu); throws where loom was built without CUDA.
+//! The rows of the CUDA device (bench/gpt_step_cuda.cpp); throws where loom was built without CUDA.
 std::vector<Row> measure_cuda(const StepOptions& o);
 
 }  // namespace gpt_step

@@ -644,7 +644,7 @@ std::optional<int> run_context_parallel(const std::string& layout, const Args& a
 std::vector<std::string> replicated_layouts();
 std::vector<std::string> tensor_parallel_layouts();
 std::vector<std::string> context_parallel_layouts();
-//! The layouts --device cuda trains (train_gpt_cuda.cu, in a build with CUDA; empty otherwise).
+//! The layouts --device cuda trains (train_gpt_cuda.cpp, in a build with CUDA; empty otherwise).
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv);
 std::vector<std::string> cuda_layouts();
 //! Every compiled layout.

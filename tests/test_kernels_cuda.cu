@@ -4,10 +4,14 @@
 // ~1e-12. Dropout must give the CPU's mask bit for bit. Attention runs over lengths on and off the tile sizes, head
 // counts, GQA/MQA ratios, head sizes on both kernel paths, and a fused qkv layout. Also the caching allocator's
 // accounting and the error messages. Without a CUDA device it prints "SKIPPED: no CUDA device here" and exits with 77.
+// It compiles the kernels it tests itself, as a source nvcc builds without loom::cuda_kernels does (header-only):
+// Ops<Cuda> from <loom/kernels/cuda/device_ops.cuh> too.
+#undef LOOM_EXTERN_CUDA_KERNELS
 #include "catch.hpp"
 #include "gpu_skip.hpp"
 
 #include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/cuda/device_ops.cuh>
 #include <loom/kernels/cuda/ops.cuh>
 #include <loom/tensor/cuda_allocator.hpp>
 
@@ -740,6 +744,21 @@ TEST_CASE("loom::bf16 and loom::fp16 pointers go to the same kernels", "[cuda][e
   std::vector<double> want(n);
   for (std::size_t i = 0; i < n; ++i) want[i] = a.d[i] + b.d[i];
   check_close(ds.host(), want, tol<__nv_bfloat16>(), "add on loom::bf16");
+}
+
+TEMPLATE_TEST_CASE("Ops<Cuda> fills, scales and sums device memory, header-only", "[cuda][ops]", float, double,
+                   loom::bf16) {
+  const loom::kernels::Ops<loom::Cuda> ops{stream()};
+  const std::size_t n = 1001;  // not a multiple of a pack
+  CudaBuffer<TestType> x(n, stream());
+  ops.fill(x.data(), n, static_cast<TestType>(1.5f));
+  ops.scale(x.data() + 1, n - 1, 2.0f);
+  REQUIRE(ops.sum(x.data(), n) == 1.5 + 3.0 * 1000);
+  REQUIRE(ops.sum_squares(x.data(), n) == 2.25 + 9.0 * 1000);
+  std::vector<TestType> h(n);
+  ops.to_host(x.data(), h.data(), n);
+  REQUIRE(static_cast<double>(h[0]) == 1.5);
+  REQUIRE(static_cast<double>(h[n - 1]) == 3.0);
 }
 
 // --- the caching allocator ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // <loom/loom.hpp>: the whole host-side library, one header per area: the layout (config), communicators and
 // run_local (comm), tensors, kernels, overlap stages (exec), layers, pipeline schedules, models, optimizers and
 // training, and checkpoints where nlohmann-json is available. Device code and the Mpi and Nccl backends have headers
-// of their own (<loom/kernels/cuda/device_ops.cuh>, <loom/comm/mpi.hpp>, <loom/comm/nccl.hpp>).
+// of their own (<loom/kernels/cuda/device_ops.hpp>, <loom/comm/mpi.hpp>, <loom/comm/nccl.hpp>).
 #pragma once
 
 #include <loom/config.hpp>

@@ -1,12 +1,17 @@
 // Device memory for the Local backend: ranks that are threads sharing one GPU pass device pointers to collectives,
 // which then copy with cudaMemcpyAsync and reduce with a kernel, on a stream of the calling thread, and finish
-// before they return. Include this header in a file nvcc compiles (link loom::cuda); it installs itself, and the
-// Local backend recognises device buffers from then on. NCCL refuses two ranks on one device, so this is how
+// before they return. Include this header in a file nvcc compiles (link loom::cuda), or <loom/comm/local_cuda.hpp>
+// from any compiler in a program that links loom::cuda_kernels; it installs itself, and the Local backend
+// recognises device buffers from then on. NCCL refuses two ranks on one device, so this is how
 // multi-rank layouts run on one GPU.
 //
 // A buffer handed to a collective must be ready: synchronise the stream that wrote it first. Every rank of a
 // collective passes the same kind of memory (all host, or all device), which the backend checks.
 #pragma once
+
+#if defined(LOOM_EXTERN_CUDA_KERNELS)
+#include <loom/comm/local_cuda.hpp>  // compiled once, in loom::cuda_kernels
+#else
 
 #define LOOM_COMM_BACKEND_INCLUDED
 #include <loom/comm/detail/device_memory.hpp>
@@ -118,3 +123,5 @@ inline const bool installed = [] {
 }();
 
 }  // namespace loom::comm::detail::local_cuda
+
+#endif

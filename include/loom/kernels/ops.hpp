@@ -1,7 +1,8 @@
 // Ops<Device>: the operations of <loom/kernels/cpu/ops.hpp> on a device's memory, with what a model needs besides
 // the kernels (copies, fills, transfers to and from the host, sums), so that layers, models and optimizers are
 // written once for every device. Ops<Host> forwards to kernels::cpu; Ops<Cuda> to kernels::cuda on a stream, in
-// <loom/kernels/cuda/device_ops.cuh> (include it from CUDA sources before using a model on Cuda).
+// <loom/kernels/cuda/device_ops.hpp> (include it before using a model on Cuda; link loom::cuda_kernels, or include
+// <loom/kernels/cuda/device_ops.cuh> from a file nvcc compiles).
 //
 // An Ops value is what a layer holds to reach its device: empty on the host, a stream on CUDA. Pointers given to it
 // are in its device's memory unless the name says host. Sums come back to the host as double.

@@ -30,7 +30,7 @@ struct ParamRange {
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.
 //!
 //! On a device only a tensor-parallel group of one, which issues no collective, is correct. The communicators take
-//! device pointers (Nccl; Local with <loom/comm/local_cuda.cuh>, ranks sharing one GPU), but the model does not yet
+//! device pointers (Nccl; Local with <loom/comm/local_cuda.hpp>, ranks sharing one GPU), but the model does not yet
 //! wait for its stream before a tensor-parallel collective, and sync_grads packs the shared gradients in host
 //! memory (std::vector). Those two lift the rule.
 template <class Dev, class Cfg>

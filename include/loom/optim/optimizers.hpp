@@ -1,7 +1,7 @@
 // Optimizers over a model's flat parameter buffer: AdamW and SGD with momentum, as torch.optim defines them (with
 // fp32 master weights for bf16 parameters), with weight decay on matrices and embeddings only; global-norm gradient
 // clipping; a linear-warmup learning rate. On
-// the model's device: Dev = Host, or Cuda with <loom/kernels/cuda/device_ops.cuh> (state and buffers there).
+// the model's device: Dev = Host, or Cuda with <loom/kernels/cuda/device_ops.hpp> (state and buffers there).
 #pragma once
 
 #include <loom/kernels/ops.hpp>

@@ -1,6 +1,7 @@
 // How the Local backend moves and reduces buffers in device memory, when its ranks are threads sharing one GPU.
 // The backend itself is host code that any compiler builds; the CUDA implementation of these operations lives in
-// <loom/comm/local_cuda.cuh>, and including that header (from a file nvcc compiles) installs it. Without it,
+// <loom/comm/local_cuda.cuh>, and including that header (from a file nvcc compiles), or <loom/comm/local_cuda.hpp>
+// (from any compiler, with loom::cuda_kernels), installs it. Without it,
 // every buffer is host memory, as before. Private: include <loom/comm/local.hpp>.
 #pragma once
 

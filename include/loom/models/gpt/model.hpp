@@ -6,7 +6,7 @@
 // say (models/gpt/hf.hpp maps them to each family's Hugging Face names), each rank holding its part of each in one
 // flat buffer. Forward keeps a micro-batch's activations in
 // the slot its caller names, and every backward names the slot it reads: no call depends on which slot an earlier
-// call used. The model computes on the device Dev (Host, or Cuda with <loom/kernels/cuda/device_ops.cuh>).
+// call used. The model computes on the device Dev (Host, or Cuda with <loom/kernels/cuda/device_ops.hpp>).
 #pragma once
 
 #include <loom/comm/any.hpp>

@@ -1,7 +1,7 @@
 // The GPT training step on a CUDA device for bench/gpt_step: forward, backward, global-norm clipping and AdamW of
 // models::Gpt<S, T, Parallel<>, Cuda>, in bf16 or f32, with tokens/s, the allocator's peak bytes and the MFU.
 #include <loom/core/cuda_device.hpp>
-#include <loom/kernels/cuda/device_ops.cuh>
+#include <loom/kernels/cuda/device_ops.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/tensor/cuda_allocator.hpp>
@@ -21,7 +21,8 @@ Row measure(const std::string& name, const std::string& dtype, const StepOptions
   optim::AdamW<T, Cuda> opt(m.specs(), m.params().numel(), {0.9, 0.95, 1e-8, 0.1}, m.ops());
   std::vector<std::int32_t> ids, tg;
   tokens(S.vocab, static_cast<std::size_t>(o.batch) * T_, ids, tg);
-  const int device = kernels::cuda::detail::current_device();
+  int device = 0;
+  LOOM_CUDA(cudaGetDevice(&device));
   CudaAllocator::instance().reset_peak(device);
   const double step = median_step(
       o.steps,

@@ -8,7 +8,7 @@
 #include "gpt_batch.hpp"
 #include "gpu_skip.hpp"
 
-#include <loom/kernels/cuda/device_ops.cuh>
+#include <loom/kernels/cuda/device_ops.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 

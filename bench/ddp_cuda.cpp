@@ -1,8 +1,8 @@
 // bench/ddp on ranks that share one CUDA device: threads of this process whose models compute on the GPU and whose
 // buckets are averaged through the Local backend's device memory.
 #include <loom/core/cuda_device.hpp>
-#include <loom/comm/local_cuda.cuh>
-#include <loom/kernels/cuda/device_ops.cuh>
+#include <loom/comm/local_cuda.hpp>
+#include <loom/kernels/cuda/device_ops.hpp>
 
 #include "ddp.hpp"
 

@@ -5,7 +5,10 @@
 #include "catch.hpp"
 #include "gpu_skip.hpp"
 
-#include <loom/comm/local_cuda.cuh>
+#include <loom/comm/local_cuda.hpp>
+#include <loom/kernels/cuda/check.cuh>
+
+#include <cuda_runtime.h>
 
 #include "comm_cases.hpp"
 

@@ -1,8 +1,8 @@
 // train_gpt's layouts on a CUDA device: one rank, and data parallelism over ranks that share the GPU (threads of
 // this process, through the Local backend's device memory). Compiled by nvcc where loom is built with CUDA.
 #include <loom/core/cuda_device.hpp>
-#include <loom/comm/local_cuda.cuh>
-#include <loom/kernels/cuda/device_ops.cuh>
+#include <loom/comm/local_cuda.hpp>
+#include <loom/kernels/cuda/device_ops.hpp>
 
 #include "train_gpt.hpp"
 

@@ -1,0 +1,249 @@
+// Ops<Cuda>: the device dispatch of <loom/kernels/ops.hpp> for CUDA: every operation runs on the stream the value
+// holds, through the entry points of <loom/kernels/cuda/entry.hpp>; copies and fills are stream-ordered; the sums
+// (losses, squared gradients) reduce on the device to per-block double partials, which the host adds in a fixed
+// order, so the result is deterministic. Any C++ compiler builds it: a program that links loom::cuda_kernels
+// (which defines LOOM_EXTERN_CUDA_KERNELS) gets the kernels from there, compiled once; a source that nvcc compiles
+// without it gets their definitions here (header-only), as <loom/kernels/cuda/device_ops.cuh> does.
+#pragma once
+
+#include <loom/kernels/cuda/check.cuh>
+#include <loom/kernels/cuda/entry.hpp>
+#include <loom/kernels/ops.hpp>
+#include <loom/tensor/cuda.hpp>
+
+#include <utility>
+
+namespace loom::kernels {
+
+//! The CUDA kernels on one stream (default: the legacy default stream, which Tensor<T, Cuda>'s memory is allocated
+//! for, so that freeing a tensor is ordered after the kernels that used it without an event). A model or optimizer
+//! on another stream must order its tensors' lifetimes itself.
+template <>
+struct Ops<Cuda> {
+  using device = Cuda;
+  template <class T>
+  using acc_t = loom::acc_t<T>;
+  cudaStream_t stream = nullptr;
+
+  //! Temporary memory of n elements, for this stream.
+  template <class U>
+  using Scratch = CudaBuffer<U>;
+  template <class U>
+  Scratch<U> scratch(std::size_t n) const {
+    return Scratch<U>(n, stream);
+  }
+
+  template <class T>
+  void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f,
+              float beta = 0.0f) const {
+    cuda::entry::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream);
+  }
+  template <class T>
+  void bias_add(const T* x, const T* bias, T* out, int R, int C) const {
+    cuda::entry::bias_add(x, bias, out, R, C, stream);
+  }
+  template <class T>
+  void bias_backward(const T* dout, T* dbias, int R, int C) const {
+    cuda::entry::bias_backward(dout, dbias, R, C, stream);
+  }
+  template <class T>
+  void add(const T* a, const T* b, T* out, std::size_t n) const {
+    cuda::entry::add(a, b, out, n, stream);
+  }
+  template <class T>
+  void accumulate(const T* x, T* y, std::size_t n) const {
+    cuda::entry::accumulate(x, y, n, stream);
+  }
+  template <class T>
+  void gelu_forward(const T* x, T* out, std::size_t n) const {
+    cuda::entry::gelu_forward(x, out, n, stream);
+  }
+  template <class T>
+  void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n) const {
+    cuda::entry::gelu_backward(x, dout, dx, n, stream);
+  }
+
+  template <class T>
+  void swiglu_forward(const T* h, T* out, int R, int F) const {
+    cuda::entry::swiglu_forward(h, out, R, F, stream);
+  }
+  template <class T>
+  void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F) const {
+    cuda::entry::swiglu_backward(h, dout, dh, R, F, stream);
+  }
+  template <class T>
+  void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int C, double eps) const {
+    cuda::entry::rmsnorm_forward(x, w, out, rstd, R, C, eps, stream);
+  }
+  template <class T>
+  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R,
+                              int C) const {
+    cuda::entry::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream);
+  }
+  template <class T>
+  void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C) const {
+    cuda::entry::rmsnorm_backward_weight(dout, x, rstd, dw, R, C, stream);
+  }
+  template <class T>
+  void rope_rotate(T* x, const acc_t<T>* cos, const acc_t<T>* sin, int n, int ld, int heads, int hd, int t0,
+                   bool inverse) const {
+    cuda::entry::rope_rotate(x, cos, sin, n, ld, heads, hd, t0, inverse, stream);
+  }
+
+  //! eps in float, as the CUDA kernel takes it (the model's is a float).
+  template <class T>
+  void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
+                         double eps) const {
+    cuda::entry::layernorm_forward(x, w, b, out, mean, rstd, R, C, static_cast<float>(eps), stream);
+  }
+  template <class T>
+  void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                T* dx, int R, int C) const {
+    cuda::entry::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream);
+  }
+  template <class T>
+  void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
+                                 int R, int C) const {
+    cuda::entry::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C, stream);
+  }
+
+  template <class T>
+  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) const {
+    cuda::entry::ce_partials(logits, row_max, row_sumexp, R, V_local, stream);
+  }
+  template <class T>
+  void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R) const {
+    cuda::entry::ce_rescale<T>(local_max, global_max, sumexp, R, stream);
+  }
+  template <class T>
+  void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
+                       int v0) const {
+    cuda::entry::ce_target_logit(logits, targets, target_logit, R, V_local, v0, stream);
+  }
+  template <class T>
+  void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses,
+                 int R) const {
+    cuda::entry::ce_losses<T>(row_max, row_sumexp, target_logit, losses, R, stream);
+  }
+  template <class T>
+  void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
+                   const T* dloss, T* dlogits, int R, int V_local, int v0) const {
+    cuda::entry::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, stream);
+  }
+
+  template <class T>
+  void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local) const {
+    cuda::entry::embedding_forward(ids, table, out, n, C, v0, V_local, stream);
+  }
+  template <class T>
+  void embedding_backward(const std::int32_t* ids, const T* dout, T* dtable, int n, int C, int v0,
+                          int V_local) const {
+    cuda::entry::embedding_backward(ids, dout, dtable, n, C, v0, V_local, stream);
+  }
+  template <class T>
+  void add_positions(const T* wpe, T* out, int B, int T_, int C, int t0) const {
+    cuda::entry::add_positions(wpe, out, B, T_, C, t0, stream);
+  }
+  template <class T>
+  void positions_backward(const T* dout, T* dwpe, int B, int T_, int C, int t0) const {
+    cuda::entry::positions_backward(dout, dwpe, B, T_, C, t0, stream);
+  }
+
+  template <class T>
+  void dropout_forward(const T* x, T* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0) const {
+    cuda::entry::dropout_forward(x, out, n, p, seed, index0, stream);
+  }
+  template <class T>
+  void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_t seed,
+                        std::uint64_t index0) const {
+    cuda::entry::dropout_backward(dout, dx, n, p, seed, index0, stream);
+  }
+
+  template <class T>
+  void attention_forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                         const AttentionShape& s) const {
+    cuda::entry::attention_forward(q, k, v, out, lse, s, stream);
+  }
+  template <class T>
+  void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse, T* dq,
+                          T* dk, T* dv, const AttentionShape& s) const {
+    cuda::entry::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, stream);
+  }
+
+  template <class T>
+  void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int t, acc_t<T>* master = nullptr) const {
+    cuda::entry::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master, stream);
+  }
+  template <class T>
+  void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
+                double weight_decay, bool first, acc_t<T>* master = nullptr) const {
+    cuda::entry::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, master, stream);
+  }
+
+  template <class T>
+  void copy(const T* src, T* dst, std::size_t n) const {
+    if (src != dst && n > 0)
+      LOOM_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+  }
+  template <class T>
+  void fill(T* x, std::size_t n, T value) const {
+    cuda::entry::fill(x, n, &value, stream);
+  }
+  template <class T>
+  void scale(T* x, std::size_t n, acc_t<T> s) const {
+    cuda::entry::scale(x, n, s, stream);
+  }
+  //! Device to host: returns when host_dst holds the data.
+  template <class T>
+  void to_host(const T* src, T* host_dst, std::size_t n) const {
+    if (n == 0) return;
+    LOOM_CUDA(cudaMemcpyAsync(host_dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+  }
+  //! Host to device, ordered on the stream; host_src may be reused on return (the copy is staged or done).
+  template <class T>
+  void from_host(const T* host_src, T* dst, std::size_t n) const {
+    if (n == 0) return;
+    LOOM_CUDA(cudaMemcpyAsync(dst, host_src, n * sizeof(T), cudaMemcpyHostToDevice, stream));
+    // Pageable memory is staged before the call returns, but a pinned source would be read later: wait, so that
+    // the caller may free or change it either way.
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+  }
+  template <class T>
+  double sum_squares(const T* x, std::size_t n) const {
+    return cuda::entry::sum_squares(x, n, stream);
+  }
+  template <class T>
+  double sum(const T* x, std::size_t n) const {
+    return cuda::entry::sum(x, n, stream);
+  }
+  void synchronize() const { LOOM_CUDA(cudaStreamSynchronize(stream)); }
+  //! An event recorded after the work issued so far on the stream: wait() blocks the calling thread (not the
+  //! stream) until the device has done that work. Move-only; the event is destroyed with it.
+  class Mark {
+   public:
+    explicit Mark(cudaStream_t s) {
+      LOOM_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+      LOOM_CUDA(cudaEventRecord(event_, s));
+    }
+    Mark(Mark&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    Mark& operator=(Mark&&) = delete;
+    ~Mark() {
+      if (event_) cudaEventDestroy(event_);
+    }
+    void wait() const { LOOM_CUDA(cudaEventSynchronize(event_)); }
+
+   private:
+    cudaEvent_t event_ = nullptr;
+  };
+  Mark mark() const { return Mark(stream); }
+};
+
+static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
+
+}  // namespace loom::kernels
+
+#if defined(__CUDACC__) && !defined(LOOM_EXTERN_CUDA_KERNELS)
+#include <loom/kernels/cuda/entry.cuh>
+#endif

@@ -1,0 +1,236 @@
+// The definitions of <loom/kernels/cuda/entry.hpp>'s entry points, for nvcc: each forwards to its kernel in
+// kernels::cuda. src/cuda_kernels_*.cu instantiates them once (loom::cuda_kernels); a source nvcc compiles without
+// that library instantiates what it uses (header-only).
+#pragma once
+
+#include <loom/kernels/cuda/entry.hpp>
+#include <loom/kernels/cuda/ops.cuh>
+
+#include <cub/block/block_reduce.cuh>
+
+#include <cstring>
+#include <vector>
+
+namespace loom::kernels::cuda {
+
+namespace detail {
+
+//! x[i] = value.
+template <class T>
+struct Fill {
+  static constexpr int width = vec_width<T>;
+  T* x;
+  T value;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    Pack<T, N> p;
+#pragma unroll
+    for (int j = 0; j < N; ++j) p.v[j] = value;
+    store_pack(x + i, p);
+  }
+};
+
+inline constexpr int sum_threads = 256;
+
+//! partial[block] = the sum over the block's grid-stride share of f(x[i]), in double.
+template <class T, bool Square>
+__global__ void __launch_bounds__(sum_threads) sum_kernel(const T* x, std::size_t n, double* partial) {
+  using Reduce = cub::BlockReduce<double, sum_threads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  double s = 0;
+  for (std::size_t i = std::size_t{blockIdx.x} * sum_threads + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * sum_threads) {
+    const double v = static_cast<double>(widen(x[i]));
+    s += Square ? v * v : v;
+  }
+  const double total = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+//! The sum of x (or of its squares) over n elements, on `stream`, returned to the host.
+template <bool Square, class T>
+double device_sum(const T* x, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return 0;
+  const unsigned blocks = grid_for(n, sum_threads);
+  CudaBuffer<double> partial(blocks, stream);
+  sum_kernel<device_t<T>, Square><<<blocks, sum_threads, 0, stream>>>(dev(x), n, partial.data());
+  check_launch(Square ? "sum_squares" : "sum");
+  std::vector<double> host(blocks);
+  LOOM_CUDA(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA(cudaStreamSynchronize(stream));
+  double s = 0;
+  for (double p : host) s += p;
+  return s;
+}
+
+}  // namespace detail
+
+namespace entry {
+
+template <class T>
+void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta,
+            cudaStream_t stream) {
+  cuda::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream);
+}
+template <class T>
+void bias_add(const T* x, const T* bias, T* out, int R, int C, cudaStream_t stream) {
+  cuda::bias_add(x, bias, out, R, C, stream);
+}
+template <class T>
+void bias_backward(const T* dout, T* dbias, int R, int C, cudaStream_t stream) {
+  cuda::bias_backward(dout, dbias, R, C, stream);
+}
+template <class T>
+void add(const T* a, const T* b, T* out, std::size_t n, cudaStream_t stream) {
+  cuda::add(a, b, out, n, stream);
+}
+template <class T>
+void accumulate(const T* x, T* y, std::size_t n, cudaStream_t stream) {
+  cuda::accumulate(x, y, n, stream);
+}
+template <class T>
+void gelu_forward(const T* x, T* out, std::size_t n, cudaStream_t stream) {
+  cuda::gelu_forward(x, out, n, stream);
+}
+template <class T>
+void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n, cudaStream_t stream) {
+  cuda::gelu_backward(x, dout, dx, n, stream);
+}
+template <class T>
+void swiglu_forward(const T* h, T* out, int R, int F, cudaStream_t stream) {
+  cuda::swiglu_forward(h, out, R, F, stream);
+}
+template <class T>
+void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F, cudaStream_t stream) {
+  cuda::swiglu_backward(h, dout, dh, R, F, stream);
+}
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* out, acc<T>* rstd, int R, int C, double eps, cudaStream_t stream) {
+  cuda::rmsnorm_forward(x, w, out, rstd, R, C, eps, stream);
+}
+template <class T>
+void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* rstd, T* dx, int R, int C,
+                            cudaStream_t stream) {
+  cuda::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream);
+}
+template <class T>
+void rmsnorm_backward_weight(const T* dout, const T* x, const acc<T>* rstd, T* dw, int R, int C,
+                             cudaStream_t stream) {
+  cuda::rmsnorm_backward_weight(dout, x, rstd, dw, R, C, stream);
+}
+template <class T>
+void rope_rotate(T* x, const acc<T>* cos, const acc<T>* sin, int n, int ld, int heads, int hd, int t0, bool inverse,
+                 cudaStream_t stream) {
+  cuda::rope_rotate(x, cos, sin, n, ld, heads, hd, t0, inverse, stream);
+}
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc<T>* mean, acc<T>* rstd, int R, int C,
+                       float eps, cudaStream_t stream) {
+  cuda::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps, stream);
+}
+template <class T>
+void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* mean, const acc<T>* rstd, T* dx,
+                              int R, int C, cudaStream_t stream) {
+  cuda::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream);
+}
+template <class T>
+void layernorm_backward_weight(const T* dout, const T* x, const acc<T>* mean, const acc<T>* rstd, T* dw, T* db,
+                               int R, int C, cudaStream_t stream) {
+  cuda::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C, stream);
+}
+template <class T>
+void ce_partials(const T* logits, acc<T>* row_max, acc<T>* row_sumexp, int R, int V_local, cudaStream_t stream) {
+  cuda::ce_partials(logits, row_max, row_sumexp, R, V_local, stream);
+}
+template <class T>
+void ce_rescale(const acc<T>* local_max, const acc<T>* global_max, acc<T>* sumexp, int R, cudaStream_t stream) {
+  cuda::ce_rescale<T>(local_max, global_max, sumexp, R, stream);
+}
+template <class T>
+void ce_target_logit(const T* logits, const std::int32_t* targets, acc<T>* target_logit, int R, int V_local, int v0,
+                     cudaStream_t stream) {
+  cuda::ce_target_logit(logits, targets, target_logit, R, V_local, v0, stream);
+}
+template <class T>
+void ce_losses(const acc<T>* row_max, const acc<T>* row_sumexp, const acc<T>* target_logit, T* losses, int R,
+               cudaStream_t stream) {
+  cuda::ce_losses<T>(row_max, row_sumexp, target_logit, losses, R, stream);
+}
+template <class T>
+void ce_backward(const T* logits, const std::int32_t* targets, const acc<T>* row_max, const acc<T>* row_sumexp,
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, cudaStream_t stream) {
+  cuda::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, stream);
+}
+template <class T>
+void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local,
+                       cudaStream_t stream) {
+  cuda::embedding_forward(ids, table, out, n, C, v0, V_local, stream);
+}
+template <class T>
+void embedding_backward(const std::int32_t* ids, const T* dout, T* dtable, int n, int C, int v0, int V_local,
+                        cudaStream_t stream) {
+  cuda::embedding_backward(ids, dout, dtable, n, C, v0, V_local, stream);
+}
+template <class T>
+void add_positions(const T* wpe, T* out, int B, int T_, int C, int t0, cudaStream_t stream) {
+  cuda::add_positions(wpe, out, B, T_, C, t0, stream);
+}
+template <class T>
+void positions_backward(const T* dout, T* dwpe, int B, int T_, int C, int t0, cudaStream_t stream) {
+  cuda::positions_backward(dout, dwpe, B, T_, C, t0, stream);
+}
+template <class T>
+void dropout_forward(const T* x, T* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0,
+                     cudaStream_t stream) {
+  cuda::dropout_forward(x, out, n, p, seed, index0, stream);
+}
+template <class T>
+void dropout_backward(const T* dout, T* dx, std::size_t n, float p, std::uint64_t seed, std::uint64_t index0,
+                      cudaStream_t stream) {
+  cuda::dropout_backward(dout, dx, n, p, seed, index0, stream);
+}
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* out, acc<T>* lse, const AttentionShape& s,
+                       cudaStream_t stream) {
+  cuda::attention_forward(q, k, v, out, lse, s, stream);
+}
+template <class T>
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const acc<T>* lse, T* dq,
+                        T* dk, T* dv, const AttentionShape& s, cudaStream_t stream) {
+  cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, stream);
+}
+template <class T>
+void adamw_step(T* param, const T* grad, acc<T>* m, acc<T>* v, std::size_t n, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int t, acc<T>* master, cudaStream_t stream) {
+  cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master, stream);
+}
+template <class T>
+void sgd_step(T* param, const T* grad, acc<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
+              bool first, acc<T>* master, cudaStream_t stream) {
+  cuda::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, master, stream);
+}
+template <class T>
+void fill(T* x, std::size_t n, const T* value, cudaStream_t stream) {
+  using D = device_t<T>;
+  static_assert(sizeof(D) == sizeof(T), "loom: a device element has its host type's bytes");
+  D v;
+  std::memcpy(static_cast<void*>(&v), value, sizeof(T));
+  detail::launch_map(detail::Fill<D>{detail::dev(x), v}, n, detail::vec_ok({x}), stream, "fill");
+}
+template <class T>
+void scale(T* x, std::size_t n, acc<T> s, cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::Scale<D>{detail::dev(x), s}, n, detail::vec_ok({x}), stream, "scale");
+}
+template <class T>
+double sum(const T* x, std::size_t n, cudaStream_t stream) {
+  return detail::device_sum<false>(x, n, stream);
+}
+template <class T>
+double sum_squares(const T* x, std::size_t n, cudaStream_t stream) {
+  return detail::device_sum<true>(x, n, stream);
+}
+
+}  // namespace entry
+
+}  // namespace loom::kernels::cuda
