@@ -132,6 +132,8 @@ class TrainerBase {
 template <class Model, class Optimizer, class Comm, bool Pipelined, int Zero>
 class TrainerCore final : public TrainerBase<Model, Optimizer> {
   using Base = TrainerBase<Model, Optimizer>;
+  //! The stage's type (ZeRO-1 where there is none: its list of parts stays empty).
+  using Sharded = ShardedDataParallel<Model, Comm, (Zero > 0 ? Zero : 1)>;
   using T = typename Base::T;
   using acc = typename Base::acc;
 
@@ -158,14 +160,13 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
       const models::Part part{bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
       {  // what ZeRO accounts for itself is made uncounted
         const int shard = at.shard ? at.shard->size() : at.dp->size();
-        const UncountedMemoryScope uncounted(Zero > 0 ? ShardedDataParallel<Model, Comm>::uncounted_uses(Zero, shard)
-                                                      : std::vector<MemoryUse>{});
+        const UncountedMemoryScope uncounted(Zero > 0 ? Sharded::uncounted_uses(shard) : std::vector<MemoryUse>{});
         this->parts.push_back(make_part(part));
       }
       Model& m = *this->parts.back();
       if constexpr (Zero > 0) {  // the optimizer holds this rank's shard (the tied table counts on the embedding's)
-        zero_.push_back(std::make_unique<ShardedDataParallel<Model, Comm>>(
-            m, at.shard ? *at.shard : *at.dp, Zero, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
+        zero_.push_back(std::make_unique<Sharded>(
+            m, at.shard ? *at.shard : *at.dp, cfg.bucket_bytes, cfg.overlap, Pipelined && !m.embedding(),
             at.keep_gathered, at.replicas, at.reduce_in_storage, at.edp, at.ep_size));
         if constexpr (Zero >= 3)
           if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
@@ -399,7 +400,10 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
     reduce_tied();
     // Under ZeRO the tied table's two holders sum their gradients first: their shards do not line up.
     if constexpr (Zero > 0)
-      for (auto& z : zero_) z->reduce_all(), z->release_units();
+      for (auto& z : zero_) {
+        z->reduce_all();
+        if constexpr (Zero >= 3) z->release_units();
+      }
     return loss;
   }
 
@@ -426,7 +430,7 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   pipeline::RuntimeTable table_;
   std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
   std::unique_ptr<DataParallel<Model, Comm>> ddp_;
-  std::vector<std::unique_ptr<ShardedDataParallel<Model, Comm>>> zero_;  //!< per part, under ZeRO
+  std::vector<std::unique_ptr<Sharded>> zero_;  //!< per part, under ZeRO
   GradientAverage<T, typename Model::device> average_;  //!< each part's, after the schedule's last backward of it
   std::vector<std::vector<std::int32_t>> in_, tg_;
 };

@@ -87,13 +87,17 @@ std::vector<Bucket> unit_buckets_of(const Model& m) {
   return out;
 }
 
-//! ZeRO-1 for one model part: the reduce-scatter of its buckets (overlapped with the last backward, or after a
-//! pipeline's schedule), the rank's chunks' part of the global norm, their clipping, and the all-gather of the
-//! updated parameters. The optimizer (built over plan().slices) steps the model's parameters where this rank owns
-//! them, from the averaged gradients there. What the reduce-scatter receives into (the shard, and a padded bucket's
-//! copy) is a communication buffer held from the first bucket's start to the end of the reduction.
+namespace detail {
+
+//! What every ZeRO stage does for one model part, and ZeRO-1 and ZeRO-2 whole: the reduce-scatter of its buckets
+//! (overlapped with the last backward, or after a pipeline's schedule), the rank's chunks' part of the global norm,
+//! their clipping, and the all-gather of the updated parameters; with `shard_grads` (ZeRO-2 over several ranks) the
+//! release of each reduced bucket but the rank's chunk. The optimizer (built over plan().slices) steps the model's
+//! parameters where this rank owns them, from the averaged gradients there. What the reduce-scatter receives into
+//! (the shard, and a padded bucket's copy) is a communication buffer held from the first bucket's start to the end
+//! of the reduction. ShardedDataParallel<Model, Comm, Stage> is the stage's type.
 template <class Model, class Comm>
-class ShardedDataParallel {
+class ZeroBase {
  public:
   using T = typename Model::value_type;
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
@@ -101,30 +105,22 @@ class ShardedDataParallel {
   //! What gradients are reduced in: on the host acc_t<T> (bf16 gradients in fp32), else T.
   using R = std::conditional_t<kernels::is_host_v<Dev>, loom::acc_t<T>, T>;
 
-  //! ZeRO stage `stage` (1, 2 or 3) of `model` over the data-parallel group `comm`; under ZeRO-3 `keep` keeps
-  //! gathered units until the step's last backward (KeepGathered). With hybrid sharding (HybridShard<s>) `comm` is the
-  //! rank's group of s and `replicas` the ranks holding the same shard in the other groups, over which each
-  //! reduced shard is averaged. `in_storage`: gradients reduced in their own type even where it is narrower than
-  //! acc_t (ReduceIn<bf16>). Under ZeRO-2 and 3 over several ranks the
-  //! model's gradient buffer (and under ZeRO-3 its parameter buffer) was made uncounted (uncounted_uses).
+  //! ZeRO stage `stage` (for messages) of `model` over the data-parallel group `comm`, in `buckets`; `shard_grads`:
+  //! each bucket but the rank's chunk released once reduced (ZeRO-2 and 3). With hybrid sharding (HybridShard<s>)
+  //! `comm` is the rank's group of s and `replicas` the ranks holding the same shard in the other groups, over which
+  //! each reduced shard is averaged. `in_storage`: gradients reduced in their own type even where it is narrower than
+  //! acc_t (ReduceIn<bf16>). With `shard_grads` the model's gradient buffer was made uncounted (uncounted_uses).
   //! With expert parallelism over ep ranks the experts' buckets are sharded over edp, the expert-data-parallel
-  //! group, and their averages divided by ep (AverageGroups); under ZeRO-3 their parameters are gathered there.
-  ShardedDataParallel(Model& model, Comm& comm, int stage, std::size_t bucket_bytes, bool overlap, bool skip_tied,
-                      bool keep = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
-                      int ep = 1)
-      : model_(model), comm_(comm), edp_(edp), ep_(ep),
-        buckets_(stage >= 3 ? unit_buckets_of(model) : make_buckets(model.specs(), sizeof(T), bucket_bytes)),
+  //! group, and their averages divided by ep (AverageGroups).
+  ZeroBase(Model& model, Comm& comm, int stage, std::vector<Bucket> buckets, bool shard_grads, bool overlap,
+           bool skip_tied, Comm* replicas, bool in_storage, Comm* edp, int ep)
+      : model_(model), comm_(comm), edp_(edp), ep_(ep), buckets_(std::move(buckets)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1,
               edp ? edp->size() : comm.size(), edp ? edp->rank() : comm.rank()),
-        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), keep_(keep), replicas_(replicas),
-        ledger_(rank_memory_ledger()), held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0),
-        widen_(!std::is_same_v<R, T> && !in_storage) {
+        overlap_(overlap), shard_grads_(shard_grads), replicas_(replicas), ledger_(rank_memory_ledger()),
+        held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0), widen_(!std::is_same_v<R, T> && !in_storage) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
-    if constexpr (UnitModel<Model>)
-      if (stage >= 3 && comm.size() > 1)
-        params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, plan_, bucket_of_, edp);
-    LOOM_CHECK(stage < 3 || UnitModel<Model>, "ZeRO-3 needs a model that runs in units (train::UnitModel)");
     LOOM_CHECK(ep == 1 || (edp && !(replicas && replicas->size() > 1)), "ZeRO-", stage, " with expert parallelism "
                "over ", ep, " ranks needs the expert-data-parallel group and no hybrid sharding");
     if (shard_grads_) {  // until the first backward writes them, a rank holds the gradients of its shard alone
@@ -134,24 +130,15 @@ class ShardedDataParallel {
       for (std::size_t b = 0; b < held_.size(); ++b) held_[b] = 0, offer(b);
     }
   }
-  ~ShardedDataParallel() {  // what the ledger was charged for the gradients (the buffer was not)
+  ~ZeroBase() {  // what the ledger was charged for the gradients (the buffer was not)
     if (!shard_grads_) return;
     std::size_t held = 0;
     for (std::size_t b = 0; b < held_.size(); ++b)
       held += static_cast<std::size_t>(plan_.pieces[b].own()) * sizeof(T) + (held_[b] ? released_bytes(b) : 0);
     ledger_->credit(MemoryUse::gradients, held);
   }
-  ShardedDataParallel(const ShardedDataParallel&) = delete;
-  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
-
-  //! The uses of a model part's buffers that stage `stage` over `ranks` accounts for itself: a part built for it is
-  //! made with them uncounted (UncountedMemoryScope).
-  static std::vector<MemoryUse> uncounted_uses(int stage, int ranks) {
-    std::vector<MemoryUse> u;
-    if (stage >= 2 && ranks > 1) u.push_back(MemoryUse::gradients);
-    if (stage >= 3 && ranks > 1) u.push_back(MemoryUse::parameters);
-    return u;
-  }
+  ZeroBase(const ZeroBase&) = delete;
+  ZeroBase& operator=(const ZeroBase&) = delete;
 
   const ShardPlan& plan() const { return plan_; }
 
@@ -173,35 +160,17 @@ class ShardedDataParallel {
   }
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
-  //! Forward of micro-batch mb in activation slot `slot` (Model::forward's arguments). Under ZeRO-3 each unit's
-  //! parameters are gathered ahead of it, the next while the current computes, and released after the last unit
-  //! that reads them (with KeepGathered, kept for the backward).
+  //! Forward of micro-batch mb in activation slot `slot` (Model::forward's arguments).
   double forward(int slot, const typename Model::MicroBatch& mb, const T* input = nullptr) {
-    if constexpr (UnitModel<Model>) {
-      if (params_) {
-        model_.forward_begin(slot, mb, input);
-        std::vector<models::ParamRange> reads;
-        for (int u = 0; u < model_.forward_units(); ++u) reads.push_back(model_.forward_unit_reads(u));
-        double loss = 0;
-        run_gathered("forward", reads, !keep_, [&](int u) { loss = model_.forward_unit(slot, u); });
-        return loss;
-      }
-    }
     return model_.forward(slot, mb, input);
   }
   //! Backward of a micro-batch before the step's last (activation slot `slot`): gradients accumulate, nothing is
-  //! reduced. Under ZeRO-3 its units are gathered as the last backward's are, and kept with KeepGathered.
-  void accumulate(int slot, double scale) {
-    if constexpr (UnitModel<Model>)
-      if (params_) return gathered_backward(slot, scale, false);
-    model_.backward(slot, scale, nullptr);
-  }
+  //! reduced.
+  void accumulate(int slot, double scale) { model_.backward(slot, scale, nullptr); }
 
   //! Backward of the last micro-batch of a step (activation slot `slot`), each bucket reduce-scattered once
   //! complete; this rank's chunks of the gradient buffer hold the averages when it returns.
   void backward(int slot, double scale) {
-    if constexpr (UnitModel<Model>)
-      if (params_) return gathered_backward(slot, scale, true);
     if (!overlap_ || comm_.size() == 1) {
       hold_all();
       model_.backward(slot, scale, nullptr);
@@ -243,32 +212,17 @@ class ShardedDataParallel {
       model_.ops().scale(g + p.own_lo, static_cast<std::size_t>(p.own()), static_cast<loom::acc_t<T>>(s));
   }
 
-  //! Under ZeRO-3, before a pipeline's schedule: every unit gathered, for the whole step (KeepGathered).
-  void gather_units() {
-    if (params_) params_->gather_all();
-  }
-  //! Under ZeRO-3, after a pipeline's schedule: every unit but this rank's chunks released.
-  void release_units() {
-    if (params_) params_->release_all();
-  }
-  //! The part's whole parameters in host memory; under ZeRO-3 gathered from every rank's chunks (a collective over
-  //! the data-parallel group), else a copy.
+  //! The part's whole parameters in host memory: a copy.
   std::vector<T> whole_params() {
-    if (params_) {  // every rank's chunks, gathered as a shard is
-      std::vector<T> own(static_cast<std::size_t>(std::max<std::int64_t>(1, plan_.numel)));
-      take_shard(model_.params().data(), own.data());
-      return gather_shard(own.data());
-    }
     const auto& w = model_.params();
     std::vector<T> out(static_cast<std::size_t>(w.numel()));
     model_.ops().to_host(w.data(), out.data(), out.size());
     return out;
   }
 
-  //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners
-  //! (not under ZeRO-3, which gathers each unit when it is next read).
+  //! After the optimizer updated this rank's chunks of the parameters: every bucket's parameters from its owners.
   void gather_params() {
-    if (comm_.size() == 1 || params_) return;
+    if (comm_.size() == 1) return;
     const auto& ops = model_.ops();
     T* params = model_.params().data();
     MemoryUseScope use(MemoryUse::communication);
@@ -315,16 +269,16 @@ class ShardedDataParallel {
     for (const auto& p : plan_.pieces) std::copy_n(whole + p.own_lo, p.own(), shard + p.at);
   }
 
- private:
+ protected:
   struct ReduceScatterBucket {
     static constexpr const char* name = "reduce_scatter buckets";
-    ShardedDataParallel* self;
+    ZeroBase* self;
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
   };
   //! Before backward chunk c: the buckets whose reduce-scatter is done are released, and the ones it writes held
   //! (for a model that does not say what a chunk writes, backward_chunk_writes(c), every bucket before chunk 0).
   struct HoldWritten {
-    ShardedDataParallel* self;
+    ZeroBase* self;
     void operator()(std::size_t c) const {
       self->release_reduced();
       if constexpr (requires { self->model_.backward_chunk_writes(0); }) {
@@ -334,94 +288,6 @@ class ShardedDataParallel {
       } else if (c == 0) {
         self->hold_all();
       }
-    }
-  };
-
-  //! Runs step(c) for c = 0 .. reads.size() - 1 on Compute, each once the units holding the parameters reads[c]
-  //! names are gathered; step c + 1's gathers start on Comm once step c - 1 is done, so that they run while step c
-  //! computes and at most two steps' units are gathered at a time (besides the ones kept). With `release` each
-  //! unit is released after the last step that reads it, and every unit still held after the last step. then(c),
-  //! when given, runs on Comm once step c is done and returns what it started. Which units are gathered and
-  //! released where is decided before anything runs, from what every rank holds alike: every rank issues the same
-  //! collectives in the same order.
-  template <class Step, class Then = std::nullptr_t>
-  void run_gathered(const char* name, const std::vector<models::ParamRange>& reads, bool release, Step step,
-                    Then then = nullptr) {
-    const int n = static_cast<int>(reads.size());
-    const std::size_t units = params_->units();
-    std::vector<char> held(units);
-    for (std::size_t u = 0; u < units; ++u) held[u] = params_->gathered(u);
-    const auto steps = static_cast<std::size_t>(n);
-    std::vector<std::vector<std::size_t>> need(steps), drop(steps);
-    std::vector<int> last(units, n - 1);  // a unit no step reads goes after the last
-    for (int c = 0; c < n; ++c)
-      for (std::size_t u : params_->units_of(reads[std::size_t(c)])) {
-        last[u] = c;
-        if (!held[u]) need[std::size_t(c)].push_back(u), held[u] = 1;
-      }
-    for (std::size_t u = 0; release && u < units; ++u)
-      if (held[u]) drop[std::size_t(last[u])].push_back(u);
-    exec::Graph g;
-    std::vector<exec::Graph::Id> gather(steps), run(steps);
-    auto add_gather = [&](int c) {
-      std::vector<exec::Graph::Id> after;
-      if (c >= 2) after.push_back(run[std::size_t(c - 2)]);
-      gather[std::size_t(c)] = g.add<exec::Comm>(
-          "all_gather params", [this, &need, c] { return params_->start(need[std::size_t(c)]); }, std::move(after));
-    };
-    add_gather(0);
-    for (int c = 0; c < n; ++c) {
-      if (c + 1 < n) add_gather(c + 1);
-      run[std::size_t(c)] = g.add<exec::Compute>(
-          name,
-          [&, c] {
-            params_->finish(need[std::size_t(c)]);
-            step(c);
-            for (std::size_t u : drop[std::size_t(c)]) params_->release(u);
-          },
-          {gather[std::size_t(c)]});
-      if constexpr (!std::is_same_v<Then, std::nullptr_t>)
-        g.add<exec::Comm>(Then::name, [&then, c] { return then(static_cast<std::size_t>(c)); }, {run[std::size_t(c)]});
-    }
-    g.run();
-  }
-
-  //! ZeRO-3's backward of the micro-batch in `slot`: its units gathered (run_gathered) and, when `reduce` (the
-  //! step's last micro-batch), released after, and every bucket reduce-scattered as backward completes it.
-  void gathered_backward(int slot, double scale, bool reduce) {
-    const int n = model_.backward_chunks();
-    std::vector<models::ParamRange> reads;
-    for (int c = 0; c < n; ++c) reads.push_back(model_.backward_chunk_reads(c));
-    std::vector<typename Model::ParamRange> done(static_cast<std::size_t>(n));
-    auto step = [&](int c) {
-      if (reduce && overlap_) HoldWritten{this}(static_cast<std::size_t>(c));
-      done[std::size_t(c)] = model_.backward_chunk(slot, c, scale);
-    };
-    const bool release = !keep_ || reduce;
-    if (!reduce || !overlap_) {
-      if (reduce) hold_all();
-      run_gathered("backward", reads, release, step);
-      if (reduce) reduce_all();
-      return;
-    }
-    begin();
-    std::vector<char> complete(model_.specs().size(), 0);
-    std::size_t next = 0;
-    run_gathered("backward", reads, release, step, StartComplete{this, &done, &complete, &next});
-    LOOM_CHECK(next == buckets_.size(), "ZeRO-3: ", buckets_.size() - next, " of ", buckets_.size(),
-               " units' gradients were never complete");
-    finish();
-  }
-  //! On Comm after backward chunk c: starts the reduce-scatter of every unit that is now complete, in order.
-  struct StartComplete {
-    static constexpr const char* name = "reduce_scatter buckets";
-    ShardedDataParallel* self;
-    std::vector<typename Model::ParamRange>* done;
-    std::vector<char>* complete;
-    std::size_t* next;
-    comm::Handles operator()(std::size_t c) const {
-      auto start = [this](std::size_t b) { return self->start(b); };
-      return detail::start_completed<Model>((*done)[c], self->buckets_, *complete, *next, start);
     }
   };
 
@@ -600,10 +466,8 @@ class ShardedDataParallel {
   std::vector<Bucket> buckets_;
   ShardPlan plan_;
   bool overlap_;
-  bool shard_grads_;                           //!< ZeRO-2 over more than one rank
-  bool keep_;                                  //!< ZeRO-3's KeepGathered
+  bool shard_grads_;                           //!< ZeRO-2 and 3 over more than one rank
   Comm* replicas_;                             //!< hybrid sharding: the ranks holding this rank's shard elsewhere
-  std::unique_ptr<ShardedParameters<Model, Comm>> params_;  //!< ZeRO-3 over more than one rank
   std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
   std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)
   std::vector<std::size_t> bucket_of_;         //!< per parameter: its bucket
@@ -613,6 +477,206 @@ class ShardedDataParallel {
   bool widen_;           //!< gradients are reduce-scattered in R (wider than T), not in T (ReduceIn<bf16>)
   Reduction<R> wide_;    //!< during a reduction in R
   Reduction<T> own_;     //!< during a reduction in T
+};
+
+}  // namespace detail
+
+//! ZeRO stage Stage (DP<n, ZeRO<Stage>>) for one model part, built by the trainer as
+//! ShardedDataParallel<Model, Comm, Stage>(model, comm, bucket_bytes, overlap, skip_tied, keep, replicas, in_storage,
+//! edp, ep). The stage is the type: ZeRO-1 and ZeRO-2 are detail::ZeroBase over the gradient buffer's buckets
+//! (ZeRO-2 releasing each reduced bucket but the rank's chunk), ZeRO-3 the specialisation below, over the model's
+//! units, which gathers parameters; code one stage does not run is not compiled for it.
+template <class Model, class Comm, int Stage>
+class ShardedDataParallel : public detail::ZeroBase<Model, Comm> {
+  static_assert(Stage == 1 || Stage == 2, "loom: ZeRO's stages are 1, 2 and 3");
+  using Base = detail::ZeroBase<Model, Comm>;
+
+ public:
+  using T = typename Base::T;
+  static constexpr int stage = Stage;
+
+  //! `keep` (KeepGathered) is ZeRO-3's alone, and not read here.
+  ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied,
+                      bool /*keep*/ = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
+                      int ep = 1)
+      : Base(model, comm, Stage, make_buckets(model.specs(), sizeof(T), bucket_bytes), Stage >= 2 && comm.size() > 1,
+             overlap, skip_tied, replicas, in_storage, edp, ep) {}
+
+  //! The uses of a model part's buffers that this stage over `ranks` accounts for itself: a part built for it is
+  //! made with them uncounted (UncountedMemoryScope).
+  static std::vector<MemoryUse> uncounted_uses(int ranks) {
+    if (Stage >= 2 && ranks > 1) return {MemoryUse::gradients};
+    return {};
+  }
+};
+
+//! ZeRO-3: ZeRO-2 over the model's units (the embedding, each block, the final norm), whose parameters each rank
+//! holds its chunks of. A unit is gathered before the forward unit or backward chunk that reads it and released
+//! after the last that does, the next unit's all-gather on Comm while the current one computes; with KeepGathered
+//! (`keep`) a unit stays gathered from its forward to the step's last backward.
+template <class Model, class Comm>
+class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm> {
+  static_assert(UnitModel<Model>, "loom: DP<n, ZeRO<3>> needs a model that runs in units (train::UnitModel: "
+                                  "param_units, forward_units, forward_unit, ...)");
+  using Base = detail::ZeroBase<Model, Comm>;
+  using Base::begin, Base::buckets_, Base::finish, Base::model_, Base::overlap_;
+  using typename Base::HoldWritten;
+
+ public:
+  using T = typename Base::T;
+  static constexpr int stage = 3;
+
+  ShardedDataParallel(Model& model, Comm& comm, std::size_t /*bucket_bytes*/, bool overlap, bool skip_tied,
+                      bool keep = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
+                      int ep = 1)
+      : Base(model, comm, 3, unit_buckets_of(model), comm.size() > 1, overlap, skip_tied, replicas, in_storage, edp, ep),
+        keep_(keep) {
+    if (comm.size() > 1)
+      params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, this->plan_, this->bucket_of_, edp);
+  }
+
+  static std::vector<MemoryUse> uncounted_uses(int ranks) {
+    if (ranks > 1) return {MemoryUse::gradients, MemoryUse::parameters};
+    return {};
+  }
+
+  //! Forward of micro-batch mb in activation slot `slot`: each unit's parameters gathered ahead of it, the next
+  //! while the current computes, and released after the last unit that reads them (with KeepGathered, kept for the
+  //! backward).
+  double forward(int slot, const typename Model::MicroBatch& mb, const T* input = nullptr) {
+    if (!params_) return Base::forward(slot, mb, input);
+    model_.forward_begin(slot, mb, input);
+    std::vector<models::ParamRange> reads;
+    for (int u = 0; u < model_.forward_units(); ++u) reads.push_back(model_.forward_unit_reads(u));
+    double loss = 0;
+    run_gathered("forward", reads, !keep_, [&](int u) { loss = model_.forward_unit(slot, u); });
+    return loss;
+  }
+  //! Backward of a micro-batch before the step's last: its units gathered as the last backward's are, and kept with
+  //! KeepGathered; gradients accumulate.
+  void accumulate(int slot, double scale) {
+    if (!params_) return Base::accumulate(slot, scale);
+    gathered_backward(slot, scale, false);
+  }
+  //! Backward of the last micro-batch of a step: its units gathered, and every bucket reduce-scattered as backward
+  //! completes it.
+  void backward(int slot, double scale) {
+    if (!params_) return Base::backward(slot, scale);
+    gathered_backward(slot, scale, true);
+  }
+
+  //! Before a pipeline's schedule: every unit gathered, for the whole step (KeepGathered).
+  void gather_units() {
+    if (params_) params_->gather_all();
+  }
+  //! After a pipeline's schedule: every unit but this rank's chunks released.
+  void release_units() {
+    if (params_) params_->release_all();
+  }
+  //! The part's whole parameters in host memory, gathered from every rank's chunks (a collective over the
+  //! data-parallel group).
+  std::vector<T> whole_params() {
+    if (!params_) return Base::whole_params();
+    std::vector<T> own(static_cast<std::size_t>(std::max<std::int64_t>(1, this->plan_.numel)));
+    this->take_shard(model_.params().data(), own.data());
+    return this->gather_shard(own.data());
+  }
+  //! Nothing: each unit is gathered when it is next read.
+  void gather_params() {
+    if (!params_) Base::gather_params();
+  }
+
+ private:
+  //! Runs step(c) for c = 0 .. reads.size() - 1 on Compute, each once the units holding the parameters reads[c]
+  //! names are gathered; step c + 1's gathers start on Comm once step c - 1 is done, so that they run while step c
+  //! computes and at most two steps' units are gathered at a time (besides the ones kept). With `release` each
+  //! unit is released after the last step that reads it, and every unit still held after the last step. then(c),
+  //! when given, runs on Comm once step c is done and returns what it started. Which units are gathered and
+  //! released where is decided before anything runs, from what every rank holds alike: every rank issues the same
+  //! collectives in the same order.
+  template <class Step, class Then = std::nullptr_t>
+  void run_gathered(const char* name, const std::vector<models::ParamRange>& reads, bool release, Step step,
+                    Then then = nullptr) {
+    const int n = static_cast<int>(reads.size());
+    const std::size_t units = params_->units();
+    std::vector<char> held(units);
+    for (std::size_t u = 0; u < units; ++u) held[u] = params_->gathered(u);
+    const auto steps = static_cast<std::size_t>(n);
+    std::vector<std::vector<std::size_t>> need(steps), drop(steps);
+    std::vector<int> last(units, n - 1);  // a unit no step reads goes after the last
+    for (int c = 0; c < n; ++c)
+      for (std::size_t u : params_->units_of(reads[std::size_t(c)])) {
+        last[u] = c;
+        if (!held[u]) need[std::size_t(c)].push_back(u), held[u] = 1;
+      }
+    for (std::size_t u = 0; release && u < units; ++u)
+      if (held[u]) drop[std::size_t(last[u])].push_back(u);
+    exec::Graph g;
+    std::vector<exec::Graph::Id> gather(steps), run(steps);
+    auto add_gather = [&](int c) {
+      std::vector<exec::Graph::Id> after;
+      if (c >= 2) after.push_back(run[std::size_t(c - 2)]);
+      gather[std::size_t(c)] = g.add<exec::Comm>(
+          "all_gather params", [this, &need, c] { return params_->start(need[std::size_t(c)]); }, std::move(after));
+    };
+    add_gather(0);
+    for (int c = 0; c < n; ++c) {
+      if (c + 1 < n) add_gather(c + 1);
+      run[std::size_t(c)] = g.add<exec::Compute>(
+          name,
+          [&, c] {
+            params_->finish(need[std::size_t(c)]);
+            step(c);
+            for (std::size_t u : drop[std::size_t(c)]) params_->release(u);
+          },
+          {gather[std::size_t(c)]});
+      if constexpr (!std::is_same_v<Then, std::nullptr_t>)
+        g.add<exec::Comm>(Then::name, [&then, c] { return then(static_cast<std::size_t>(c)); }, {run[std::size_t(c)]});
+    }
+    g.run();
+  }
+
+  //! ZeRO-3's backward of the micro-batch in `slot`: its units gathered (run_gathered) and, when `reduce` (the
+  //! step's last micro-batch), released after, and every bucket reduce-scattered as backward completes it.
+  void gathered_backward(int slot, double scale, bool reduce) {
+    const int n = model_.backward_chunks();
+    std::vector<models::ParamRange> reads;
+    for (int c = 0; c < n; ++c) reads.push_back(model_.backward_chunk_reads(c));
+    std::vector<typename Model::ParamRange> done(static_cast<std::size_t>(n));
+    auto step = [&](int c) {
+      if (reduce && overlap_) HoldWritten{this}(static_cast<std::size_t>(c));
+      done[std::size_t(c)] = model_.backward_chunk(slot, c, scale);
+    };
+    const bool release = !keep_ || reduce;
+    if (!reduce || !overlap_) {
+      if (reduce) this->hold_all();
+      run_gathered("backward", reads, release, step);
+      if (reduce) this->reduce_all();
+      return;
+    }
+    begin();
+    std::vector<char> complete(model_.specs().size(), 0);
+    std::size_t next = 0;
+    run_gathered("backward", reads, release, step, StartComplete{this, &done, &complete, &next});
+    LOOM_CHECK(next == buckets_.size(), "ZeRO-3: ", buckets_.size() - next, " of ", buckets_.size(),
+               " units' gradients were never complete");
+    finish();
+  }
+  //! On Comm after backward chunk c: starts the reduce-scatter of every unit that is now complete, in order.
+  struct StartComplete {
+    static constexpr const char* name = "reduce_scatter buckets";
+    ShardedDataParallel* self;
+    std::vector<typename Model::ParamRange>* done;
+    std::vector<char>* complete;
+    std::size_t* next;
+    comm::Handles operator()(std::size_t c) const {
+      auto start = [this](std::size_t b) { return self->start(b); };
+      return detail::start_completed<Model>((*done)[c], self->buckets_, *complete, *next, start);
+    }
+  };
+
+  bool keep_;                                               //!< KeepGathered
+  std::unique_ptr<ShardedParameters<Model, Comm>> params_;  //!< over more than one rank
 };
 
 }  // namespace loom::train
