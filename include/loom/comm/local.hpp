@@ -1,7 +1,8 @@
 // The Local backend: ranks are threads of one process sharing memory. Collectives read peers' buffers directly;
 // all_reduce runs as a ring, by recursive halving and doubling, or directly, chosen by size or by the caller.
 // Every wait is bounded by the timeout, and a rank that fails stops the others with its message. Buffers may be
-// device memory when ranks share one GPU and <loom/comm/local_cuda.hpp> (or .cuh) is included (see detail/device_memory.hpp).
+// device memory when ranks share one GPU and <loom/comm/local_cuda.hpp> (or .cuh) is included (see
+// detail/device_memory.hpp).
 #pragma once
 
 #include <loom/comm/communicator.hpp>

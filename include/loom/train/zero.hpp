@@ -105,19 +105,20 @@ class ZeroBase {
   //! What gradients are reduced in: on the host acc_t<T> (bf16 gradients in fp32), else T.
   using R = std::conditional_t<kernels::is_host_v<Dev>, loom::acc_t<T>, T>;
 
-  //! ZeRO stage `stage` (for messages) of `model` over the data-parallel group `comm`, in `buckets`; `shard_grads`:
-  //! each bucket but the rank's chunk released once reduced (ZeRO-2 and 3). With hybrid sharding (HybridShard<s>)
+  //! ZeRO stage `stage` of `model` over the data-parallel group `comm`, in `buckets`; from stage 2 over several
+  //! ranks, each bucket but the rank's chunk is released once reduced. With hybrid sharding (HybridShard<s>)
   //! `comm` is the rank's group of s and `replicas` the ranks holding the same shard in the other groups, over which
   //! each reduced shard is averaged. `in_storage`: gradients reduced in their own type even where it is narrower than
-  //! acc_t (ReduceIn<bf16>). With `shard_grads` the model's gradient buffer was made uncounted (uncounted_uses).
+  //! acc_t (ReduceIn<bf16>). When buckets are released the model's gradient buffer was made uncounted
+  //! (uncounted_uses).
   //! With expert parallelism over ep ranks the experts' buckets are sharded over edp, the expert-data-parallel
   //! group, and their averages divided by ep (AverageGroups).
-  ZeroBase(Model& model, Comm& comm, int stage, std::vector<Bucket> buckets, bool shard_grads, bool overlap,
-           bool skip_tied, Comm* replicas, bool in_storage, Comm* edp, int ep)
+  ZeroBase(Model& model, Comm& comm, int stage, std::vector<Bucket> buckets, bool overlap, bool skip_tied,
+           Comm* replicas, bool in_storage, Comm* edp, int ep)
       : model_(model), comm_(comm), edp_(edp), ep_(ep), buckets_(std::move(buckets)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1,
               edp ? edp->size() : comm.size(), edp ? edp->rank() : comm.rank()),
-        overlap_(overlap), shard_grads_(shard_grads), replicas_(replicas), ledger_(rank_memory_ledger()),
+        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), replicas_(replicas), ledger_(rank_memory_ledger()),
         held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0), widen_(!std::is_same_v<R, T> && !in_storage) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
@@ -493,14 +494,13 @@ class ShardedDataParallel : public detail::ZeroBase<Model, Comm> {
 
  public:
   using T = typename Base::T;
-  static constexpr int stage = Stage;
 
   //! `keep` (KeepGathered) is ZeRO-3's alone, and not read here.
   ShardedDataParallel(Model& model, Comm& comm, std::size_t bucket_bytes, bool overlap, bool skip_tied,
                       bool /*keep*/ = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
                       int ep = 1)
-      : Base(model, comm, Stage, make_buckets(model.specs(), sizeof(T), bucket_bytes), Stage >= 2 && comm.size() > 1,
-             overlap, skip_tied, replicas, in_storage, edp, ep) {}
+      : Base(model, comm, Stage, make_buckets(model.specs(), sizeof(T), bucket_bytes), overlap, skip_tied, replicas,
+             in_storage, edp, ep) {}
 
   //! The uses of a model part's buffers that this stage over `ranks` accounts for itself: a part built for it is
   //! made with them uncounted (UncountedMemoryScope).
@@ -524,13 +524,11 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
 
  public:
   using T = typename Base::T;
-  static constexpr int stage = 3;
 
   ShardedDataParallel(Model& model, Comm& comm, std::size_t /*bucket_bytes*/, bool overlap, bool skip_tied,
                       bool keep = false, Comm* replicas = nullptr, bool in_storage = false, Comm* edp = nullptr,
                       int ep = 1)
-      : Base(model, comm, 3, unit_buckets_of(model), comm.size() > 1, overlap, skip_tied, replicas, in_storage, edp, ep),
-        keep_(keep) {
+      : Base(model, comm, 3, unit_buckets_of(model), overlap, skip_tied, replicas, in_storage, edp, ep), keep_(keep) {
     if (comm.size() > 1)
       params_ = std::make_unique<ShardedParameters<Model, Comm>>(model, comm, this->plan_, this->bucket_of_, edp);
   }

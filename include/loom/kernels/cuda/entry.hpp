@@ -117,53 +117,53 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
 
 // LOOM_CUDA_KERNELS_FOR(prefix, T): every entry point above for storage type T, each preceded by `prefix template`
 // (prefix: extern, or nothing for the definitions in src/cuda_kernels_*.cu).
-#define LOOM_CUDA_KERNELS_FOR(prefix, T)                                                                             \
-  prefix template void matmul<T>(const T*, const T*, T*, int, int, int, bool, bool, float, float, cudaStream_t);   \
-  prefix template void bias_add<T>(const T*, const T*, T*, int, int, cudaStream_t);                                \
-  prefix template void bias_backward<T>(const T*, T*, int, int, cudaStream_t);                                     \
-  prefix template void add<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                                  \
-  prefix template void accumulate<T>(const T*, T*, std::size_t, cudaStream_t);                                     \
-  prefix template void gelu_forward<T>(const T*, T*, std::size_t, cudaStream_t);                                   \
-  prefix template void gelu_backward<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                        \
-  prefix template void swiglu_forward<T>(const T*, T*, int, int, cudaStream_t);                                    \
-  prefix template void swiglu_backward<T>(const T*, const T*, T*, int, int, cudaStream_t);                         \
-  prefix template void rmsnorm_forward<T>(const T*, const T*, T*, acc<T>*, int, int, double, cudaStream_t);      \
-  prefix template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, T*, int, int,      \
-                                                 cudaStream_t);                                                    \
-  prefix template void rmsnorm_backward_weight<T>(const T*, const T*, const acc<T>*, T*, int, int, cudaStream_t); \
-  prefix template void rope_rotate<T>(T*, const acc<T>*, const acc<T>*, int, int, int, int, int, bool,         \
-                                      cudaStream_t);                                                               \
-  prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc<T>*, acc<T>*, int, int, float, \
-                                            cudaStream_t);                                                         \
-  prefix template void layernorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, const acc<T>*, \
-                                                   T*, int, int, cudaStream_t);                                    \
-  prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc<T>*, const acc<T>*, T*, T*,  \
-                                                    int, int, cudaStream_t);                                       \
-  prefix template void ce_partials<T>(const T*, acc<T>*, acc<T>*, int, int, cudaStream_t);                     \
-  prefix template void ce_rescale<T>(const acc<T>*, const acc<T>*, acc<T>*, int, cudaStream_t);              \
-  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc<T>*, int, int, int, cudaStream_t);  \
-  prefix template void ce_losses<T>(const acc<T>*, const acc<T>*, const acc<T>*, T*, int, cudaStream_t);     \
-  prefix template void ce_backward<T>(const T*, const std::int32_t*, const acc<T>*, const acc<T>*, const T*,   \
-                                      T*, int, int, int, cudaStream_t);                                            \
-  prefix template void embedding_forward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);  \
-  prefix template void embedding_backward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t); \
-  prefix template void add_positions<T>(const T*, T*, int, int, int, int, cudaStream_t);                           \
-  prefix template void positions_backward<T>(const T*, T*, int, int, int, int, cudaStream_t);                      \
-  prefix template void dropout_forward<T>(const T*, T*, std::size_t, float, std::uint64_t, std::uint64_t,          \
-                                          cudaStream_t);                                                           \
-  prefix template void dropout_backward<T>(const T*, T*, std::size_t, float, std::uint64_t, std::uint64_t,         \
-                                           cudaStream_t);                                                          \
-  prefix template void attention_forward<T>(const T*, const T*, const T*, T*, acc<T>*, const AttentionShape&,    \
-                                            cudaStream_t);                                                         \
-  prefix template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const acc<T>*, T*, \
-                                             T*, T*, const AttentionShape&, cudaStream_t);                         \
-  prefix template void adamw_step<T>(T*, const T*, acc<T>*, acc<T>*, std::size_t, double, double, double,      \
-                                     double, double, int, acc<T>*, cudaStream_t);                                \
-  prefix template void sgd_step<T>(T*, const T*, acc<T>*, std::size_t, double, double, double, bool, acc<T>*,  \
-                                   cudaStream_t);                                                                  \
-  prefix template void fill<T>(T*, std::size_t, const T*, cudaStream_t);                                           \
-  prefix template void scale<T>(T*, std::size_t, acc<T>, cudaStream_t);                                          \
-  prefix template double sum<T>(const T*, std::size_t, cudaStream_t);                                             \
+#define LOOM_CUDA_KERNELS_FOR(prefix, T)                                                                              \
+  prefix template void matmul<T>(const T*, const T*, T*, int, int, int, bool, bool, float, float, cudaStream_t);      \
+  prefix template void bias_add<T>(const T*, const T*, T*, int, int, cudaStream_t);                                   \
+  prefix template void bias_backward<T>(const T*, T*, int, int, cudaStream_t);                                        \
+  prefix template void add<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                                     \
+  prefix template void accumulate<T>(const T*, T*, std::size_t, cudaStream_t);                                        \
+  prefix template void gelu_forward<T>(const T*, T*, std::size_t, cudaStream_t);                                      \
+  prefix template void gelu_backward<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                           \
+  prefix template void swiglu_forward<T>(const T*, T*, int, int, cudaStream_t);                                       \
+  prefix template void swiglu_backward<T>(const T*, const T*, T*, int, int, cudaStream_t);                            \
+  prefix template void rmsnorm_forward<T>(const T*, const T*, T*, acc<T>*, int, int, double, cudaStream_t);           \
+  prefix template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, T*, int, int,           \
+                                                 cudaStream_t);                                                       \
+  prefix template void rmsnorm_backward_weight<T>(const T*, const T*, const acc<T>*, T*, int, int, cudaStream_t);     \
+  prefix template void rope_rotate<T>(T*, const acc<T>*, const acc<T>*, int, int, int, int, int, bool,                \
+                                      cudaStream_t);                                                                  \
+  prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc<T>*, acc<T>*, int, int, float,      \
+                                            cudaStream_t);                                                            \
+  prefix template void layernorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, const acc<T>*,        \
+                                                   T*, int, int, cudaStream_t);                                       \
+  prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc<T>*, const acc<T>*, T*, T*,         \
+                                                    int, int, cudaStream_t);                                          \
+  prefix template void ce_partials<T>(const T*, acc<T>*, acc<T>*, int, int, cudaStream_t);                            \
+  prefix template void ce_rescale<T>(const acc<T>*, const acc<T>*, acc<T>*, int, cudaStream_t);                       \
+  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc<T>*, int, int, int, cudaStream_t);       \
+  prefix template void ce_losses<T>(const acc<T>*, const acc<T>*, const acc<T>*, T*, int, cudaStream_t);              \
+  prefix template void ce_backward<T>(const T*, const std::int32_t*, const acc<T>*, const acc<T>*, const T*,          \
+                                      T*, int, int, int, cudaStream_t);                                               \
+  prefix template void embedding_forward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);     \
+  prefix template void embedding_backward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);    \
+  prefix template void add_positions<T>(const T*, T*, int, int, int, int, cudaStream_t);                              \
+  prefix template void positions_backward<T>(const T*, T*, int, int, int, int, cudaStream_t);                         \
+  prefix template void dropout_forward<T>(const T*, T*, std::size_t, float, std::uint64_t, std::uint64_t,             \
+                                          cudaStream_t);                                                              \
+  prefix template void dropout_backward<T>(const T*, T*, std::size_t, float, std::uint64_t, std::uint64_t,            \
+                                           cudaStream_t);                                                             \
+  prefix template void attention_forward<T>(const T*, const T*, const T*, T*, acc<T>*, const AttentionShape&,         \
+                                            cudaStream_t);                                                            \
+  prefix template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const acc<T>*, T*,     \
+                                             T*, T*, const AttentionShape&, cudaStream_t);                            \
+  prefix template void adamw_step<T>(T*, const T*, acc<T>*, acc<T>*, std::size_t, double, double, double,             \
+                                     double, double, int, acc<T>*, cudaStream_t);                                     \
+  prefix template void sgd_step<T>(T*, const T*, acc<T>*, std::size_t, double, double, double, bool, acc<T>*,         \
+                                   cudaStream_t);                                                                     \
+  prefix template void fill<T>(T*, std::size_t, const T*, cudaStream_t);                                              \
+  prefix template void scale<T>(T*, std::size_t, acc<T>, cudaStream_t);                                               \
+  prefix template double sum<T>(const T*, std::size_t, cudaStream_t);                                                 \
   prefix template double sum_squares<T>(const T*, std::size_t, cudaStream_t);
 
 #define LOOM_CUDA_KERNELS(prefix)             \
