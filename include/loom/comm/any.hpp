@@ -11,13 +11,14 @@
 namespace loom::comm {
 
 //! Refers to a communicator (Local, Mpi, Nccl, ...) that must outlive it. What it issues is counted in its own
-//! traffic(), not in the wrapped communicator's.
+//! traffic() and in the wrapped communicator's (what a communicator counts is everything issued on it, through
+//! wrappers or not).
 class AnyComm : public Frontend<AnyComm> {
  public:
   template <class C>
     requires(!std::is_same_v<std::remove_cvref_t<C>, AnyComm>)
   explicit AnyComm(C& c) : impl_(std::make_unique<Impl<C>>(c)) {}
-  //! Another AnyComm over what c refers to, counting its own traffic() (c must outlive it).
+  //! Another AnyComm over c, with a traffic() of its own (c, which counts it too, must outlive it).
   static AnyComm referring_to(AnyComm& c) { return AnyComm(c, 0); }
 
   int rank() const { return impl_->rank(); }
@@ -39,7 +40,7 @@ class AnyComm : public Frontend<AnyComm> {
     int rank() const override { return c.rank(); }
     int size() const override { return c.size(); }
     const GroupInfo& group() const override { return c.group(); }
-    Handle start(Op&& op, bool async) override { return c.start(std::move(op), async); }
+    Handle start(Op&& op, bool async) override { return c.issue(std::move(op), async); }
     C& c;
   };
   AnyComm(AnyComm& c, int) : impl_(std::make_unique<Impl<AnyComm>>(c)) {}

@@ -121,6 +121,9 @@ class Frontend {
   //! What this communicator has issued since it was made or last reset (Traffic).
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = {}; }
+  //! Issues an operation already made (what the typed calls above do): counted in traffic(), then started. How
+  //! AnyComm hands its operations on, so that the communicator it wraps counts them too.
+  Handle issue(Op&& op, bool async) { return go(std::move(op), async); }
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }

@@ -10,6 +10,7 @@
 #include <loom/models/part.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/pipeline/executor.hpp>
+#include <loom/train/any_part.hpp>
 #include <loom/train/concepts.hpp>
 #include <loom/train/data.hpp>
 #include <loom/train/data_parallel.hpp>
@@ -128,20 +129,36 @@ class TrainerBase {
   std::vector<Optimizer> optimizers;
 };
 
-//! The step, for a model, optimizer and communicator type; with or without a pipeline (a compile-time choice).
-template <class Model, class Optimizer, class Comm, bool Pipelined, int Zero>
-class TrainerCore final : public TrainerBase<Model, Optimizer> {
+//! How the step builds a rank's model parts: part `part` of the model behind AnyPart (TrainerOf wraps its own).
+template <class T, class Dev>
+using PartFactory = std::function<std::unique_ptr<AnyPart<T, Dev>>(models::Part)>;
+//! How the step builds each part's optimizer: over the part's parameter table without ZeRO (`whole`), over the
+//! rank's shard of it under ZeRO (`shard`, ShardPlan::slices).
+template <class Optimizer>
+struct OptimizerFactory {
+  std::function<Optimizer(const std::vector<layers::ParamSpec>&, std::int64_t)> whole;
+  std::function<Optimizer(const std::vector<optim::Slice>&, std::int64_t)> shard;
+};
+//! What the step reads of TrainerOptions: the seed (ZeRO-3 initialises its shard from it), the step, a layer split.
+struct CoreOptions {
+  std::uint64_t seed = 0;
+  StepConfig step;
+  std::vector<int> split;
+};
+
+//! The step, for an element type, device, optimizer and communicator type, with or without a pipeline, and a ZeRO
+//! stage: over AnyPart, so that it is compiled once for every model (loom::cpu_kernels holds the host's, CoreOf).
+template <class T, class Dev, class Optimizer, class Comm, bool Pipelined, int Zero>
+class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
+  using Model = AnyPart<T, Dev>;
   using Base = TrainerBase<Model, Optimizer>;
   //! The stage's type (ZeRO-1 where there is none: its list of parts stays empty).
   using Sharded = ShardedDataParallel<Model, Comm, (Zero > 0 ? Zero : 1)>;
-  using T = typename Base::T;
   using acc = typename Base::acc;
 
  public:
-  template <class MakeOptimizer>
-  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data,
-              const TrainerOptions<typename Model::Options>& o, int layers,
-              const std::function<std::unique_ptr<Model>(models::Part)>& make_part, MakeOptimizer&& make_optimizer)
+  TrainerCore(const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data, const CoreOptions& o, int layers,
+              const PartFactory<T, Dev>& make_part, const OptimizerFactory<Optimizer>& make_optimizer)
       : at_(at), data_(&data), cfg_(o.step), average_(at.reduce_in_storage) {
     const StepConfig& cfg = o.step;
     const int dp = at.dp_size;
@@ -171,9 +188,9 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
         if constexpr (Zero >= 3)
           if (!m.options().write_buffers)  // ZeRO-3: the model was built unwritten; the rank initialises its shard
             for (const auto& p : zero_.back()->plan().pieces) m.initialise(o.seed, p.own_lo, p.own_hi);
-        this->optimizers.push_back(make_optimizer(zero_.back()->plan().slices, zero_.back()->plan().numel));
+        this->optimizers.push_back(make_optimizer.shard(zero_.back()->plan().slices, zero_.back()->plan().numel));
       } else {
-        this->optimizers.push_back(make_optimizer(m.specs(), m.params().numel()));
+        this->optimizers.push_back(make_optimizer.whole(m.specs(), m.params().numel()));
       }
     }
     if constexpr (Pipelined) {
@@ -295,21 +312,16 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   int world_size() const override { return at_.world->size(); }
   void barrier() override { at_.world->barrier(); }
 
-  const DataParallel<Model, Comm>* data_parallel() const { return ddp_.get(); }
-
  private:
   //! What the parts' mixtures of experts routed in this step, summed over every rank (a collective over the world
   //! when the model has experts); the time in all-to-alls is this rank's own.
   layers::MoeStats routed() {
     layers::MoeStats moe;
-    if constexpr (requires(Model& m) { m.take_moe_stats(); m.shape().experts; }) {
-      if (this->parts.front()->shape().experts == 0) return moe;
-      for (auto& p : this->parts) moe += p->take_moe_stats();
-      std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
-      at_.world->all_reduce(v, comm::Reduce::sum);
-      moe = {v[0], v[1], v[2], v[3], v[4], v[5], moe.a2a_seconds};
-    }
-    return moe;
+    if (!this->parts.front()->has_experts()) return moe;
+    for (auto& p : this->parts) moe += p->take_moe_stats();
+    std::vector<double> v{moe.assignments, moe.dropped, moe.imbalance, moe.forwards, moe.aux_loss, moe.z_loss};
+    at_.world->all_reduce(v, comm::Reduce::sum);
+    return {v[0], v[1], v[2], v[3], v[4], v[5], moe.a2a_seconds};
   }
 
   //! Every part's gradients zeroed, the forward and backward of global batch `step` of data_, and its loss: on the
@@ -431,10 +443,50 @@ class TrainerCore final : public TrainerBase<Model, Optimizer> {
   std::unique_ptr<pipeline::Executor<Model, Comm>> exec_;
   std::unique_ptr<DataParallel<Model, Comm>> ddp_;
   std::vector<std::unique_ptr<Sharded>> zero_;  //!< per part, under ZeRO
-  GradientAverage<T, typename Model::device> average_;  //!< each part's, after the schedule's last backward of it
+  GradientAverage<T, Dev> average_;  //!< each part's, after the schedule's last backward of it
   std::vector<std::vector<std::int32_t>> in_, tg_;
 };
+
+//! Builds the step for a rank (TrainerCore): a function defined apart from its class, so that a program built with
+//! LOOM_EXTERN_KERNELS takes the host's steps over comm::AnyComm from loom::cpu_kernels (LOOM_TRAINER_CORES) and
+//! compiles no step of its own.
+template <class T, class Dev, class Optimizer, class Comm, bool Pipelined, int Zero>
+struct CoreOf {
+  static std::unique_ptr<TrainerBase<AnyPart<T, Dev>, Optimizer>> make(
+      const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data, const CoreOptions& o, int layers,
+      const PartFactory<T, Dev>& make_part, const OptimizerFactory<Optimizer>& make_optimizer);
+};
+template <class T, class Dev, class Optimizer, class Comm, bool Pipelined, int Zero>
+std::unique_ptr<TrainerBase<AnyPart<T, Dev>, Optimizer>> CoreOf<T, Dev, Optimizer, Comm, Pipelined, Zero>::make(
+    const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data, const CoreOptions& o, int layers,
+    const PartFactory<T, Dev>& make_part, const OptimizerFactory<Optimizer>& make_optimizer) {
+  return std::make_unique<TrainerCore<T, Dev, Optimizer, Comm, Pipelined, Zero>>(at, data, o, layers, make_part,
+                                                                                 make_optimizer);
+}
 
 }  // namespace detail
 
 }  // namespace loom::train
+
+// The host's steps that loom::cpu_kernels compiles (src/trainer_*.cpp): element type T, optimizer optim::OPT<T, Host>,
+// over comm::AnyComm (every trainer's communicators: TrainerOf wraps others), with and without a pipeline, under every
+// ZeRO stage. SPEC is `extern` where they are declared, empty where they are instantiated.
+#define LOOM_TRAINER_CORES_OF(SPEC, T, OPT, PIPELINED)                                                              \
+  SPEC template struct ::loom::train::detail::CoreOf<T, ::loom::Host, ::loom::optim::OPT<T, ::loom::Host>,         \
+                                                     ::loom::comm::AnyComm, PIPELINED, 0>;                          \
+  SPEC template struct ::loom::train::detail::CoreOf<T, ::loom::Host, ::loom::optim::OPT<T, ::loom::Host>,         \
+                                                     ::loom::comm::AnyComm, PIPELINED, 1>;                          \
+  SPEC template struct ::loom::train::detail::CoreOf<T, ::loom::Host, ::loom::optim::OPT<T, ::loom::Host>,         \
+                                                     ::loom::comm::AnyComm, PIPELINED, 2>;                          \
+  SPEC template struct ::loom::train::detail::CoreOf<T, ::loom::Host, ::loom::optim::OPT<T, ::loom::Host>,         \
+                                                     ::loom::comm::AnyComm, PIPELINED, 3>;
+#define LOOM_TRAINER_CORES(SPEC, T, PIPELINED)     \
+  LOOM_TRAINER_CORES_OF(SPEC, T, AdamW, PIPELINED) \
+  LOOM_TRAINER_CORES_OF(SPEC, T, Sgd, PIPELINED)
+
+#ifdef LOOM_EXTERN_KERNELS
+LOOM_TRAINER_CORES(extern, float, false)
+LOOM_TRAINER_CORES(extern, float, true)
+LOOM_TRAINER_CORES(extern, double, false)
+LOOM_TRAINER_CORES(extern, double, true)
+#endif

@@ -39,6 +39,7 @@ class TrainerOf {
   static_assert(TrainerOptimizer<Optimizer, Part>,
                 "loom: the optimizer does not step the model's parameters (opt.step(params, grads, lr))");
   using T = typename Part::value_type;
+  using Dev = typename Part::device;
   using acc = loom::acc_t<T>;
   using Shape = typename Part::Shape;
   //! The trainer's options: the seed, the model's Options, the step, a layer split.
@@ -72,13 +73,13 @@ class TrainerOf {
   double evaluate(const DataSource& data, std::int64_t batch) { return core_->evaluate(data, batch); }
 
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
-  const std::vector<std::unique_ptr<Part>>& parts() const { return core_->parts; }
+  const std::vector<Part*>& parts() const { return parts_; }
   //! The whole model's shape.
-  const Shape& shape() const { return core_->parts.front()->shape(); }
+  const Shape& shape() const { return parts_.front()->shape(); }
   //! The model, where this rank holds one part.
   Part& model() {
-    LOOM_CHECK(core_->parts.size() == 1, "model(): this rank holds ", core_->parts.size(), " parts (parts())");
-    return *core_->parts.front();
+    LOOM_CHECK(parts_.size() == 1, "model(): this rank holds ", parts_.size(), " parts (parts())");
+    return *parts_.front();
   }
   const std::vector<Optimizer>& optimizers() const { return core_->optimizers; }
   std::vector<Optimizer>& optimizers() { return core_->optimizers; }
@@ -107,7 +108,7 @@ class TrainerOf {
   //! the pipeline group (and, through gather, the tensor-parallel group).
   template <class U, class Gather>
   std::vector<U> assemble(Gather&& gather) {
-    const auto& parts = core_->parts;
+    const auto& parts = parts_;
     if (!pipelined_) return gather(0);
     const auto global = parts.front()->param_specs(0, true);
     std::vector<U> whole(static_cast<std::size_t>(layers::numel_of_table(global)), U(0));
@@ -129,7 +130,7 @@ class TrainerOf {
   //! data-parallel group).
   std::vector<T> whole_params() {
     return assemble<T>([&](std::size_t c) {
-      auto& part = *core_->parts[c];
+      auto& part = *parts_[c];
       if (zero_ < 3) return part.gather(part.params().data());
       const auto flat = params_of_part(c);
       return part.gather(flat.data());
@@ -144,10 +145,25 @@ class TrainerOf {
     return !part.embedding() && !tied.empty() && tied.data() == part.grads().data() + s.offset;
   }
 
+  //! Builds over comm::AnyComm whatever the layout's communicators are, so that one step serves every backend (and
+  //! loom::cpu_kernels holds it, detail::CoreOf); the communicators wrapped live as long as the trainer.
   template <class Comm, bool Pipelined, int Zero, class MakeOptimizer>
   TrainerOf(const Shape& shape, const RankInLayout<Comm, Pipelined, Zero>& at, const DataSource& data,
             const Options& options, MakeOptimizer&& make_optimizer, int)
       : pipelined_(Pipelined), zero_(Zero) {
+    if constexpr (std::is_same_v<Comm, comm::AnyComm>) {
+      build(shape, at, data, options, make_optimizer);
+    } else {
+      auto any = std::make_shared<AnyRankInLayout<Pipelined, Zero>>(at);
+      wrapped_ = any;
+      build(shape, any->get(), data, options, make_optimizer);
+    }
+  }
+
+  template <bool Pipelined, int Zero, class MakeOptimizer>
+  void build(const Shape& shape, const RankInLayout<comm::AnyComm, Pipelined, Zero>& at, const DataSource& data,
+             const Options& options, MakeOptimizer& make_optimizer) {
+    using Comm = comm::AnyComm;
     static_assert(BuildableModel<Model, Comm>,
                   "loom: the trainer builds each part of the model as Model(seed, tp, cp, ep, part, options) when "
                   "the type fixes its shape (Model::static_shape), else as Model(shape, seed, tp, cp, ep, part, "
@@ -172,17 +188,32 @@ class TrainerOf {
                at.ep ? "a group of " + std::to_string(at.ep->size()) : std::string("no expert-parallel groups"),
                " (RankInLayout::ep, edp)");
     Comm* ep = at.ep_size > 1 ? at.ep : nullptr;
-    const std::function<std::unique_ptr<Part>(models::Part)> make_part = [&](models::Part part) {
+    const detail::PartFactory<T, Dev> make_part = [&](models::Part part) {
+      std::unique_ptr<Part> m;
       if constexpr (detail::FixesShape<Model>)
-        return std::unique_ptr<Part>(std::make_unique<Model>(options.seed, *at.tp, at.cp, ep, part, model));
+        m = std::make_unique<Model>(options.seed, *at.tp, at.cp, ep, part, model);
       else
-        return std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, ep, part, model);
+        m = std::make_unique<Model>(shape, options.seed, *at.tp, at.cp, ep, part, model);
+      parts_.push_back(m.get());
+      return std::make_unique<AnyPartOf<Part>>(std::move(m));
     };
-    core_ = std::make_unique<detail::TrainerCore<Part, Optimizer, Comm, Pipelined, Zero>>(
-        at, data, options, static_cast<int>(shape.layers), make_part, std::forward<MakeOptimizer>(make_optimizer));
+    detail::OptimizerFactory<Optimizer> make_opt;
+    if constexpr (Zero > 0)
+      make_opt.shard = [&](const std::vector<optim::Slice>& s, std::int64_t n) -> Optimizer {
+        return make_optimizer(s, n);
+      };
+    else
+      make_opt.whole = [&](const std::vector<layers::ParamSpec>& s, std::int64_t n) -> Optimizer {
+        return make_optimizer(s, n);
+      };
+    core_ = detail::CoreOf<T, Dev, Optimizer, Comm, Pipelined, Zero>::make(
+        at, data, detail::CoreOptions{options.seed, options.step, options.split}, static_cast<int>(shape.layers),
+        make_part, make_opt);
   }
 
-  std::unique_ptr<detail::TrainerBase<Part, Optimizer>> core_;
+  std::shared_ptr<const void> wrapped_;  //!< the layout's communicators over comm::AnyComm, where they were others
+  std::vector<Part*> parts_;             //!< core_'s parts, as the model's own type
+  std::unique_ptr<detail::TrainerBase<AnyPart<T, Dev>, Optimizer>> core_;
   bool pipelined_;
   int zero_;
 };

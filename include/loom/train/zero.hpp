@@ -34,6 +34,7 @@
 #include <loom/exec/pipeline.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/optim/optimizers.hpp>
+#include <loom/train/any_part.hpp>
 #include <loom/train/data_parallel.hpp>
 #include <loom/train/shard_plan.hpp>
 #include <loom/train/sharded_params.hpp>
@@ -47,23 +48,6 @@
 #include <vector>
 
 namespace loom::train {
-
-//! What ZeRO-3 needs of a model part beside what the trainer does: its parameters in units (param_units), a forward
-//! run unit by unit, which parameters each forward unit and backward chunk reads, and a part built without writing
-//! its buffers (options().write_buffers false) whose shard each rank initialises (initialise(seed, lo, hi)).
-//! models::GptModel has it.
-template <class M>
-concept UnitModel = requires(M& m, const M& cm, int i, const typename M::MicroBatch& mb,
-                             const typename M::value_type* p, std::uint64_t seed, std::int64_t lo) {
-  { cm.options().write_buffers } -> std::convertible_to<bool>;
-  m.initialise(seed, lo, lo);
-  { cm.param_units() } -> std::convertible_to<std::vector<typename M::ParamRange>>;
-  { cm.forward_units() } -> std::convertible_to<int>;
-  { cm.forward_unit_reads(i) } -> std::same_as<typename M::ParamRange>;
-  { cm.backward_chunk_reads(i) } -> std::same_as<typename M::ParamRange>;
-  m.forward_begin(i, mb, p);
-  { m.forward_unit(i, i) } -> std::convertible_to<double>;
-};
 
 //! A model part's units (UnitModel::param_units) as buckets, the last first (the order backward completes them):
 //! what ZeRO-3 gathers, releases and reduce-scatters. A unit that holds experts is two buckets, the experts' (sharded
@@ -118,7 +102,8 @@ class ZeroBase {
       : model_(model), comm_(comm), edp_(edp), ep_(ep), buckets_(std::move(buckets)),
         plan_(buckets_, model.specs(), comm.size(), comm.rank(), skip_tied ? tied_offset(model) : -1,
               edp ? edp->size() : comm.size(), edp ? edp->rank() : comm.rank()),
-        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), replicas_(replicas), ledger_(rank_memory_ledger()),
+        overlap_(overlap), shard_grads_(stage >= 2 && comm.size() > 1), replicas_(replicas),
+        ledger_(rank_memory_ledger()),
         held_(buckets_.size(), 1), bucket_of_(model.specs().size(), 0), widen_(!std::is_same_v<R, T> && !in_storage) {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (std::size_t p = buckets_[b].first; p < buckets_[b].last; ++p) bucket_of_[p] = b;
