@@ -19,6 +19,11 @@
 
 namespace train_gpt {
 
+template void train_loop<comm::AnyComm>(const Args&, const models::GptShape&, comm::AnyComm&, const LayoutFacts&,
+                                        std::size_t, int, Held, double, const std::function<double()>&,
+                                        const std::function<std::string()>&,
+                                        const std::function<train::StepResult(int)>&);
+
 const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe|llama-tiny|llama-small|llama3-1b|\n"
     "                          mixtral-tiny|mixtral-small|HF_DIR] [--steps N] [--batch B]\n"

@@ -185,10 +185,11 @@ struct Launch {
 //! loss or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
 //! MFU is the model's FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per
 //! backend, whatever the layout and the model.
-template <class Comm, class Step>
+template <class Comm>
 void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
                 std::size_t data_tokens, int start, Held held, double flops_per_token,
-                const std::function<double()>& validate, const std::function<std::string()>& sample, Step&& step) {
+                const std::function<double()>& validate, const std::function<std::string()>& sample,
+                const std::function<train::StepResult(int)>& step) {
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
@@ -353,6 +354,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                 static_cast<double>(host_memory().peak()) / (1 << 20));
 }
 
+// train_gpt.cpp compiles the loop, once; the layouts' translation units call it.
+extern template void train_loop<comm::AnyComm>(const Args&, const models::GptShape&, comm::AnyComm&,
+                                               const LayoutFacts&, std::size_t, int, Held, double,
+                                               const std::function<double()>&, const std::function<std::string()>&,
+                                               const std::function<train::StepResult(int)>&);
+
 //! An optimizer's bytes: its state, and the fp32 master weights it keeps for bf16 parameters.
 template <class Opt>
 void add_state_bytes(const Opt& opt, Held& held) {
@@ -494,6 +501,10 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   LOOM_CHECK(!f.sequence_parallel || (a.seq / f.cp) % f.tp == 0, "--parallel ", f.name,
              ": sequence parallelism splits each sequence", f.cp > 1 ? "'s share on a cp rank" : "", " over tp = ",
              f.tp, " ranks, but its length ", a.seq / f.cp, " is not a multiple of it");
+  const bool sharded = !a.save.empty() || !a.resume.empty() || (!a.init_from.empty() && !hugging_face_dir(a.init_from));
+  LOOM_CHECK(f.ep == 1 || !sharded,
+             "--parallel ", f.name, ": a sharded checkpoint (--save, --resume, --init-from of a loom checkpoint) ",
+             "cannot yet be written or read where the experts are split over ep", f.ep);
   if (a.sample_every > 0) {
     LOOM_CHECK(f.ep == 1, "--sample-every generates from the whole model, which the layout ", f.name,
                " cannot put together yet: its experts are split over ep", f.ep);

@@ -98,6 +98,7 @@ if(TARGET train_gpt)
       "chunks_without_pp|--parallel^dp2,v2|loom: --parallel dp2,v2: v2 sets the model chunks per pipeline stage, but the layout dp2 has none (add ppN)"
       "schedule_without_pp|--schedule^zb-h1|loom: --schedule zb-h1 orders the work of pipeline stages, but the layout single has none (add ppN to --parallel)"
       "ep_needs_experts|--parallel^dp2,ep2|loom: --model tiny cannot run on --parallel dp2.ep2: EP<n> needs a mixture-of-experts model (experts > 0)"
+      "ep_sharded_save|--model^tiny-moe^--parallel^dp2,ep2^--save^/nonexistent/ckpt|loom: --parallel dp2.ep2: a sharded checkpoint (--save, --resume, --init-from of a loom checkpoint) cannot yet be written or read where the experts are split over ep2"
       "ep_must_divide|--parallel^dp2,ep4|loom: --parallel dp2,ep4: ep4 splits the experts over ranks carved out of dp x cp = 2, which it must divide"
       "capacity_negative|--capacity-factor^-1|loom: --capacity-factor must not be negative (0: dropless), got -1"
       "aux_loss_negative|--aux-loss-coeff^-0.5|loom: --aux-loss-coeff must not be negative, got -0.5"

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,59 +69,110 @@ inline std::vector<std::pair<Box, std::int64_t>> boxes_in(const RunBox& run, std
 
 }  // namespace detail
 
+//! What a sharded checkpoint reads and writes of a trainer, whatever its model (view_of): each part's parameter
+//! table and buffers, what the rank holds of them (train::Holding) and its optimizer; the world; the model's
+//! configuration (model_config). The writing and loading below are compiled once per element type, device and
+//! optimizer over it, not once per model.
+template <class T, class Dev, class Optimizer>
+struct TrainerView {
+  struct Part {
+    const std::vector<layers::ParamSpec>* specs;
+    Tensor<T, Dev>* params;
+    const kernels::Ops<Dev>* ops;
+    bool embedding;
+    int tp_rank;
+    train::Holding held;
+    Optimizer* optimizer;
+  };
+  std::vector<Part> parts;
+  int world_rank = 0, world_size = 1;
+  std::function<void()> barrier;
+  nlohmann::json model;  //!< model_config of the rank's first part
+  int ep = 1;            //!< the expert-parallel degree (sharded checkpoints refuse EP for now)
+};
+
+//! The view of `trainer` that sharded checkpoints read and write (the trainer must outlive it).
+template <class Model, class Optimizer>
+TrainerView<typename Model::value_type, typename Model::device, Optimizer> view_of(
+    train::TrainerOf<Model, Optimizer>& trainer) {
+  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
+  using T = typename Model::value_type;
+  using Dev = typename Model::device;
+  TrainerView<T, Dev, Optimizer> v;
+  for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
+    auto& part = *trainer.parts()[c];
+    v.parts.push_back({&part.specs(), const_cast<Tensor<T, Dev>*>(&part.params()), &part.ops(), part.embedding(),
+                       part.tp_rank(), trainer.holding(c), &trainer.optimizers()[c]});
+  }
+  v.world_rank = trainer.world_rank(), v.world_size = trainer.world_size();
+  v.barrier = [&trainer] { trainer.barrier(); };
+  const auto& front = *trainer.parts().front();
+  // (as nlohmann::json, the index's own kind: comparing the two kinds is ambiguous to some compilers)
+  v.model = nlohmann::json::parse(model_config(front).dump());
+  if constexpr (requires { front.ep(); })
+    if (front.ep()) v.ep = front.ep()->size();
+  return v;
+}
+
+namespace detail {
+//! Sharded checkpoints do not yet know that expert-parallel ranks hold different experts: refused.
+inline void check_not_expert_parallel(int ep, const char* what) {
+  LOOM_CHECK(ep == 1, "a sharded checkpoint cannot be ", what, " on an expert-parallel layout yet (EP<", ep,
+             ">); save_training writes the whole model, which any layout loads");
+}
+}  // namespace detail
+
 //! Copies what this rank writes of `trainer` (its chunks of every parameter and optimizer state) to host memory,
 //! charged to its ledger as checkpoint buffers, into `snap`, whose buffers it reuses (a writer that saves again and
 //! again allocates them once). No communication: training may change the trainer once it returns. With copy = false
 //! (on the host) it records where the chunks are instead, and write_snapshot copies each as it writes it: the
 //! trainer must not change until then (a save in place holds one chunk at a time).
-template <class Model, class Optimizer>
-void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Model, Optimizer>& trainer,
+template <class T, class Dev, class Optimizer>
+void snapshot_into(Snapshot& snap, const std::string& root, const TrainerView<T, Dev, Optimizer>& trainer,
                    int next_step, const std::string& layout, const nlohmann::json& run = nullptr,
                    std::int64_t block = checksum_block, bool copy = true) {
-  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
-  using T = typename Model::value_type;
   using A = loom::acc_t<T>;
+  detail::check_not_expert_parallel(trainer.ep, "saved");
   LOOM_CHECK(block > 0, "the checksum block must be positive, got ", block);
   std::vector<detail::Written> before = std::move(snap.chunks);  // their buffers, to reuse in order
   snap.chunks.clear();
   snap.header = nlohmann::ordered_json();
   snap.block = block;
   snap.root = root, snap.name = detail::step_name(next_step), snap.next_step = next_step;
-  snap.rank = trainer.world_rank(), snap.world_size = trainer.world_size();
+  snap.rank = trainer.world_rank, snap.world_size = trainer.world_size;
   // This rank's chunks: of each part, each parameter's runs it writes, within the ranges it writes.
   std::vector<detail::Written>& chunks = snap.chunks;
-  for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
-    auto& part = *trainer.parts()[c];
-    const train::Holding held = trainer.holding(c);
+  for (const auto& part : trainer.parts) {
+    const train::Holding& held = part.held;
     std::vector<T> host;
-    const T* params = part.params().data();
-    if constexpr (!kernels::is_host_v<typename Model::device>) {
-      host.resize(static_cast<std::size_t>(part.params().numel()));
-      part.ops().to_host(part.params().data(), host.data(), host.size());
+    const T* params = part.params->data();
+    if constexpr (!kernels::is_host_v<Dev>) {
+      host.resize(static_cast<std::size_t>(part.params->numel()));
+      part.ops->to_host(part.params->data(), host.data(), host.size());
       params = host.data();
     }
-    const auto states = trainer.optimizers()[c].state();
+    const auto states = part.optimizer->state();
     std::vector<std::vector<A>> state_host(states.size());
     std::vector<const A*> state(states.size());
     for (std::size_t k = 0; k < states.size(); ++k) {
       state[k] = states[k].second.data();
-      if constexpr (!kernels::is_host_v<typename Model::device>) {
+      if constexpr (!kernels::is_host_v<Dev>) {
         state_host[k].resize(static_cast<std::size_t>(states[k].second.numel()));
-        part.ops().to_host(states[k].second.data(), state_host[k].data(), state_host[k].size());
+        part.ops->to_host(states[k].second.data(), state_host[k].data(), state_host[k].size());
         state[k] = state_host[k].data();
       }
     }
     ChargedBytes staged;  // on a GPU: the host copy of the part, while its chunks are cut
-    if constexpr (!kernels::is_host_v<typename Model::device>) {
+    if constexpr (!kernels::is_host_v<Dev>) {
       std::size_t b = host.size() * sizeof(T);
       for (const auto& v : state_host) b += v.size() * sizeof(A);
       staged = ChargedBytes(MemoryUse::checkpoint, b);
     }
-    for (const auto& s : part.specs()) {
-      if (s.index == 0 && !part.embedding()) continue;  // the tied table: written by the part with the embedding
+    for (const auto& s : *part.specs) {
+      if (s.index == 0 && !part.embedding) continue;  // the tied table: written by the part with the embedding
       const std::int64_t n = numel_of(s.shape);
       for (const auto& run : run_boxes(s.layout)) {
-        if (!first_holder(s.layout, run, part.tp_rank())) continue;
+        if (!first_holder(s.layout, run, part.tp_rank)) continue;
         for (const auto& w : held.written) {
           const std::int64_t lo = std::max(w.lo, s.offset), hi = std::min(w.hi, s.offset + n);
           if (lo >= hi) continue;
@@ -137,7 +189,7 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
                   dst += len * static_cast<std::int64_t>(esize);
                 });
               };
-              if (copy || !kernels::is_host_v<typename Model::device>) {  // a GPU's part is in `host` for now
+              if (copy || !kernels::is_host_v<Dev>) {  // a GPU's part is in `host` for now
                 if (chunks.size() < before.size()) out.data = std::move(before[chunks.size()].data);
                 out.data.resize(out.bytes);
                 out.fill(out.data.data());
@@ -166,25 +218,22 @@ void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Mod
     index["version"] = sharded_version;
     index["next_step"] = next_step;
     index["optimizer"] = Optimizer::name;
-    index["counter"] = trainer.optimizers().front().counter();
+    index["counter"] = trainer.parts.front().optimizer->counter();
     index["layout"] = layout;
-    index["world_size"] = trainer.world_size();
+    index["world_size"] = trainer.world_size;
     index["block"] = block;
-    index["model"] = model_config(*trainer.parts().front());
+    index["model"] = trainer.model;
     if (!run.is_null()) index["run"] = run;
   }
 }
 
-namespace detail {
-//! Sharded checkpoints do not yet know that expert-parallel ranks hold different experts: refused.
-template <class Trainer>
-void check_not_expert_parallel(Trainer& trainer, const char* what) {
-  const auto& part = *trainer.parts().front();
-  if constexpr (requires { part.ep(); })
-    LOOM_CHECK(part.ep() == nullptr, "a sharded checkpoint cannot be ", what, " on an expert-parallel layout yet ",
-               "(EP<", part.ep()->size(), ">); save_training writes the whole model, which any layout loads");
+//! The same for a train::TrainerOf (its view_of).
+template <class Model, class Optimizer>
+void snapshot_into(Snapshot& snap, const std::string& root, train::TrainerOf<Model, Optimizer>& trainer,
+                   int next_step, const std::string& layout, const nlohmann::json& run = nullptr,
+                   std::int64_t block = checksum_block, bool copy = true) {
+  snapshot_into(snap, root, view_of(trainer), next_step, layout, run, block, copy);
 }
-}  // namespace detail
 
 //! Writes a sharded checkpoint of `trainer` at step `next_step` into ROOT/step-NNNNNNNN and points ROOT/latest at it
 //! (one CheckpointWriter's save and finish); `layout` names the layout (recorded), `run` is recorded under "run".
@@ -192,7 +241,6 @@ void check_not_expert_parallel(Trainer& trainer, const char* what) {
 template <class Model, class Optimizer>
 std::string save_sharded(const std::string& root, train::TrainerOf<Model, Optimizer>& trainer, int next_step,
                          const std::string& layout, const nlohmann::json& run = nullptr, SaveOptions options = {}) {
-  detail::check_not_expert_parallel(trainer, "saved");
   CheckpointWriter writer(root, options);
   writer.save(trainer, next_step, layout, run);
   writer.finish(trainer);
@@ -208,18 +256,14 @@ enum class LoadWhat { training, parameters };
 //! Besides what it holds, a rank holds one checksum block of the files at a time (charged to its ledger as
 //! checkpoint buffers) and, on a GPU, a host copy of its part. A collective over the world (it ends with a barrier,
 //! so that a rank that fails stops the others).
-template <class Model, class Optimizer>
-int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer,
+template <class T, class Dev, class Optimizer>
+int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& trainer,
                  LoadWhat what = LoadWhat::training) {
-  static_assert(checkpointable<typename train::TrainerOf<Model, Optimizer>::Part>());
-  detail::check_not_expert_parallel(trainer, "loaded");
-  using T = typename Model::value_type;
+  detail::check_not_expert_parallel(trainer.ep, "loaded");
   using A = loom::acc_t<T>;
   const std::string dir = resolve_checkpoint(path);
   const ShardedIndex ix = read_index(dir);
-  const auto& front = *trainer.parts().front();
-  // (as nlohmann::json, the index's own kind: comparing the two kinds is ambiguous to some compilers)
-  const auto want = nlohmann::json::parse(model_config(front).dump());
+  const nlohmann::json& want = trainer.model;
   for (const auto& [key, value] : want.items())
     if (!ix.model.contains(key) || ix.model[key] != value)
       throw Error("loom: " + dir + " holds a model with " + key + " = " +
@@ -229,29 +273,28 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
   if (state_too && ix.optimizer != Optimizer::name)
     throw Error("loom: " + dir + " was saved with the optimizer " + ix.optimizer + ", not " + Optimizer::name);
 
-  for (std::size_t c = 0; c < trainer.parts().size(); ++c) {
-    auto& part = *trainer.parts()[c];
-    const train::Holding held = trainer.holding(c);
-    auto& opt = trainer.optimizers()[c];
+  for (const auto& part : trainer.parts) {
+    const train::Holding& held = part.held;
+    Optimizer& opt = *part.optimizer;
     auto states = opt.state();
     if (!state_too) states.clear();
     std::vector<T> host;
     ChargedBytes staged;  // on a GPU: the host copy of the part
-    T* params = const_cast<T*>(part.params().data());
-    if constexpr (!kernels::is_host_v<typename Model::device>) {
-      host.assign(static_cast<std::size_t>(part.params().numel()), T(0));
+    T* params = part.params->data();
+    if constexpr (!kernels::is_host_v<Dev>) {
+      host.assign(static_cast<std::size_t>(part.params->numel()), T(0));
       params = host.data();
     }
     std::vector<std::vector<A>> state_host(states.size());
     std::vector<A*> state(states.size());
     for (std::size_t k = 0; k < states.size(); ++k) {
       state[k] = const_cast<A*>(states[k].second.data());
-      if constexpr (!kernels::is_host_v<typename Model::device>) {
+      if constexpr (!kernels::is_host_v<Dev>) {
         state_host[k].assign(static_cast<std::size_t>(states[k].second.numel()), A(0));
         state[k] = state_host[k].data();
       }
     }
-    if constexpr (!kernels::is_host_v<typename Model::device>) {
+    if constexpr (!kernels::is_host_v<Dev>) {
       std::size_t b = host.size() * sizeof(T);
       for (const auto& v : state_host) b += v.size() * sizeof(A);
       staged = ChargedBytes(MemoryUse::checkpoint, b);
@@ -291,7 +334,7 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
           }
         }
     };
-    for (const auto& s : part.specs()) {
+    for (const auto& s : *part.specs) {
       plan(s, s.name, dtype_of<T>, sizeof(T), held.params,
            [&](std::int64_t x, const train::Holding::Range&) { return params + x; });
       for (std::size_t k = 0; k < states.size(); ++k)
@@ -299,15 +342,22 @@ int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& tr
              [&, k](std::int64_t x, const train::Holding::Range& w) { return state[k] + w.at + (x - w.lo); });
     }
     detail::read_segments(dir, segs, ix.block);
-    if constexpr (!kernels::is_host_v<typename Model::device>) {
-      part.ops().from_host(host.data(), const_cast<T*>(part.params().data()), host.size());
+    if constexpr (!kernels::is_host_v<Dev>) {
+      part.ops->from_host(host.data(), part.params->data(), host.size());
       for (std::size_t k = 0; k < states.size(); ++k)
-        part.ops().from_host(state_host[k].data(), const_cast<A*>(states[k].second.data()), state_host[k].size());
+        part.ops->from_host(state_host[k].data(), const_cast<A*>(states[k].second.data()), state_host[k].size());
     }
     if (state_too) opt.set_counter(ix.counter);
   }
   trainer.barrier();
   return ix.next_step;
+}
+
+//! The same for a train::TrainerOf (its view_of).
+template <class Model, class Optimizer>
+int load_sharded(const std::string& path, train::TrainerOf<Model, Optimizer>& trainer,
+                 LoadWhat what = LoadWhat::training) {
+  return load_sharded(path, view_of(trainer), what);
 }
 
 }  // namespace loom::checkpoint
