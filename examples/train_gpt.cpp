@@ -5,6 +5,8 @@
 // mpi --parallel SPEC). `train_gpt --help` lists the flags.
 #include "train_gpt.hpp"
 
+#include <loom/models/gpt/generate.hpp>
+
 #ifdef LOOM_HAS_TOKENIZER
 #include <loom/data/tokenizer.hpp>
 #endif
@@ -23,6 +25,24 @@ template void train_loop<comm::AnyComm>(const Args&, const models::GptShape&, co
                                         std::size_t, int, Held, double, const std::function<double()>&,
                                         const std::function<std::string()>&,
                                         const std::function<train::StepResult(int)>&);
+
+template <class T>
+std::string Sampler<T>::operator()(const Args& a, const models::GptShape& shape, models::GptOptions options,
+                                   const std::vector<T>& whole) {
+  if (!model) {
+    options.write_buffers = false, options.dropout = 0;
+    model = std::make_unique<models::GptModel<T>>(shape, 0, options);
+  }
+  std::copy(whole.begin(), whole.end(), model->params().data());
+  models::GptDecoder<T> decoder(*model);
+  std::vector<std::int32_t> text = a.prompt_ids;  // the prompt and its continuation
+  const auto more = decoder.generate(a.prompt_ids, a.sample_tokens, {}, a.sample_stops);
+  text.insert(text.end(), more.begin(), more.end());
+  return a.detokenize(text);
+}
+template struct Sampler<float>;
+template struct Sampler<double>;
+template struct Sampler<bf16>;
 
 const char* usage =
     "usage: train_gpt [--model tiny|small|gpt2|long|tiny-moe|small-moe|llama-tiny|llama-small|llama3-1b|\n"
@@ -110,7 +130,6 @@ void prepare_samples(Args& a) {
                                     std::pair{a.prompt_given, "--prompt"}})
     LOOM_CHECK(!given || a.sample_every > 0, flag, " says how to sample, but no --sample-every N is given");
   if (a.sample_every == 0) return;
-  LOOM_CHECK(a.device == "cpu", "--sample-every generates on the host; --device ", a.device, " does not yet");
   if (a.tokenizer.empty()) {
     for (unsigned char c : a.prompt_given ? a.prompt : std::string("\n")) a.prompt_ids.push_back(c);
     a.detokenize = [](const std::vector<std::int32_t>& ids) {

@@ -10,7 +10,6 @@
 #include <loom/data/shards.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/gpt/checkpoint.hpp>
-#include <loom/models/gpt/generate.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/optim/schedule.hpp>
 #include <loom/train/data.hpp>
@@ -360,6 +359,19 @@ extern template void train_loop<comm::AnyComm>(const Args&, const models::GptSha
                                                const std::function<double()>&, const std::function<std::string()>&,
                                                const std::function<train::StepResult(int)>&);
 
+//! Greedy samples from the whole model's parameters in host memory (Trainer::whole_params, in the single-rank
+//! layout): the prompt and its continuation as text. Keeps the host model it decodes with from one sample to the
+//! next. Compiled once per element type, in train_gpt.cpp, whatever the layout and the device that trains.
+template <class T>
+struct Sampler {
+  std::string operator()(const Args& a, const models::GptShape& shape, models::GptOptions options,
+                         const std::vector<T>& whole);
+  std::unique_ptr<models::GptModel<T>> model;
+};
+extern template struct Sampler<float>;
+extern template struct Sampler<double>;
+extern template struct Sampler<bf16>;
+
 //! An optimizer's bytes: its state, and the fp32 master weights it keeps for bf16 parameters.
 template <class Opt>
 void add_state_bytes(const Opt& opt, Held& held) {
@@ -403,27 +415,15 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
       for (int k = 0; k < a.val_batches; ++k) sum += trainer.evaluate(*val, k);
       return sum / a.val_batches;
     };
-  // Samples: the whole model put together (a collective), then rank 0 decodes greedily with a model of its own.
+  // Samples: the whole model put together (a collective, on any device), then rank 0 decodes it on the host.
   std::function<std::string()> sample;
-  std::unique_ptr<models::GptModel<typename Model::value_type>> sampler;
-  if constexpr (std::is_same_v<typename Model::device, Host>) {
-    if (a.sample_every > 0)
-      sample = [&] {
-        const auto whole = trainer.whole_params();
-        if (world.rank() != 0) return std::string();
-        if (!sampler) {
-          models::GptOptions opt = trainer.parts().front()->options();
-          opt.write_buffers = false, opt.dropout = 0;
-          sampler = std::make_unique<models::GptModel<typename Model::value_type>>(trainer.shape(), 0, opt);
-        }
-        std::copy(whole.begin(), whole.end(), sampler->params().data());
-        models::GptDecoder<typename Model::value_type> decoder(*sampler);
-        std::vector<std::int32_t> text = a.prompt_ids;  // the prompt and its continuation
-        const auto more = decoder.generate(a.prompt_ids, a.sample_tokens, {}, a.sample_stops);
-        text.insert(text.end(), more.begin(), more.end());
-        return a.detokenize(text);
-      };
-  }
+  Sampler<typename Model::value_type> sampler;
+  if (a.sample_every > 0)
+    sample = [&] {
+      const auto whole = trainer.whole_params();
+      if (world.rank() != 0) return std::string();
+      return sampler(a, trainer.shape(), trainer.parts().front()->options(), whole);
+    };
   const double flops = trainer.parts().front()->flops_per_token(a.seq);
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample, [&](int i) {
     const train::StepResult r = trainer.step(i);
@@ -501,13 +501,7 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   LOOM_CHECK(!f.sequence_parallel || (a.seq / f.cp) % f.tp == 0, "--parallel ", f.name,
              ": sequence parallelism splits each sequence", f.cp > 1 ? "'s share on a cp rank" : "", " over tp = ",
              f.tp, " ranks, but its length ", a.seq / f.cp, " is not a multiple of it");
-  const bool sharded = !a.save.empty() || !a.resume.empty() || (!a.init_from.empty() && !hugging_face_dir(a.init_from));
-  LOOM_CHECK(f.ep == 1 || !sharded,
-             "--parallel ", f.name, ": a sharded checkpoint (--save, --resume, --init-from of a loom checkpoint) ",
-             "cannot yet be written or read where the experts are split over ep", f.ep);
   if (a.sample_every > 0) {
-    LOOM_CHECK(f.ep == 1, "--sample-every generates from the whole model, which the layout ", f.name,
-               " cannot put together yet: its experts are split over ep", f.ep);
     LOOM_CHECK(std::int64_t(a.prompt_ids.size()) + a.sample_tokens - 1 <= S.max_seq, "--prompt of ",
                a.prompt_ids.size(), " tokens and --sample-tokens ", a.sample_tokens, " exceed the model's ",
                S.max_seq, " positions (max_seq)");

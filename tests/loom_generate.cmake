@@ -106,8 +106,6 @@ refused(2 "--parallel tp3: loom-generate decodes on tp1, tp2 or tp4" ${LG} ${DIR
 refused(2 "give the prompt as --prompt TEXT or as --prompt-ids LIST" ${LG} ${DIR}/ckpt)
 refused(2 "--prompt-ids: 'x' is not a token id" ${LG} ${DIR}/ckpt --prompt-ids 1,x)
 refused(1 "--prompt says how to sample, but no --sample-every N is given" ${TG} --prompt "ab" --steps 1)
-refused(1 "--sample-every generates from the whole model, which the layout dp2.ep2 cannot put together yet" ${TG}
-        --model tiny-moe --parallel dp2,ep2 --steps 1 --sample-every 1)
 refused(1 "--prompt of 2 tokens and --sample-tokens 200 exceed the model's 128 positions" ${TG} --steps 1
         --sample-every 1 --sample-tokens 200 --prompt "ab")
 message(STATUS "generation: greedy ${one}; samples equal to loom-generate's")

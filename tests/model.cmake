@@ -98,7 +98,6 @@ if(TARGET train_gpt)
       "chunks_without_pp|--parallel^dp2,v2|loom: --parallel dp2,v2: v2 sets the model chunks per pipeline stage, but the layout dp2 has none (add ppN)"
       "schedule_without_pp|--schedule^zb-h1|loom: --schedule zb-h1 orders the work of pipeline stages, but the layout single has none (add ppN to --parallel)"
       "ep_needs_experts|--parallel^dp2,ep2|loom: --model tiny cannot run on --parallel dp2.ep2: EP<n> needs a mixture-of-experts model (experts > 0)"
-      "ep_sharded_save|--model^tiny-moe^--parallel^dp2,ep2^--save^/nonexistent/ckpt|loom: --parallel dp2.ep2: a sharded checkpoint (--save, --resume, --init-from of a loom checkpoint) cannot yet be written or read where the experts are split over ep2"
       "ep_must_divide|--parallel^dp2,ep4|loom: --parallel dp2,ep4: ep4 splits the experts over ranks carved out of dp x cp = 2, which it must divide"
       "capacity_negative|--capacity-factor^-1|loom: --capacity-factor must not be negative (0: dropless), got -1"
       "aux_loss_negative|--aux-loss-coeff^-0.5|loom: --aux-loss-coeff must not be negative, got -0.5"
@@ -300,7 +299,13 @@ if(TARGET train_gpt)
             "-DLAYOUTS=dp4,ep4;tp2,dp2,ep2"
             "-DEXTRA=--model;tiny-moe;--capacity-factor;0;--router;sigmoid"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
-  set_tests_properties(train_gpt_expert_layouts train_gpt_expert_layouts_dropless PROPERTIES LABELS "model;moe")
+  # Samples of a model whose experts are split (every rank's experts put together) are the single rank's.
+  add_test(NAME train_gpt_expert_samples
+    COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DEXTRA=--model;tiny-moe"
+            "-DRUNS=--parallel dp2,ep2;--parallel dp4,zero3,ep2;--parallel tp2,dp2,ep2"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_samples.cmake)
+  set_tests_properties(train_gpt_expert_layouts train_gpt_expert_layouts_dropless train_gpt_expert_samples
+                       PROPERTIES LABELS "model;moe")
   # The Llama and Mixtral families on train_gpt's layouts, each against one rank run with the same flags.
   add_test(NAME train_gpt_llama_layouts
     COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_llama_layouts
@@ -356,6 +361,12 @@ if(TARGET train_gpt)
     add_test(NAME train_gpt_cuda_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
               "-DLAYOUTS=single --device cuda;dp2 --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    # ... and sample the text the CPU's run samples.
+    add_test(NAME train_gpt_cuda_samples
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DRUNS=--device cuda;--parallel dp2 --device cuda"
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_samples.cmake)
+    set_tests_properties(train_gpt_cuda_samples PROPERTIES LABELS "gpu;model"
+                         SKIP_REGULAR_EXPRESSION "no CUDA device here")
     set_tests_properties(train_gpt_cuda_layouts PROPERTIES LABELS "gpu;model"
                          SKIP_REGULAR_EXPRESSION "no CUDA device here")
   endif()

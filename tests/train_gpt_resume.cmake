@@ -1,6 +1,6 @@
 # train_gpt --resume continues a run exactly: 10 steps straight and 5 + 5 through a checkpoint give the same losses
 # (double precision, dropout and shuffled batches on, so that the step is what keys both); a resume into dp2 runs;
-# checkpoints move between tensor-parallel, pipeline and ZeRO layouts.
+# checkpoints move between tensor-parallel, pipeline, ZeRO and expert-parallel layouts.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> -P this
 include(${CMAKE_CURRENT_LIST_DIR}/losses.cmake)
 file(REMOVE_RECURSE ${DIR})
@@ -58,6 +58,20 @@ run(--steps 10 --resume ${DIR}/ckpt_zero1 --log-json ${DIR}/from_zero1.jsonl)
 expect_continues(${DIR}/from_zero1.jsonl 10)
 run(--steps 10 --resume ${DIR}/ckpt --parallel pp2,dp2,zero1 --micro-batches 2 --log-json ${DIR}/into_zero1.jsonl)
 expect_continues(${DIR}/into_zero1.jsonl 10)
-message(STATUS "saved on tp4, tp2,pp2,dp2, dp4,zero1 and one rank; resumed on one rank, tp2,sp,dp2, pp2 and "
-               "pp2,dp2,zero1: the same run")
+# Experts split over ep: each expert's tensors are written by its expert-data-parallel group (in even shares, or
+# under ZeRO each rank its shard), so a run saved on dp2,ep2 resumes on one rank, one saved on one rank resumes on
+# dp4,zero1,ep2, and one saved on dp4,zero3,ep2 resumes on dp2,ep2, each continuing the straight run.
+set(moe --model tiny-moe)
+run(${moe} --steps 10 --log-json ${DIR}/moe_straight.jsonl)
+run(${moe} --steps 5 --parallel dp2,ep2 --save ${DIR}/moe_ep2)
+run(${moe} --steps 10 --resume ${DIR}/moe_ep2 --log-json ${DIR}/moe_from_ep2.jsonl)
+expect_losses(${DIR}/moe_straight.jsonl 5 ${DIR}/moe_from_ep2.jsonl 0 5 10)
+run(${moe} --steps 5 --save ${DIR}/moe_single)
+run(${moe} --steps 10 --resume ${DIR}/moe_single --parallel dp4,zero1,ep2 --log-json ${DIR}/moe_into_zero1.jsonl)
+expect_losses(${DIR}/moe_straight.jsonl 5 ${DIR}/moe_into_zero1.jsonl 0 5 10)
+run(${moe} --steps 5 --parallel dp4,zero3,ep2 --save ${DIR}/moe_zero3)
+run(${moe} --steps 10 --resume ${DIR}/moe_zero3 --parallel dp2,ep2 --log-json ${DIR}/moe_from_zero3.jsonl)
+expect_losses(${DIR}/moe_straight.jsonl 5 ${DIR}/moe_from_zero3.jsonl 0 5 10)
+message(STATUS "saved on tp4, tp2,pp2,dp2, dp4,zero1, dp2,ep2, dp4,zero3,ep2 and one rank; resumed on one rank, "
+               "tp2,sp,dp2, pp2, pp2,dp2,zero1, dp4,zero1,ep2 and dp2,ep2: the same run")
 file(REMOVE_RECURSE ${DIR})  # kept only when a check failed

@@ -88,7 +88,6 @@ struct TrainerView {
   int world_rank = 0, world_size = 1;
   std::function<void()> barrier;
   nlohmann::json model;  //!< model_config of the rank's first part
-  int ep = 1;            //!< the expert-parallel degree (sharded checkpoints refuse EP for now)
 };
 
 //! The view of `trainer` that sharded checkpoints read and write (the trainer must outlive it).
@@ -109,18 +108,8 @@ TrainerView<typename Model::value_type, typename Model::device, Optimizer> view_
   const auto& front = *trainer.parts().front();
   // (as nlohmann::json, the index's own kind: comparing the two kinds is ambiguous to some compilers)
   v.model = nlohmann::json::parse(model_config(front).dump());
-  if constexpr (requires { front.ep(); })
-    if (front.ep()) v.ep = front.ep()->size();
   return v;
 }
-
-namespace detail {
-//! Sharded checkpoints do not yet know that expert-parallel ranks hold different experts: refused.
-inline void check_not_expert_parallel(int ep, const char* what) {
-  LOOM_CHECK(ep == 1, "a sharded checkpoint cannot be ", what, " on an expert-parallel layout yet (EP<", ep,
-             ">); save_training writes the whole model, which any layout loads");
-}
-}  // namespace detail
 
 //! Copies what this rank writes of `trainer` (its chunks of every parameter and optimizer state) to host memory,
 //! charged to its ledger as checkpoint buffers, into `snap`, whose buffers it reuses (a writer that saves again and
@@ -132,7 +121,6 @@ void snapshot_into(Snapshot& snap, const std::string& root, const TrainerView<T,
                    int next_step, const std::string& layout, const nlohmann::json& run = nullptr,
                    std::int64_t block = checksum_block, bool copy = true) {
   using A = loom::acc_t<T>;
-  detail::check_not_expert_parallel(trainer.ep, "saved");
   LOOM_CHECK(block > 0, "the checksum block must be positive, got ", block);
   std::vector<detail::Written> before = std::move(snap.chunks);  // their buffers, to reuse in order
   snap.chunks.clear();
@@ -259,7 +247,6 @@ enum class LoadWhat { training, parameters };
 template <class T, class Dev, class Optimizer>
 int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& trainer,
                  LoadWhat what = LoadWhat::training) {
-  detail::check_not_expert_parallel(trainer.ep, "loaded");
   using A = loom::acc_t<T>;
   const std::string dir = resolve_checkpoint(path);
   const ShardedIndex ix = read_index(dir);

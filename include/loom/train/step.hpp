@@ -299,12 +299,20 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
       }
       if (Zero >= 3 && (at_.shard ? at_.shard : at_.dp)->size() > 1) h.params = h.state;
       else h.params.push_back({0, n, 0});
-    } else {  // replicated over data parallelism: each rank writes an even share
-      const int d = at_.dp->size(), r = at_.dp->rank();
+    } else {  // replicated over data parallelism (an expert's over the expert-data-parallel group): even shares
       h.state.push_back({0, n, 0});
       h.params = h.state;
-      const std::int64_t lo = n * r / d, hi = n * (r + 1) / d;
-      if (lo < hi) h.written.push_back({lo, hi, lo});
+      auto share = [&](const Comm& group, std::int64_t first, std::int64_t last) {
+        const std::int64_t d = group.size(), r = group.rank(), len = last - first;
+        const std::int64_t lo = first + len * r / d, hi = first + len * (r + 1) / d;
+        if (lo < hi) h.written.push_back({lo, hi, lo});
+      };
+      if (at_.ep_size == 1) {
+        share(*at_.dp, 0, n);
+      } else {
+        for (const auto& s : this->parts[c]->specs())
+          share(s.expert ? *at_.edp : *at_.dp, s.offset, s.offset + numel_of(s.shape));
+      }
     }
     return h;
   }
