@@ -7,6 +7,7 @@
 #include <loom/core/device.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace loom::models {
@@ -25,6 +26,17 @@ inline constexpr std::size_t no_param = static_cast<std::size_t>(-1);
 //! forward unit reads.
 struct ParamRange {
   std::size_t first, last, also = no_param;
+};
+
+//! One micro-batch through a part of a model: whole sequences, of which a rank takes its share (with context
+//! parallelism its two zigzag chunks of each). A model may declare its own MicroBatch with these members; the
+//! library's models use this one.
+struct MicroBatch {
+  const std::int32_t* ids;      //!< B*T in host memory, read by the part with the embedding
+  const std::int32_t* targets;  //!< B*T in host memory, read by the part with the loss
+  int batch, seq;               //!< B sequences of T tokens
+  std::uint64_t step = 0;       //!< keys dropout, with row0 (the global index of the batch's first sequence),
+  std::int64_t row0 = 0;        //!< so that its mask does not depend on how the batch is split
 };
 
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.

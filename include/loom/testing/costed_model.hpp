@@ -5,6 +5,7 @@
 
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
+#include <loom/models/part.hpp>
 #include <loom/pipeline/executor.hpp>
 #include <loom/tensor/tensor.hpp>
 
@@ -21,13 +22,7 @@ namespace loom::testing {
 class CostedModel {
  public:
   using Clock = std::chrono::steady_clock;
-  struct MicroBatch {
-    const std::int32_t* ids;
-    const std::int32_t* targets;
-    int batch, seq;
-    std::uint64_t step = 0;
-    std::int64_t row0 = 0;
-  };
+  using MicroBatch = models::MicroBatch;
   //! One compute action as it ran.
   struct Span {
     Clock::time_point start, end;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -31,15 +32,8 @@ class AnyPart {
   using device = Dev;
   using ParamRange = models::ParamRange;
   static constexpr std::size_t no_param = models::no_param;
-  //! A micro-batch as every TrainableModel takes one: token ids and targets in host memory (B x T each), the step
-  //! and the global index of the batch's first sequence (which key dropout).
-  struct MicroBatch {
-    const std::int32_t* ids;
-    const std::int32_t* targets;
-    int batch, seq;
-    std::uint64_t step = 0;
-    std::int64_t row0 = 0;
-  };
+  //! A micro-batch as every TrainableModel takes one (a model's own MicroBatch has the same members).
+  using MicroBatch = models::MicroBatch;
   //! What ZeRO-3 reads of the model's options: whether the part wrote its buffers when it was built.
   struct Options {
     bool write_buffers = true;
@@ -187,8 +181,9 @@ class AnyPartOf final : public AnyPart<typename Model::value_type, typename Mode
   }
 
  private:
-  static typename Model::MicroBatch of(const MicroBatch& mb) {
-    return typename Model::MicroBatch{mb.ids, mb.targets, mb.batch, mb.seq, mb.step, mb.row0};
+  static decltype(auto) of(const MicroBatch& mb) {
+    if constexpr (std::is_same_v<typename Model::MicroBatch, MicroBatch>) return (mb);
+    else return typename Model::MicroBatch{mb.ids, mb.targets, mb.batch, mb.seq, mb.step, mb.row0};
   }
   template <class R>
   static ParamRange range(const R& r) {

@@ -98,15 +98,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   //! The whole model's training FLOPs per token (forward and backward) for sequences of `seq` tokens.
   double flops_per_token(int seq) const { return shape_.flops_per_token(seq); }
 
-  //! One micro-batch through this part of the model: whole sequences, of which a rank takes its share (with
-  //! context parallelism its two zigzag chunks of each).
-  struct MicroBatch {
-    const std::int32_t* ids;      //!< B*T in host memory, read by the part with the embedding
-    const std::int32_t* targets;  //!< B*T in host memory, read by the part with the loss
-    int batch, seq;               //!< B sequences of T tokens
-    std::uint64_t step = 0;       //!< keys dropout, with row0 (the global index of the batch's first sequence),
-    std::int64_t row0 = 0;        //!< so that its mask does not depend on how the batch is split
-  };
+  //! One micro-batch through this part of the model (models::MicroBatch).
+  using MicroBatch = models::MicroBatch;
 
   //! The micro-batches in flight: activation slots, each holding one forward's activations until its backward.
   void set_slots(int n) {
