@@ -175,12 +175,19 @@ TEST_CASE("validation loss is the same on every layout and leaves the model as i
   const auto one = run<Parallel<>>(train_data, val, true);
   const auto plain = run<Parallel<>>(train_data, val, false);
   const auto spread = run<Parallel<TP<2>, PP<2>, DP<2>>>(train_data, val, true);
+  // Without a pipeline validation runs the forwards alone; ZeRO-3 gathers each unit for them, and releases what
+  // KeepGathered would have kept for a backward.
+  const auto sharded = run<Parallel<DP<4, ZeRO<3>, KeepGathered>>>(train_data, val, true);
   REQUIRE(one.size() == 5);
   REQUIRE(spread.size() == 5);
+  REQUIRE(sharded.size() == 5);
   // The training losses: step 2's follows the evaluation as it follows no evaluation.
   CHECK(one[0] == plain[0]);
   CHECK(one[1] == plain[1]);
   CHECK(one[4] == plain[2]);
   CHECK(one[2] != one[3]);  // two batches, two losses
-  for (std::size_t i = 0; i < one.size(); ++i) CHECK(spread[i] == Approx(one[i]).epsilon(1e-9));
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    CHECK(spread[i] == Approx(one[i]).epsilon(1e-9));
+    CHECK(sharded[i] == Approx(one[i]).epsilon(1e-9));
+  }
 }

@@ -119,7 +119,8 @@ class TrainerBase {
   //! What this rank holds of part c, for sharded checkpoints (Holding).
   virtual Holding holding(std::size_t c) const = 0;
   //! The loss of global batch `batch` of `data` (the mean over its sequences, on every rank), the model unchanged:
-  //! the step's forward and backward without the update (a pipeline's schedule needs both), its gradients dropped.
+  //! without a pipeline the step's forwards alone; with one the schedule's forwards and backwards (its table pairs
+  //! them) without the update, their gradients dropped.
   virtual double evaluate(const DataSource& data, std::int64_t batch) = 0;
   //! The world's size and this rank's place in it; a barrier over the world.
   virtual int world_rank() const = 0;
@@ -250,7 +251,7 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     const DataSource* training = std::exchange(data_, &data);
     double loss = 0;
     try {
-      loss = forward_backward(batch);
+      loss = Pipelined ? forward_backward(batch) : forward_only(batch);
     } catch (...) {
       data_ = training;
       throw;
@@ -342,6 +343,28 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     }
     std::vector<double> l{Pipelined ? run_pipeline(step) : run_micro_batches(step)};
     if constexpr (Pipelined) at_.pp->all_reduce(l, comm::Reduce::sum);
+    at_.dp->all_reduce(l, comm::Reduce::avg);
+    return l[0];
+  }
+
+  //! The loss of the global batch of `step` without a pipeline: each micro-batch's forward alone (the same forward,
+  //! and so the same loss, as a step's), averaged over data parallelism; the gradients untouched.
+  double forward_only(std::int64_t step) {
+    Model& m = *this->parts.front();
+    auto& in = in_.front();
+    auto& tg = tg_.front();
+    in.resize(std::size_t(micro_) * cfg_.seq);
+    tg.resize(in.size());
+    std::vector<double> l{0};
+    const int mbs = cfg_.micro_batches;
+    for (int i = 0; i < mbs; ++i) {
+      data_->fill(step, row0(i), micro_, in.data(), tg.data());
+      const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                          row0(i)};
+      if constexpr (Zero > 0) l[0] += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
+      else l[0] += m.forward(0, mb, nullptr) / mbs;
+    }
+    if constexpr (Zero >= 3) zero_.front()->release_units();  // KeepGathered kept them for a backward
     at_.dp->all_reduce(l, comm::Reduce::avg);
     return l[0];
   }

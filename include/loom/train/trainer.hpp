@@ -68,8 +68,8 @@ class TrainerOf {
   //! any rank.
   StepResult step(int step) { return core_->step(step); }
   //! The loss of global batch `batch` of `data` (validation: the mean over its sequences, the same on every rank and
-  //! every layout), the model and the optimizer unchanged. The step's forward and backward without the update: a
-  //! collective over the world, as a step is.
+  //! every layout), the model and the optimizer unchanged: the step's forwards alone without a pipeline, the
+  //! schedule's forwards and backwards without the update with one. A collective over the world, as a step is.
   double evaluate(const DataSource& data, std::int64_t batch) { return core_->evaluate(data, batch); }
 
   //! This rank's model parts: one without pipeline parallelism, the stage's chunks with it.
