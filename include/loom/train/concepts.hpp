@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace loom::train {
@@ -26,6 +27,17 @@ namespace loom::train {
 //! run apart. shape() is the whole model's (shape().layers: the blocks a pipeline splits), flops_per_token(seq) the
 //! whole model's training FLOPs per token. gather and scatter move a buffer laid out as the part's parameters to and
 //! from the whole model's layout (a collective over the tensor-parallel group).
+namespace detail {
+//! What the trainer keeps of a model part (its parameter table, buffers and operations) it keeps by reference.
+template <class M>
+concept HeldByReference = requires(M& m, const M& cm) {
+  requires std::is_lvalue_reference_v<decltype(cm.specs())>;
+  requires std::is_lvalue_reference_v<decltype(m.params())>;
+  requires std::is_lvalue_reference_v<decltype(m.grads())>;
+  requires std::is_lvalue_reference_v<decltype(cm.ops())>;
+};
+}  // namespace detail
+
 template <class M>
 concept TrainableModel = requires(M& m, const M& cm, int i, double s, const typename M::value_type* p,
                                   typename M::value_type* q, const typename M::MicroBatch& mb,
@@ -62,6 +74,7 @@ concept TrainableModel = requires(M& m, const M& cm, int i, double s, const type
   m.params();
   m.grads();
   cm.ops();
+  requires detail::HeldByReference<M>;
   { cm.io_elements(i, i) } -> std::convertible_to<std::size_t>;
   { m.gather(p) } -> std::convertible_to<std::vector<typename M::value_type>>;
   cm.scatter(p, q);
@@ -177,6 +190,9 @@ struct ModelRequirements {
                 },
                 "loom: the model has no specs() (its parameter table), param_specs(tp_rank, global), params(), "
                 "grads() or ops() (train::TrainableModel)");
+  static_assert(detail::HeldByReference<M>,
+                "loom: the model's specs(), params(), grads() and ops() must return references to what it holds, "
+                "not values: the trainer keeps them (train::TrainableModel)");
   static_assert(requires(M& m, const M& cm, const typename M::value_type* p, typename M::value_type* q) {
                   { m.gather(p) } -> std::convertible_to<std::vector<typename M::value_type>>;
                   cm.scatter(p, q);
