@@ -350,20 +350,9 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
   //! The loss of the global batch of `step` without a pipeline: each micro-batch's forward alone (the same forward,
   //! and so the same loss, as a step's), averaged over data parallelism; the gradients untouched.
   double forward_only(std::int64_t step) {
-    Model& m = *this->parts.front();
-    auto& in = in_.front();
-    auto& tg = tg_.front();
-    in.resize(std::size_t(micro_) * cfg_.seq);
-    tg.resize(in.size());
     std::vector<double> l{0};
     const int mbs = cfg_.micro_batches;
-    for (int i = 0; i < mbs; ++i) {
-      data_->fill(step, row0(i), micro_, in.data(), tg.data());
-      const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
-                                          row0(i)};
-      if constexpr (Zero > 0) l[0] += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
-      else l[0] += m.forward(0, mb, nullptr) / mbs;
-    }
+    for (int i = 0; i < mbs; ++i) l[0] += forward_micro_batch(step, i) / mbs;
     if constexpr (Zero >= 3) zero_.front()->release_units();  // KeepGathered kept them for a backward
     at_.dp->all_reduce(l, comm::Reduce::avg);
     return l[0];
@@ -372,22 +361,28 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
   //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
   std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
 
-  //! Without a pipeline: each micro-batch forward and backward in turn; the last backward averages the gradients
-  //! over data parallelism, bucket by bucket, as they complete.
-  double run_micro_batches(std::int64_t step) {
-    Model& m = *this->parts.front();
+  //! Without a pipeline: micro-batch i of this rank's rows of the global batch of `step` read and run forward in
+  //! activation slot 0 (through ZeRO where there is: ZeRO-3 gathers each unit); its loss.
+  double forward_micro_batch(std::int64_t step, int i) {
     auto& in = in_.front();
     auto& tg = tg_.front();
     in.resize(std::size_t(micro_) * cfg_.seq);
     tg.resize(in.size());
+    data_->fill(step, row0(i), micro_, in.data(), tg.data());
+    const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                        row0(i)};
+    if constexpr (Zero > 0) return zero_.front()->forward(0, mb);
+    else return this->parts.front()->forward(0, mb, nullptr);
+  }
+
+  //! Without a pipeline: each micro-batch forward and backward in turn; the last backward averages the gradients
+  //! over data parallelism, bucket by bucket, as they complete.
+  double run_micro_batches(std::int64_t step) {
+    Model& m = *this->parts.front();
     double loss = 0;
     const int mbs = cfg_.micro_batches;
     for (int i = 0; i < mbs; ++i) {
-      data_->fill(step, row0(i), micro_, in.data(), tg.data());
-      const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
-                                          row0(i)};
-      if constexpr (Zero > 0) loss += zero_.front()->forward(0, mb) / mbs;  // ZeRO-3 gathers each unit
-      else loss += m.forward(0, mb, nullptr) / mbs;
+      loss += forward_micro_batch(step, i) / mbs;
       if (i + 1 < mbs) {
         if constexpr (Zero >= 2) {  // the micro-batches' gradients accumulate in every bucket
           if (i == 0) zero_.front()->hold_all();
