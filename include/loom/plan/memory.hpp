@@ -1,0 +1,423 @@
+// Memory per rank, by category, of a model trained on a layout: what each rank holds at its peak. Under loom's
+// recipe the count follows the declarations loom trains from: the parameter table of each part (each_param walks
+// it in models::gpt_param_specs' order, with each parameter's local size on a tensor- and expert-parallel rank),
+// the gradient buckets and ZeRO's pieces as train::make_buckets and train::ShardPlan cut them, the activation slots
+// each pipeline schedule keeps (pipeline::activation_bound), and the tensors models::GptActivations makes for a slot.
+// Under Megatron-LM's recipe it is Korthikanti et al. 2022's formulas. Everything here is constexpr: the same
+// arithmetic answers loom-plan at run time and plan::fits at compile time.
+#pragma once
+
+#include <loom/plan/layout.hpp>
+#include <loom/plan/model.hpp>
+#include <loom/tensor/placement.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace loom::plan {
+
+//! Bytes by category, loom-plan's and the ledger's (core/memory.hpp) names: parameters (with ZeRO-3's gathered
+//! units), gradients, optimizer (the optimizer's state and fp32 master weights), activations (with the transient
+//! workspaces of ring and Ulysses attention), buffers (communication buffers: gradient reductions, gathers, a mixture
+//! of experts' all-to-alls), other (RoPE's tables).
+struct Bytes {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, other = 0;
+  constexpr double total() const { return parameters + gradients + optimizer + activations + buffers + other; }
+  //! The training state: parameters, gradients, optimizer.
+  constexpr double state() const { return parameters + gradients + optimizer; }
+};
+
+//! The most loaded rank's memory: its bytes by category at their peaks, their sum (the peak, which the categories
+//! reach together: the last micro-batch's backward), and the pipeline stage it belongs to.
+struct Memory {
+  Bytes bytes;
+  double peak = 0;
+  int stage = 0;
+  //! The largest category's name and bytes.
+  constexpr std::pair<std::string_view, double> largest() const {
+    std::pair<std::string_view, double> m{"parameters", bytes.parameters};
+    auto more = [&](std::string_view n, double b) {
+      if (b > m.second) m = {n, b};
+    };
+    more("gradients", bytes.gradients), more("optimizer", bytes.optimizer), more("activations", bytes.activations);
+    more("buffers", bytes.buffers), more("other", bytes.other);
+    return m;
+  }
+};
+
+namespace detail {
+
+//! One parameter of a part's table: its elements on the rank, whether it is an expert's, and the ZeRO-3 unit that
+//! holds it (0 the embedding, 1 + i block first + i, then the head: the final norm and lm_head).
+struct ParamDecl {
+  std::int64_t numel;
+  bool expert;
+  int unit;
+};
+
+//! f(ParamDecl) for each parameter of blocks [first, last) of shape s on tensor-parallel rank tp_rank of tp and
+//! expert-parallel rank 0 of ep, in models::gpt_param_specs' order, with the sizes its placements give that rank.
+template <class F>
+constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int last, int ep, F&& f) {
+  const std::int64_t d = s.d_model, hd = s.head_dim();
+  const int L = s.layers, head_unit = 1 + (last - first);
+  auto split = [&](std::int64_t n) { return units_of(n, tp, tp_rank).count; };
+  const std::int64_t vocab_rows = split(s.vocab);
+  const bool rms = s.norm == models::NormKind::rms;
+  auto norm = [&](int unit) {
+    f(ParamDecl{d, false, unit});
+    if (!rms) f(ParamDecl{d, false, unit});
+  };
+  auto linear = [&](std::int64_t in, std::int64_t out, bool bias, bool column, int unit, bool expert = false) {
+    f(ParamDecl{in * out, expert, unit});
+    if (bias) f(ParamDecl{column ? out : d, expert, unit});
+  };
+  auto mlp = [&](std::int64_t width, int unit) {  // column-parallel up (gate and up), row-parallel down
+    const std::int64_t up = (s.gated() ? 2 : 1) * split(width);
+    linear(d, up, s.bias, true, unit);
+    linear(split(width), d, s.bias, false, unit);
+  };
+  if (first == 0 || (s.tied && last == L)) f(ParamDecl{vocab_rows * d, false, first == 0 ? 0 : head_unit});
+  if (first == 0 && !s.rope()) f(ParamDecl{std::int64_t{s.max_seq} * d, false, 0});
+  for (int l = first; l < last; ++l) {
+    const int u = 1 + (l - first);
+    norm(u);
+    const std::int64_t kv = units_of(s.kv_heads, tp, tp_rank).count, hq = split(s.heads);
+    linear(d, (hq + 2 * kv) * hd, s.bias, true, u);
+    linear(hq * hd, d, s.bias, false, u);
+    norm(u);
+    if (!s.moe_block(l)) {
+      mlp(s.ffn(), u);
+      continue;
+    }
+    f(ParamDecl{d * s.experts, false, u});
+    if (s.shared_experts > 0) mlp(std::int64_t{s.shared_experts} * s.expert_width(), u);
+    const std::int64_t w = s.expert_width(), up = (s.gated() ? 2 : 1) * w;
+    for (int e = 0; e < s.experts / ep; ++e) {
+      f(ParamDecl{d * up, true, u});
+      if (s.bias) f(ParamDecl{up, true, u});
+      f(ParamDecl{w * d, true, u});
+      if (s.bias) f(ParamDecl{d, true, u});
+    }
+  }
+  if (last == L) {
+    norm(head_unit);
+    if (!s.tied) f(ParamDecl{vocab_rows * d, false, head_unit});
+  }
+}
+
+//! Elements of a piece of len elements that rank 0 of n owns (ShardPlan: chunks of ceil(len / n)).
+constexpr std::int64_t own_of(std::int64_t len, int n) { return n <= 1 ? len : std::min(len, (len + n - 1) / n); }
+
+//! What a part holds on rank 0 of its tensor-, expert- and data-parallel groups (the most loaded: the first ranks
+//! take the larger rows of an uneven split, and chunk 0 of every ZeRO piece is whole).
+struct PartState {
+  std::int64_t params = 0;        //!< elements of the part on the rank
+  std::int64_t shard = 0;         //!< elements of its ZeRO shard (params without ZeRO)
+  std::int64_t max_chunk = 0;     //!< the largest piece's chunk
+  std::int64_t padded_stage = 0;  //!< the largest chunk x (n + 1) of a padded piece (its staging copy)
+  std::int64_t gathered = 0;      //!< ZeRO-3: the most elements of others' chunks held at once
+  std::int64_t sending = 0;       //!< ZeRO-3: the copies of its own chunks two gathers in flight send
+};
+
+//! The part's parameters and its pieces under ZeRO: stages 1 and 2 cut the gradient buckets (train::make_buckets:
+//! from the last parameter back, a bucket closed when it reaches bucket_bytes, at the first parameter, or where
+//! the experts' parameters start or end), stage 3 the units (the embedding, each block, the head; a block's experts
+//! a piece of their own). Expert pieces are sharded over the expert-data-parallel ranks, the others over the ZeRO
+//! group (train::ShardPlan).
+constexpr PartState part_state(const GptShape& s, const Layout& l, int first, int last, std::int64_t elem,
+                               std::int64_t bucket_bytes) {
+  PartState st;
+  std::vector<ParamDecl> ps;
+  each_param(s, l.tp, 0, first, last, l.ep, [&](ParamDecl p) { ps.push_back(p), st.params += p.numel; });
+  if (l.zero == 0) {
+    st.shard = st.params;
+    return st;
+  }
+  const int n = l.zero_ranks(), ne = l.ep > 1 ? l.edp() : n;
+  struct Piece {
+    std::int64_t len;
+    bool expert;
+    int unit;
+  };
+  std::vector<Piece> pieces;
+  if (l.zero < 3) {
+    std::int64_t acc = 0, len = 0;
+    for (std::size_t i = ps.size(); i-- > 0;) {
+      acc += ps[i].numel * elem, len += ps[i].numel;
+      if (acc >= bucket_bytes || i == 0 || ps[i - 1].expert != ps[i].expert)
+        pieces.push_back({len, ps[i].expert, 0}), acc = 0, len = 0;
+    }
+  } else {
+    for (const ParamDecl& p : ps)
+      if (!pieces.empty() && pieces.back().unit == p.unit && pieces.back().expert == p.expert)
+        pieces.back().len += p.numel;
+      else
+        pieces.push_back({p.numel, p.expert, p.unit});
+  }
+  const int units = 2 + (last - first);
+  std::vector<std::int64_t> others(static_cast<std::size_t>(units), 0), chunks(static_cast<std::size_t>(units), 0);
+  for (const Piece& p : pieces) {
+    const int r = p.expert ? ne : n;
+    const std::int64_t chunk = (p.len + r - 1) / r, own = own_of(p.len, r);
+    st.shard += own;
+    st.max_chunk = std::max(st.max_chunk, chunk);
+    if (chunk * r != p.len) st.padded_stage = std::max(st.padded_stage, chunk * (r + 1));
+    others[static_cast<std::size_t>(p.unit)] += p.len - own;
+    chunks[static_cast<std::size_t>(p.unit)] += chunk;
+  }
+  if (l.zero == 3) {
+    // What a step holds gathered at once (train::ShardedParameters): the unit it computes with the next one
+    // prefetched, with the embedding and the head besides (the head reads the tied table); under keep, everything.
+    // A tied table is read by the head as well: the embedding's unit stays gathered with the head's.
+    std::int64_t window = units == 3 ? others[1] : 0, send = units == 3 ? chunks[1] : 0;
+    for (std::size_t u = 1; u + 2 < others.size(); ++u) {
+      window = std::max(window, others[u] + others[u + 1]);
+      send = std::max(send, chunks[u] + chunks[u + 1]);
+    }
+    if (s.tied) {
+      window += others.front() + others.back();
+    } else {
+      window = std::max({window, others[0] + others[1], others[others.size() - 2] + others.back()});
+    }
+    st.gathered = l.keep ? st.params - st.shard : window;
+    st.sending = l.keep ? 0 : send;
+  }
+  return st;
+}
+
+//! A micro-batch on one rank, and the widths its tensors have there.
+struct Act {
+  std::int64_t N, rows, B, Tl;  //!< tokens of a micro-batch on the rank, its rows (N / tp with sp), sequences, tokens of each
+  std::int64_t d, qkv, hq, hd, kv, vocab_rows;
+  int tp, cp;
+  bool sp, ulysses;
+  double T, A;  //!< element and accumulation bytes
+  const GptShape* s;
+
+  constexpr std::int64_t up(std::int64_t width) const { return (s->gated() ? 2 : 1) * width / tp; }
+  //! A mixture of experts' tokens routed on this rank: rows x top_k.
+  constexpr std::int64_t routed() const { return rows * s->top_k; }
+  constexpr bool any_dense() const {
+    for (int l = 0; l < s->layers; ++l)
+      if (!s->moe_block(l)) return true;
+    return false;
+  }
+  constexpr bool any_moe() const { return s->experts > 0; }
+
+  //! GptBlock::make_acts(with_input, keep_core, l): what forward keeps for block l (-1: scratch for any block).
+  constexpr double block_acts(bool with_input, bool keep_core, int l) const {
+    double b = T * double((with_input ? 4 : 3) * rows * d) + A * double(4 * rows);
+    b += T * double(N * qkv) + (sp ? T * double(N * d) : 0);  // attention: q|k|v, the gathered input
+    if (keep_core) b += T * double(N * hq * hd) + A * double(B * hq * Tl);
+    if (l < 0 ? any_dense() : !s->moe_block(l)) b += T * double(N * up(s->ffn()) + N * s->ffn() / tp) + (sp ? T * double(N * d) : 0);
+    if (l < 0 ? any_moe() : s->moe_block(l)) b += moe_acts();
+    return b;
+  }
+  //! GptBlock::make_grads(recompute_core, l): backward's branch gradients.
+  constexpr double block_grads(bool recompute_core, int l) const {
+    double b = T * double(5 * rows * d) + T * double(N * hq * hd + N * qkv) + (sp ? 2 * T * double(N * d) : 0);
+    if (recompute_core) b += T * double(N * hq * hd) + A * double(B * hq * Tl);
+    if (l < 0 ? any_dense() : !s->moe_block(l))
+      b += T * double(N * up(s->ffn())) + (s->gated() ? T * double(N * s->ffn() / tp) : 0) + (sp ? 2 * T * double(N * d) : 0);
+    if (l < 0 ? any_moe() : s->moe_block(l)) b += moe_grads();
+    return b;
+  }
+  //! A mixture of experts' forward: the router's logits (and all of them with sp), each routed token's input,
+  //! hidden, activated and returned rows, and the shared experts' MLP; tokens dropped past the capacity are not
+  //! counted off (an upper bound).
+  constexpr double moe_acts() const {
+    const std::int64_t w = s->expert_width(), E = s->experts, R = routed();
+    double b = T * double(rows * E + (sp ? N * E : 0)) + T * double(R * (2 * d + (s->gated() ? 2 : 1) * w + w));
+    if (s->shared_experts > 0) {
+      const std::int64_t sw = std::int64_t{s->shared_experts} * w;
+      b += T * double(N * up(sw) + N * sw / tp) + (sp ? T * double(N * d) : 0);
+    }
+    return b;
+  }
+  constexpr double moe_grads() const {
+    const std::int64_t w = s->expert_width(), E = s->experts, R = routed();
+    double b = T * double(rows * E + (sp ? N * E : 0)) + T * double(R * (d + (s->gated() ? 2 : 1) * w));
+    if (s->shared_experts > 0) {
+      const std::int64_t sw = std::int64_t{s->shared_experts} * w;
+      b += T * double(N * up(sw)) + (s->gated() ? T * double(N * sw / tp) : 0) + (sp ? 2 * T * double(N * d) : 0);
+    }
+    return b;
+  }
+  //! The all-to-alls' send and receive rows (layers::RoutedExperts' scratch, kept at their largest).
+  constexpr double moe_buffers() const { return any_moe() ? 2.75 * T * double(routed() * d) : 0; }
+  //! The transient workspace of ring or Ulysses attention (the larger of forward's and backward's).
+  constexpr double cp_workspace() const {
+    if (cp == 1) return 0;
+    const std::int64_t wq = hq * hd, wkv = kv * hd;
+    if (ulysses) {
+      const std::int64_t R = B * Tl;
+      return T * double(R * (6 * wq + 4 * wkv)) + A * double(3 * R * hq);
+    }
+    const std::int64_t c = Tl / 2, qn = B * c * wq, kvn = B * c * wkv, ln = B * hq * c, blocks = 8 * kvn;
+    const double fwd = T * double(3 * qn + blocks) + A * double(2 * qn + 3 * ln);
+    const double bwd = T * double(7 * qn + blocks + 2 * kvn) + A * double(2 * ln + 2 * qn + blocks + 4 * kvn);
+    return std::max(fwd, bwd);
+  }
+};
+
+//! One chunk's activations in loom (models::GptActivations::allocate and split): `slots` slots of blocks
+//! [first, last), the scratch the calls share, and with a split backward (zb-h1, zb-v) each slot's branch gradients.
+constexpr double loom_chunk_activations(const Act& a, int first, int last, bool embedding, bool head, int slots,
+                                        Recompute rc, bool split) {
+  (void)embedding;
+  const GptShape& s = *a.s;
+  const double T = a.T, A = a.A;
+  const std::int64_t rows = a.rows, N = a.N, d = a.d;
+  const bool full = rc == Recompute::full, selective = rc == Recompute::selective;
+  double slot = 0;
+  if (full) slot += T * double(rows * d * (last - first));
+  else
+    for (int l = first; l < last; ++l) slot += a.block_acts(true, rc == Recompute::none, l);
+  slot += 2 * T * double(rows * d);
+  if (head) slot += T * double(rows * d) + 2 * A * double(rows) + (a.sp ? T * double(N * d) : 0) +
+                    T * double(N * a.vocab_rows + N) + 2 * A * double(N);
+  double shared = full ? a.block_acts(false, true, -1) + T * double(rows * d) : 0;
+  shared += T * double(rows * d) + (a.sp ? 3 * T * double(N * d) : 0) + T * double(N) + a.block_grads(selective, -1);
+  double splits = 0;
+  if (split) {
+    for (int l = first; l < last; ++l) splits += a.block_grads(selective, l);
+    if (head) splits += T * double(rows * d);
+  }
+  (void)s;
+  return slots * (slot + splits) + shared;
+}
+
+//! Korthikanti et al. 2022's activation bytes of one transformer layer for one micro-batch (16-bit activations):
+//! without recomputation sbh(10 + 24/t + 5as/(ht)), with sequence parallelism (sbh/t)(34 + 5as/h); selective
+//! recomputation drops the attention core's 5as/h terms; full recomputation keeps the layer's input, 2sbh (/t
+//! with sp). s is the rank's share of the sequence under context parallelism. A flash attention keeps no scores.
+constexpr double megatron_layer_activations(const GptShape& g, const Layout& l, double b, double s, Recompute rc,
+                                            bool flash) {
+  const double h = g.d_model, a = g.heads, t = l.tp;
+  if (rc == Recompute::full) return 2 * s * b * h / (l.sp ? t : 1);
+  const double core = rc == Recompute::selective || flash ? 0 : 5 * a * s / h;
+  return l.sp ? s * b * h / t * (34 + core) : s * b * h * (10 + 24 / t + core / t);
+}
+
+//! The first block of pipeline part k of `parts` (k = parts: the end): an even split, the first parts a block more
+//! where the layers do not divide (loom's trainer takes such a split as --layer-split).
+constexpr int part_first(const GptShape& s, int parts, int k) {
+  const int per = s.layers / parts, extra = s.layers % parts;
+  return k * per + std::min(k, extra);
+}
+
+//! Which part chunk `chunk` of pipeline stage `stage` holds.
+constexpr int part_of(const Layout& l, int stage, int chunk) {
+  return l.pp > 1 ? pipeline::virtual_stage(l.schedule, l.pp, stage, chunk) : 0;
+}
+
+}  // namespace detail
+
+//! The activation slots each chunk's model keeps on each pipeline stage (pipeline::Executor: the most
+//! (micro-batch, chunk) pairs the verified schedule holds on the stage, at most the micro-batches; one without a
+//! pipeline). The schedule's table is built and verified where it is small enough (up to 64 stages, 20000 actions),
+//! else pipeline::activation_bound gives the count.
+constexpr std::vector<int> activation_slots(const Layout& l, int micro_batches, bool from_table = true) {
+  std::vector<int> slots(static_cast<std::size_t>(l.pp), 1);
+  if (l.pp == 1) return slots;
+  const int v = l.chunks();
+  const bool table = from_table && l.pp <= pipeline::max_stages && 3.0 * l.pp * micro_batches * v <= 20000 &&
+                     pipeline::detail::count_rule(l.schedule, l.pp, micro_batches, v) ==
+                         pipeline::detail::CountRule::ok;
+  if (table) {
+    const pipeline::VerifyResult r = pipeline::verify(pipeline::detail::build(l.schedule, l.pp, micro_batches, v));
+    if (r.ok) {
+      for (int s = 0; s < l.pp; ++s)
+        slots[static_cast<std::size_t>(s)] = std::max(1, std::min(micro_batches, r.peak_held[static_cast<std::size_t>(s)]));
+      return slots;
+    }
+  }
+  for (int s = 0; s < l.pp; ++s)
+    slots[static_cast<std::size_t>(s)] =
+        std::max(1, std::min(micro_batches, pipeline::activation_bound(l.schedule, l.pp, micro_batches, v, s)));
+  return slots;
+}
+
+//! The memory of pipeline stage `stage`'s most loaded rank (tensor-, expert- and data-parallel rank 0) for shape s,
+//! run r and layout l. The layout must satisfy violation(s, l, r).
+constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& r, int stage, int slots) {
+  Memory m;
+  m.stage = stage;
+  const double T = bytes_of(r.dtype), A = acc_bytes_of(r.dtype);
+  const int chunks = l.chunks(), parts = l.pp * chunks;
+  const std::int64_t B = r.micro_batch_size(l.dp), Tl = r.seq / l.cp, N = B * Tl;
+  const std::int64_t tp = l.tp;
+  detail::Act a{N,     l.sp ? N / tp : N, B, Tl, s.d_model, 0, s.heads / tp, s.head_dim(),
+                units_of(s.kv_heads, l.tp, 0).count, units_of(s.vocab, l.tp, 0).count, l.tp, l.cp, l.sp, l.ulysses,
+                T,     A,                 &s};
+  a.qkv = (a.hq + 2 * a.kv) * a.hd;
+  const bool split = l.pp > 1 && (l.schedule == Schedule::zero_bubble_h1 || l.schedule == Schedule::zero_bubble_v);
+  if (r.recipe == Recipe::megatron) {
+    // bf16 parameters, fp32 gradients, fp32 moments and master weights: 18 bytes per parameter, 6 + 12 / dp with the
+    // distributed optimizer; activations by the per-layer formula, the stage's in-flight micro-batches of its layers.
+    std::int64_t params = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int part = detail::part_of(l, stage, c);
+      detail::each_param(s, l.tp, 0, detail::part_first(s, parts, part), detail::part_first(s, parts, part + 1),
+                         l.ep, [&](detail::ParamDecl p) { params += p.numel; });
+    }
+    const double opt = 12.0 / (l.zero >= 1 ? l.zero_ranks() : 1);
+    m.bytes.parameters = 2.0 * double(params), m.bytes.gradients = 4.0 * double(params);
+    m.bytes.optimizer = opt * double(params);
+    const double held = l.pp == 1 ? 1
+                        : l.schedule == Schedule::gpipe ? double(r.micro_batches)
+                        : l.schedule == Schedule::interleaved ? (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v))
+                                                              : double(std::min(l.pp - stage, r.micro_batches));
+    (void)slots;
+    m.bytes.activations = held * detail::part_first(s, parts, 1) * chunks * detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute,
+                                                                                  r.flash);
+    m.peak = m.bytes.total();
+    return m;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const int part = detail::part_of(l, stage, c), first = detail::part_first(s, parts, part),
+              last = detail::part_first(s, parts, part + 1);
+    const detail::PartState st = detail::part_state(s, l, first, last, std::int64_t(T), r.bucket_bytes);
+    const double shard = double(st.shard);
+    m.bytes.parameters += T * double(l.zero == 3 ? st.shard + st.gathered : st.params);
+    m.bytes.gradients += T * double(st.params);
+    m.bytes.optimizer += A * shard * ((r.sgd ? 1 : 2) + (r.dtype == Dtype::bf16 ? 1 : 0));
+    const double R = r.dtype == Dtype::bf16 ? A : T;  // reductions of bf16 gradients on the host are widened
+    if (l.zero == 3) m.bytes.buffers += R * (shard + double(st.padded_stage)) + T * double(st.sending);
+    else if (l.zero > 0)
+      m.bytes.buffers += std::max(R * (shard + double(st.padded_stage)), T * double(st.max_chunk + st.padded_stage));
+    else if (r.dtype == Dtype::bf16 && l.dp > 1)
+      m.bytes.buffers += A * double(st.params);
+    m.bytes.activations +=
+        detail::loom_chunk_activations(a, first, last, first == 0, last == s.layers, slots, r.recompute, split);
+    if (s.rope()) m.bytes.other += 2 * A * double(s.max_seq) * double(s.head_dim() / 2);
+  }
+  m.bytes.activations += a.cp_workspace();
+  m.bytes.buffers += a.moe_buffers();
+  m.peak = m.bytes.total();
+  return m;
+}
+
+//! Each pipeline stage's memory (its most loaded rank's).
+constexpr std::vector<Memory> memory_by_stage(const GptShape& s, const Layout& l, const Run& r,
+                                              bool from_table = true) {
+  const std::vector<int> slots = activation_slots(l, r.micro_batches, from_table);
+  std::vector<Memory> out;
+  for (int stage = 0; stage < l.pp; ++stage) out.push_back(memory_of_stage(s, l, r, stage, slots[std::size_t(stage)]));
+  return out;
+}
+
+//! The most loaded rank's memory over the pipeline's stages; from_table false: the slots by activation_bound alone
+//! (a search's speed).
+constexpr Memory memory(const GptShape& s, const Layout& l, const Run& r, bool from_table = true) {
+  const std::vector<Memory> all = memory_by_stage(s, l, r, from_table);
+  Memory best = all.front();
+  for (const Memory& m : all)
+    if (m.peak > best.peak) best = m;
+  return best;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,101 @@
+// Published training runs the planner is checked against: each run's model, layout, batch, recipe and cluster, and
+// the figure its paper measured (achieved TFLOP/s per GPU, or seconds per iteration). Where a paper does not give a
+// value the planner needs (a micro-batch count, the interleaved chunks) the row says what it assumes.
+#pragma once
+
+#include <loom/plan/cluster.hpp>
+#include <loom/plan/layout.hpp>
+#include <loom/plan/model.hpp>
+#include <loom/plan/time.hpp>
+
+#include <string_view>
+#include <vector>
+
+namespace loom::plan {
+
+struct PublishedRun {
+  std::string_view source;  //!< paper and table
+  std::string_view model;   //!< model_named's name
+  std::string_view layout;  //!< layout_named's spelling
+  int batch, seq, micro_batch_size;
+  Recompute recompute;
+  std::string_view cluster;
+  //! What was measured: TFLOP/s per GPU by the paper's own count, or seconds per iteration.
+  enum class Figure { tflops_narayanan, tflops_palm, seconds } figure;
+  double value;
+  std::string_view note;  //!< what the row assumes
+};
+
+//! The runs: Narayanan et al. 2021 (SC'21) Table 1, A100 80GB, full recomputation, 1F1B, micro-batch size 1 where
+//! the paper leaves it (their TFLOP/s count the recomputation: 96 B s l h^2 (1 + s/6h + V/16lh) per iteration);
+//! Korthikanti et al. 2022 Table 5, iteration seconds with full recomputation and with sequence parallelism plus
+//! selective recomputation; Llama 3 (2024) Table 4, 405B on H100 (TFLOP/s per GPU by 6N + 12 L h s).
+inline const std::vector<PublishedRun>& published_runs() {
+  using F = PublishedRun::Figure;
+  constexpr auto full = Recompute::full, sel = Recompute::selective;
+  static const std::vector<PublishedRun> runs = {
+      {"Narayanan 2021 T1", "megatron-1.7b", "dp32", 512, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 137, ""},
+      {"Narayanan 2021 T1", "megatron-3.6b", "tp2.dp32", 512, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 138, ""},
+      {"Narayanan 2021 T1", "megatron-7.5b", "tp4.dp32", 512, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 142, ""},
+      {"Narayanan 2021 T1", "megatron-18b", "tp8.dp32", 1024, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 135, ""},
+      {"Narayanan 2021 T1", "megatron-39b", "tp8.pp2.dp32", 1536, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 138,
+       ""},
+      {"Narayanan 2021 T1", "megatron-76b", "tp8.pp4.dp32", 1792, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 140,
+       ""},
+      {"Narayanan 2021 T1", "megatron-146b", "tp8.pp8.dp24", 2304, 2048, 1, full, "a100-80gb", F::tflops_narayanan,
+       148, ""},
+      {"Narayanan 2021 T1", "megatron-310b", "tp8.pp16.dp15", 2160, 2048, 1, full, "a100-80gb", F::tflops_narayanan,
+       155, ""},
+      {"Narayanan 2021 T1", "megatron-530b", "tp8.pp35.dp9", 2520, 2048, 1, full, "a100-80gb", F::tflops_narayanan,
+       163, ""},
+      {"Narayanan 2021 T1", "megatron-1t", "tp8.pp64.dp6", 3072, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 163,
+       ""},
+      {"Korthikanti 2022 T5", "megatron-22b", "tp8", 4, 2048, 4, full, "a100-80gb", F::seconds, 1.42, ""},
+      {"Korthikanti 2022 T5", "megatron-22b", "tp8.sp", 4, 2048, 4, sel, "a100-80gb", F::seconds, 1.10, ""},
+      {"Korthikanti 2022 T5", "gpt3-175b", "tp8.pp8.v3", 64, 2048, 1, full, "a100-80gb", F::seconds, 18.13,
+       "interleaved with 3 chunks assumed"},
+      {"Korthikanti 2022 T5", "gpt3-175b", "tp8.sp.pp8.v3", 64, 2048, 1, sel, "a100-80gb", F::seconds, 13.75,
+       "interleaved with 3 chunks assumed"},
+      {"Korthikanti 2022 T5", "megatron-530b", "tp8.pp35.v3", 280, 2048, 1, full, "a100-80gb", F::seconds, 49.05,
+       "interleaved with 3 chunks assumed"},
+      {"Korthikanti 2022 T5", "megatron-530b", "tp8.sp.pp35.v3", 280, 2048, 1, sel, "a100-80gb", F::seconds, 37.83,
+       "interleaved with 3 chunks assumed"},
+      {"Korthikanti 2022 T5", "megatron-1t", "tp8.pp64", 512, 2048, 1, full, "a100-80gb", F::seconds, 94.42, ""},
+      {"Korthikanti 2022 T5", "megatron-1t", "tp8.sp.pp64", 512, 2048, 1, sel, "a100-80gb", F::seconds, 71.49, ""},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp64.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 430, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp128.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 400, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.cp16.pp16.v4.dp8.zero1", 128, 131072, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 380, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
+  };
+  return runs;
+}
+
+//! The run a published row describes, under Megatron-LM's recipe.
+inline Run run_of(const PublishedRun& p, const Layout& l) {
+  Run r;
+  r.batch = p.batch, r.seq = p.seq, r.recompute = p.recompute, r.dtype = Dtype::bf16, r.recipe = Recipe::megatron;
+  r.micro_batches = p.batch / (l.dp * p.micro_batch_size);
+  r.flash = p.figure == PublishedRun::Figure::tflops_palm;  // the Llama 3 rows
+  return r;
+}
+
+//! What the planner predicts for a published row, in the row's unit.
+inline double predicted_figure(const PublishedRun& p) {
+  const GptShape s = *model_named(p.model);
+  const Layout l = layout_named(p.layout);
+  const Run r = run_of(p, l);
+  const StepTime t = step_time(s, l, r, *cluster_named(p.cluster));
+  const double B = p.batch, S = p.seq, L = s.layers, h = s.d_model, V = s.vocab;
+  switch (p.figure) {
+    case PublishedRun::Figure::seconds: return t.step;
+    case PublishedRun::Figure::tflops_narayanan:
+      return 96 * B * S * L * h * h * (1 + S / (6 * h) + V / (16 * L * h)) / t.step / l.world() / 1e12;
+    case PublishedRun::Figure::tflops_palm:
+      return (6.0 * double(s.params()) + 12.0 * L * h * S) * B * S / t.step / l.world() / 1e12;
+  }
+  return 0;
+}
+
+}  // namespace loom::plan

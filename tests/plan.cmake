@@ -1,0 +1,53 @@
+# The planner: loom-plan against the ledger of train_gpt's runs, against published runs, its search, its refusals;
+# test_plan checks its parameter walk against the model's own table.
+if(TARGET loom-plan AND TARGET train_gpt)
+  function(loom_plan_ledger name)
+    add_test(NAME plan_ledger.${name}
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DLP=$<TARGET_FILE:loom-plan>
+              -DDIR=${LOOM_TEST_SCRATCH}/plan_ledger_${name} "-DARGS=${ARGN}" -P ${CMAKE_CURRENT_SOURCE_DIR}/plan_ledger.cmake)
+    set_tests_properties(plan_ledger.${name} PROPERTIES LABELS plan)
+  endfunction()
+  set(_run --batch;8;--seq;64;--micro-batches;2)
+  loom_plan_ledger(small_single --model;small;${_run})
+  loom_plan_ledger(llama_tp2_sp_selective --model;llama-small;--parallel;tp2,sp;--recompute;selective;${_run})
+  loom_plan_ledger(small_dp2_zero3 --model;small;--parallel;dp2,zero3;${_run})
+  loom_plan_ledger(llama_dp4_zero3_full --model;llama-small;--parallel;dp4,zero3;--recompute;full;${_run})
+  loom_plan_ledger(llama_pp2_zb_h1 --model;llama-small;--parallel;pp2;--schedule;zb-h1;${_run})
+  loom_plan_ledger(small_pp2_v2 --model;small;--parallel;pp2,v2;${_run})
+  loom_plan_ledger(small_cp2_ulysses --model;small;--parallel;cp2,ulysses;${_run})
+  loom_plan_ledger(llama_cp2_ring_f64 --model;llama-small;--parallel;cp2;--dtype;f64;${_run})
+  loom_plan_ledger(small_pp2_dp2_zero3_keep --model;small;--parallel;pp2,dp2,zero3,keep;${_run})
+  loom_plan_ledger(mixtral_tp2_pp2_dp2 --model;mixtral-small;--parallel;tp2,pp2,dp2;${_run})
+  loom_plan_ledger(moe_dp2_ep2_sgd --model;small-moe;--parallel;dp2,ep2;--optimizer;sgd;${_run})
+endif()
+
+if(TARGET loom-plan)
+  # Published runs: the mean and the worst error it reaches today (docs/planner.md), so that a change that makes
+  # them worse fails.
+  add_test(NAME plan_published COMMAND loom-plan --validate)
+  set_tests_properties(plan_published PROPERTIES LABELS plan
+    PASS_REGULAR_EXPRESSION "mean absolute error [0-6]\\.[0-9]+%, worst (1[0-4]|[0-9])\\.[0-9]+% over 21 runs")
+  add_test(NAME plan_search COMMAND loom-plan --model gpt3-175b --search --gpus 64 --batch 64 --seq 2048 --dtype bf16
+                                    --recipe megatron --cluster a100-80gb --top 3)
+  set_tests_properties(plan_search PROPERTIES LABELS plan
+    PASS_REGULAR_EXPRESSION "1    tp[0-9.a-z-]+ .*rejected:\n .*out of memory \\(")
+  add_test(NAME plan_json COMMAND ${CMAKE_COMMAND} -E env sh -c
+    "$<TARGET_FILE:loom-plan> --model llama3-8b --parallel tp8,pp2,dp4,zero1 --batch 64 --seq 8192 --dtype bf16 --micro-batches 16 --recompute selective --json ${LOOM_TEST_SCRATCH}/plan.json && cat ${LOOM_TEST_SCRATCH}/plan.json")
+  set_tests_properties(plan_json PROPERTIES LABELS plan
+    PASS_REGULAR_EXPRESSION "\"parallel\":\"tp8.pp2.dp4.zero1\".*\"peak_bytes\":[0-9.e+]+.*\"bytes\":\\{\"parameters\":[0-9.e+]+,\"gradients\":[0-9.e+]+,\"optimizer\":[0-9.e+]+,\"activations\":[0-9.e+]+,\"buffers\".*\"step_s\":[0-9.e+-]+,\"mfu\":0\\.[0-9]+.*\"tokens_per_s\"")
+  function(loom_plan_refuses name expect)
+    add_test(NAME plan_refuses.${name}
+      COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-plan>;${ARGN}" "-DEXPECT=${expect}"
+              -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+    set_tests_properties(plan_refuses.${name} PROPERTIES LABELS "plan;failure")
+  endfunction()
+  loom_plan_refuses(unknown_model "loom-plan: unknown model 'gpt5'" --model;gpt5)
+  loom_plan_refuses(unknown_cluster "loom-plan: unknown cluster 'tpu'" --model;small;--cluster;tpu)
+  loom_plan_refuses(bad_layout "loom: layout 'tp2,zero9': 'zero9' needs a size" --model;small;--parallel;tp2,zero9)
+  loom_plan_refuses(indivisible "loom-plan: tp3 cannot run this model: heads must be divisible by TP"
+                    --model;small;--parallel;tp3)
+  loom_plan_refuses(does_not_fit "loom-plan: dp8 does not fit: 788.499 GiB of optimizer in 1400.4 GiB on a 80 GiB device"
+                    --model;llama3-70b;--parallel;dp8;--dtype;bf16;--batch;8;--seq;4096)
+endif()
+
+loom_add_test(test_plan test_plan.cpp LABELS plan)

@@ -1,0 +1,92 @@
+// The planner's walk of a model's parameters (plan::detail::each_param) against the model's own table
+// (models::gpt_param_specs) for every shape train_gpt knows, tensor-parallel degrees, pipeline parts and expert
+// splits; its layouts against the types; its memory formulas against hand-computed figures.
+#include "catch.hpp"
+
+#include <loom/models/gpt/param_table.hpp>
+#include <loom/plan.hpp>
+
+#include <string>
+#include <vector>
+
+using namespace loom;
+
+TEST_CASE("each_param walks gpt_param_specs' parameters with their local sizes", "[plan]") {
+  for (const char* name : {"tiny", "small", "gpt2", "tiny-moe", "small-moe", "llama-tiny", "llama-small",
+                           "mixtral-tiny", "mixtral-small"}) {
+    const auto s = *plan::model_named(name);
+    for (int tp : {1, 2, 4})
+      for (int parts : {1, 2}) {
+        const int per = s.layers / parts;
+        for (int k = 0; k < parts; ++k)
+          for (int ep : {1, 2}) {
+            if (s.experts == 0 && ep > 1) continue;
+            for (int r = 0; r < tp; ++r) {
+              const models::Part part{k * per, (k + 1) * per};
+              const auto specs = models::gpt_param_specs<float>(s, tp, r, part, ep, 0);
+              std::vector<std::int64_t> want, got;
+              std::vector<bool> want_expert, got_expert;
+              for (const auto& p : specs) want.push_back(numel_of(p.shape)), want_expert.push_back(p.expert);
+              plan::detail::each_param(s, tp, r, part.first, part.last, ep, [&](plan::detail::ParamDecl p) {
+                got.push_back(p.numel), got_expert.push_back(p.expert);
+              });
+              INFO(name << " tp " << tp << " rank " << r << " part " << k << " of " << parts << " ep " << ep);
+              CHECK(got == want);
+              CHECK(got_expert == want_expert);
+            }
+          }
+      }
+  }
+}
+
+TEST_CASE("a layout by name is the layout of its type", "[plan]") {
+  CHECK(plan::layout_named("tp2,sp,pp4,zb-v,dp8,zero1") == plan::layout_of<LayoutOf<"tp2.sp.pp4.zb-v.dp8.zero1">>());
+  CHECK(plan::layout_named("pp2.v2.dp2") == plan::layout_of<LayoutOf<"pp2.v2.dp2">>());
+  CHECK(plan::layout_named("cp2.ulysses.dp4.zero3.shard2.ep2") ==
+        plan::layout_of<LayoutOf<"cp2.ulysses.dp4.zero3.shard2.ep2">>());
+  CHECK(plan::layout_named("tp8,pp64,dp6", "interleaved").schedule == Schedule::interleaved);
+  CHECK(plan::layout_named("tp8,pp16,v4,dp64").name() == "tp8.pp16.v4.dp64");
+  CHECK_THROWS_WITH(plan::layout_named("tp2,xx4"), Catch::Contains("'xx4' is not one of"));
+}
+
+TEST_CASE("memory: Megatron-LM's 18 bytes per parameter and Korthikanti's activation formula", "[plan]") {
+  // 22B on tp8: parameters per rank from the walk; 2 + 4 + 12 bytes each.
+  const auto s = *plan::model_named("megatron-22b");
+  plan::Run r;
+  r.batch = 4, r.seq = 2048, r.micro_batches = 1, r.dtype = plan::Dtype::bf16, r.recipe = plan::Recipe::megatron;
+  const plan::Layout l = plan::layout_named("tp8,sp");
+  std::int64_t params = 0;
+  plan::detail::each_param(s, 8, 0, 0, s.layers, 1, [&](plan::detail::ParamDecl p) { params += p.numel; });
+  const plan::Memory m = plan::memory(s, l, r);
+  CHECK(m.bytes.parameters + m.bytes.gradients + m.bytes.optimizer == Approx(18.0 * double(params)));
+  // Sequence parallelism, no recomputation: (sbh/t)(34 + 5as/h) per layer, 48 layers, b = 4.
+  const double sbh = 2048.0 * 4 * 6144, per_layer = sbh / 8 * (34 + 5.0 * 64 * 2048 / 6144);
+  CHECK(m.bytes.activations == Approx(48 * per_layer));
+  r.recompute = plan::Recompute::selective;
+  CHECK(plan::memory(s, l, r).bytes.activations == Approx(48 * sbh / 8 * 34));
+  // ZeRO-1 (the distributed optimizer) over 8 ranks: 6 + 12/8 bytes per parameter.
+  const plan::Layout z = plan::layout_named("tp8,sp,dp8,zero1");
+  r.batch = 32;
+  std::int64_t zp = 0;
+  plan::detail::each_param(s, 8, 0, 0, s.layers, 1, [&](plan::detail::ParamDecl p) { zp += p.numel; });
+  CHECK(plan::memory(s, z, r).bytes.state() == Approx((6 + 12.0 / 8) * double(zp)));
+}
+
+TEST_CASE("a shape and run that do not fit a layout are refused with the rule", "[plan]") {
+  const auto s = *plan::model_named("small");
+  plan::Run r;
+  r.batch = 8, r.seq = 64, r.micro_batches = 2;
+  CHECK(plan::violation(s, plan::layout_named("tp3"), r) == "heads must be divisible by TP");
+  CHECK(plan::violation(s, plan::layout_named("dp3"), r).find("does not split into dp 3") != std::string::npos);
+  CHECK(plan::violation(s, plan::layout_named("cp4"), r).empty());
+  CHECK(plan::violation(s, plan::layout_named("pp2,v2"), r).empty());
+  CHECK(!plan::violation(s, plan::layout_named("pp4,v2"), r).empty());  // 2 micro-batches on 4 stages, interleaved
+}
+
+// The compile-time check: a layout that fits, and its constexpr breakdown.
+constexpr plan::Run llama_run{64, 8192, 8, plan::Dtype::bf16};
+static_assert(plan::fits<LayoutOf<"tp8.pp2.dp4.zero1">, *plan::model_named("llama3-8b"), plan::devices::H100_80GB,
+                         llama_run>);
+static_assert(!plan::fits<LayoutOf<"dp8">, *plan::model_named("llama3-8b"), plan::devices::H100_80GB, llama_run>);
+static_assert(plan::CheckFits<LayoutOf<"tp8.pp2.dp4.zero1">, *plan::model_named("llama3-8b"),
+                              plan::devices::H100_80GB, llama_run>::ok);
