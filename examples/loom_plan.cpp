@@ -159,7 +159,8 @@ void write_json(const std::string& file, const std::vector<nlohmann::ordered_jso
 void print_one(const GptShape& s, const plan::Layout& l, const Run& r, const Cluster& c, const std::string& json) {
   const std::string why = violation(s, l, r);
   LOOM_CHECK(why.empty(), "loom-plan: ", l.name(), " cannot run this model: ", why);
-  const Memory m = memory(s, l, r);
+  const std::vector<Memory> stages = memory_by_stage(s, l, r);
+  const Memory m = most_loaded(stages);
   const StepTime t = step_time(s, l, r, c);
   std::printf("loom-plan: %s, %d ranks, %s, recipe %s, batch %d x %d tokens, %d micro-batches per rank, %s, "
               "recompute %s, on %s\n",
@@ -176,7 +177,7 @@ void print_one(const GptShape& s, const plan::Layout& l, const Run& r, const Clu
   // The same figures as train_gpt's closing report gives them: each use's peak, the largest over the ranks (here over
   // the pipeline's stages), in the ledger's words, MiB to 3 places.
   Bytes most;
-  for (const Memory& st : memory_by_stage(s, l, r)) {
+  for (const Memory& st : stages) {
     most.parameters = std::max(most.parameters, st.bytes.parameters);
     most.gradients = std::max(most.gradients, st.bytes.gradients);
     most.optimizer = std::max(most.optimizer, st.bytes.optimizer);

@@ -22,19 +22,22 @@ if(TARGET loom-plan AND TARGET train_gpt)
 endif()
 
 if(TARGET loom-plan)
+  # Each must exit 0 and print what its regular expression says (cmake/expect_success.cmake).
+  function(loom_plan_succeeds name regex)
+    add_test(NAME ${name}
+      COMMAND ${CMAKE_COMMAND} "-DCMD=${ARGN}" "-DEXPECT_REGEX=${regex}" -DSCRATCH=${LOOM_TEST_SCRATCH}/${name}
+              -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
+    set_tests_properties(${name} PROPERTIES LABELS plan)
+  endfunction()
   # Published runs: the mean and the worst error it reaches today (docs/planner.md), so that a change that makes
   # them worse fails.
-  add_test(NAME plan_published COMMAND loom-plan --validate)
-  set_tests_properties(plan_published PROPERTIES LABELS plan
-    PASS_REGULAR_EXPRESSION "mean absolute error [0-6]\\.[0-9]+%, worst (1[0-4]|[0-9])\\.[0-9]+% over 21 runs")
-  add_test(NAME plan_search COMMAND loom-plan --model gpt3-175b --search --gpus 64 --batch 64 --seq 2048 --dtype bf16
-                                    --recipe megatron --cluster a100-80gb --top 3)
-  set_tests_properties(plan_search PROPERTIES LABELS plan
-    PASS_REGULAR_EXPRESSION "1    tp[0-9.a-z-]+ .*rejected:\n .*out of memory \\(")
-  add_test(NAME plan_json COMMAND ${CMAKE_COMMAND} -E env sh -c
-    "$<TARGET_FILE:loom-plan> --model llama3-8b --parallel tp8,pp2,dp4,zero1 --batch 64 --seq 8192 --dtype bf16 --micro-batches 16 --recompute selective --json ${LOOM_TEST_SCRATCH}/plan.json && cat ${LOOM_TEST_SCRATCH}/plan.json")
-  set_tests_properties(plan_json PROPERTIES LABELS plan
-    PASS_REGULAR_EXPRESSION "\"parallel\":\"tp8.pp2.dp4.zero1\".*\"peak_bytes\":[0-9.e+]+.*\"bytes\":\\{\"parameters\":[0-9.e+]+,\"gradients\":[0-9.e+]+,\"optimizer\":[0-9.e+]+,\"activations\":[0-9.e+]+,\"buffers\".*\"step_s\":[0-9.e+-]+,\"mfu\":0\\.[0-9]+.*\"tokens_per_s\"")
+  loom_plan_succeeds(plan_published
+    "mean absolute error [0-6]\\.[0-9]+%, worst (1[0-4]|[0-9])\\.[0-9]+% over 21 runs" $<TARGET_FILE:loom-plan>;--validate)
+  loom_plan_succeeds(plan_search "1    tp[0-9.a-z-]+ .*rejected:\n .*out of memory \\("
+    $<TARGET_FILE:loom-plan>;--model;gpt3-175b;--search;--gpus;64;--batch;64;--seq;2048;--dtype;bf16;--recipe;megatron;--cluster;a100-80gb;--top;3)
+  loom_plan_succeeds(plan_json
+    "\"parallel\":\"tp8.pp2.dp4.zero1\".*\"peak_bytes\":[0-9.e+]+.*\"bytes\":\\{\"parameters\":[0-9.e+]+,\"gradients\":[0-9.e+]+,\"optimizer\":[0-9.e+]+,\"activations\":[0-9.e+]+,\"buffers\".*\"step_s\":[0-9.e+-]+,\"mfu\":0\\.[0-9]+.*\"tokens_per_s\""
+    sh -c "$<TARGET_FILE:loom-plan> --model llama3-8b --parallel tp8,pp2,dp4,zero1 --batch 64 --seq 8192 --dtype bf16 --micro-batches 16 --recompute selective --json ${LOOM_TEST_SCRATCH}/plan_json/plan.json && cat ${LOOM_TEST_SCRATCH}/plan_json/plan.json")
   function(loom_plan_refuses name expect)
     add_test(NAME plan_refuses.${name}
       COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-plan>;${ARGN}" "-DEXPECT=${expect}"

@@ -265,10 +265,8 @@ struct Act {
 
 //! One chunk's activations in loom (models::GptActivations::allocate and split): `slots` slots of blocks
 //! [first, last), the scratch the calls share, and with a split backward (zb-h1, zb-v) each slot's branch gradients.
-constexpr double loom_chunk_activations(const Act& a, int first, int last, bool embedding, bool head, int slots,
-                                        Recompute rc, bool split) {
-  (void)embedding;
-  const GptShape& s = *a.s;
+constexpr double loom_chunk_activations(const Act& a, int first, int last, bool head, int slots, Recompute rc,
+                                        bool split) {
   const double T = a.T, A = a.A;
   const std::int64_t rows = a.rows, N = a.N, d = a.d;
   const bool full = rc == Recompute::full, selective = rc == Recompute::selective;
@@ -286,7 +284,6 @@ constexpr double loom_chunk_activations(const Act& a, int first, int last, bool 
     for (int l = first; l < last; ++l) splits += a.block_grads(selective, l);
     if (head) splits += T * double(rows * d);
   }
-  (void)s;
   return slots * (slot + splits) + shared;
 }
 
@@ -392,7 +389,7 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     else if (r.dtype == Dtype::bf16 && l.dp > 1)
       m.bytes.buffers += A * double(st.params);
     m.bytes.activations +=
-        detail::loom_chunk_activations(a, first, last, first == 0, last == s.layers, slots, r.recompute, split);
+        detail::loom_chunk_activations(a, first, last, last == s.layers, slots, r.recompute, split);
     if (s.rope()) m.bytes.other += 2 * A * double(s.max_seq) * double(s.head_dim() / 2);
   }
   m.bytes.activations += a.cp_workspace();
@@ -410,14 +407,16 @@ constexpr std::vector<Memory> memory_by_stage(const GptShape& s, const Layout& l
   return out;
 }
 
-//! The most loaded rank's memory over the pipeline's stages; from_table false: the slots by activation_bound alone
+//! The most loaded rank's memory over the pipeline's stages (of memory_by_stage's); from_table false: the slots by activation_bound alone
 //! (a search's speed).
-constexpr Memory memory(const GptShape& s, const Layout& l, const Run& r, bool from_table = true) {
-  const std::vector<Memory> all = memory_by_stage(s, l, r, from_table);
+constexpr Memory most_loaded(const std::vector<Memory>& all) {
   Memory best = all.front();
   for (const Memory& m : all)
     if (m.peak > best.peak) best = m;
   return best;
+}
+constexpr Memory memory(const GptShape& s, const Layout& l, const Run& r, bool from_table = true) {
+  return most_loaded(memory_by_stage(s, l, r, from_table));
 }
 
 }  // namespace loom::plan

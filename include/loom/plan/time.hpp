@@ -99,7 +99,7 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   };
   // The slowest stage: the one with the most work (the head's stage, or the embedding's).
   double best = -1;
-  double F = 0, Bw = 0, W = 0, tpf = 0, epf = 0, cpf = 0, head = 0;
+  double F = 0, Bw = 0, W = 0, tpf = 0, epf = 0, cpf = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
     double gemm = 0, attn = 0, mem = 0, tpc = 0, epc = 0;
     bool has_head = false;
@@ -134,13 +134,12 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
         cpc = blocks * std::max(0.0, pass - c.overlap_efficiency * attn / blocks);
       }
     }
-    F = fwd, tpf = tpc, epf = epc, cpf = cpc, head = hd_time;
+    F = fwd, tpf = tpc, epf = epc, cpf = cpc;
     // Backward: the input's gradient (B) and the weights' (W) from the forward's products; attention's backward
     // is 2.5 forwards (2 with the square softmax).
-    Bw = gemm + attn * (square ? 2.0 : 2.5) + 2 * mem / bw + head;
-    W = gemm + head;
+    Bw = gemm + attn * (square ? 2.0 : 2.5) + 2 * mem / bw + hd_time;
+    W = gemm + hd_time;
   }
-  (void)head;
   // Recomputation: full repeats the forward (its collectives too); selective the attention core.
   double rc = 0, rc_tp = 0;
   if (r.recompute == Recompute::full) rc = F, rc_tp = tpf;
