@@ -181,7 +181,9 @@ struct HostBuffers {
 };
 
 #if defined(LOOM_HAS_MPI) && defined(LOOM_HAS_CUDA)
-//! Send and receive buffers in the current GPU's memory, filled and read through host copies.
+//! Send and receive buffers in the current GPU's memory, filled and read through host copies. The copies and memsets
+//! go to the legacy default stream, which the communicator's non-blocking stream does not wait for, and a copy from
+//! pageable memory may return before its data lands: each filling waits for the device before the operation runs.
 struct DeviceBuffers {
   float* s = nullptr;
   float* r = nullptr;
@@ -191,6 +193,7 @@ struct DeviceBuffers {
     LOOM_CUDA(cudaMalloc(&r, n * sizeof(float)));
     LOOM_CUDA(cudaMemset(s, 0, n * sizeof(float)));
     LOOM_CUDA(cudaMemset(r, 0, n * sizeof(float)));
+    LOOM_CUDA(cudaDeviceSynchronize());
   }
   DeviceBuffers(const DeviceBuffers&) = delete;
   DeviceBuffers& operator=(const DeviceBuffers&) = delete;
@@ -203,6 +206,7 @@ struct DeviceBuffers {
   void put(std::span<const float> send_h, std::span<const float> recv_h) {
     LOOM_CUDA(cudaMemcpy(s, send_h.data(), send_h.size_bytes(), cudaMemcpyHostToDevice));
     LOOM_CUDA(cudaMemcpy(r, recv_h.data(), recv_h.size_bytes(), cudaMemcpyHostToDevice));
+    LOOM_CUDA(cudaDeviceSynchronize());
   }
   void get_recv(std::span<float> out) {
     LOOM_CUDA(cudaMemcpy(out.data(), r, out.size_bytes(), cudaMemcpyDeviceToHost));

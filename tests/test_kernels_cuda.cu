@@ -320,7 +320,7 @@ TEMPLATE_TEST_CASE("layer norm forward and backward match the CPU", "[cuda][laye
     cpu::layernorm_forward(x.d.data(), w.d.data(), b.d.data(), out.data(), mean.data(), rstd.data(), sh.R, sh.C);
     Dev<T> dx(x.t), dw(w.t), db(b.t), dout(n);
     Dev<A> dmean(sh.R), drstd(sh.R);
-    gpu::layernorm_forward(dx.get(), dw.get(), db.get(), dout.get(), dmean.get(), drstd.get(), sh.R, sh.C, 1e-5f,
+    gpu::layernorm_forward(dx.get(), dw.get(), db.get(), dout.get(), dmean.get(), drstd.get(), sh.R, sh.C, 1e-5,
                            stream());
     const std::string what = " R=" + std::to_string(sh.R) + " C=" + std::to_string(sh.C);
     check_close(dout.host(), out, tol<T>(), "layernorm_forward out" + what);

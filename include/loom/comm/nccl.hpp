@@ -206,6 +206,17 @@ class NcclComm : public Frontend<NcclComm> {
     const std::size_t c = op.count;
     auto at = [](const void* p, std::size_t bytes) { return static_cast<const char*>(p) + bytes; };
     auto at_mut = [](void* p, std::size_t bytes) { return static_cast<char*>(p) + bytes; };
+    // One rank: every collective's result is its input, so it is a copy on the stream (or nothing), exact for every
+    // reduction and every element type; NCCL's own one-rank path is not used. Sends and receives go to NCCL.
+    if (size_ == 1 && op.kind != Collective::send_recv) {
+      std::size_t bytes = c * es;
+      if (op.kind == Collective::all_to_all_v) bytes = op.recv_counts[0] * es;
+      const void* from = op.kind == Collective::all_to_all_v ? at(op.send, op.send_displs[0] * es) : op.send;
+      void* to = op.kind == Collective::all_to_all_v ? at_mut(op.recv, op.recv_displs[0] * es) : op.recv;
+      const bool copies = op.kind != Collective::barrier && op.kind != Collective::broadcast;
+      if (copies && bytes && from && from != to) LOOM_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream_));
+      return;
+    }
     switch (op.kind) {
       case Collective::barrier:
         LOOM_NCCL(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));

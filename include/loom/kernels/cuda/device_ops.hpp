@@ -90,11 +90,11 @@ struct Ops<Cuda> {
     cuda::entry::rope_rotate(x, cos, sin, n, ld, heads, hd, t0, inverse, stream);
   }
 
-  //! eps in float, as the CUDA kernel takes it (the model's is a float).
+  //! eps in double, as the CPU kernel takes it: the device normalises with the same constant.
   template <class T>
   void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
                          double eps) const {
-    cuda::entry::layernorm_forward(x, w, b, out, mean, rstd, R, C, static_cast<float>(eps), stream);
+    cuda::entry::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps, stream);
   }
   template <class T>
   void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,

@@ -125,7 +125,7 @@ void rope_rotate(T* x, const acc<T>* cos, const acc<T>* sin, int n, int ld, int 
 }
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc<T>* mean, acc<T>* rstd, int R, int C,
-                       float eps, cudaStream_t stream) {
+                       double eps, cudaStream_t stream) {
   cuda::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps, stream);
 }
 template <class T>

@@ -52,7 +52,7 @@ void rope_rotate(T* x, const acc<T>* cos, const acc<T>* sin, int n, int ld, int 
                  bool inverse, cudaStream_t stream);
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc<T>* mean, acc<T>* rstd, int R, int C,
-                       float eps, cudaStream_t stream);
+                       double eps, cudaStream_t stream);
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* mean, const acc<T>* rstd,
                               T* dx, int R, int C, cudaStream_t stream);
@@ -133,7 +133,7 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
   prefix template void rmsnorm_backward_weight<T>(const T*, const T*, const acc<T>*, T*, int, int, cudaStream_t);     \
   prefix template void rope_rotate<T>(T*, const acc<T>*, const acc<T>*, int, int, int, int, int, bool,                \
                                       cudaStream_t);                                                                  \
-  prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc<T>*, acc<T>*, int, int, float,      \
+  prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc<T>*, acc<T>*, int, int, double,     \
                                             cudaStream_t);                                                            \
   prefix template void layernorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, const acc<T>*,        \
                                                    T*, int, int, cudaStream_t);                                       \

@@ -17,7 +17,7 @@ struct Pair {
 
 template <class T, int Block>
 __global__ void __launch_bounds__(Block) layernorm_forward_kernel(const T* x, const T* w, const T* b, T* out,
-                                                                   acc_t<T>* mean, acc_t<T>* rstd, int C, float eps) {
+                                                                   acc_t<T>* mean, acc_t<T>* rstd, int C, double eps) {
   using A = acc_t<T>;
   using Reduce = cub::BlockReduce<A, Block>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -113,7 +113,7 @@ void with_row_block(int C, F&& f) {
 //! out[r] = (x[r] - mean) * rstd * w + b over C columns; mean[r] and rstd[r] are kept for backward.
 template <Floating T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
-                       float eps, cudaStream_t stream) {
+                       double eps, cudaStream_t stream) {
   if (R <= 0) return;
   detail::with_row_block(C, [&](auto block) {
     detail::layernorm_forward_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
@@ -125,7 +125,7 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mea
 template <Floating T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
                        cudaStream_t stream) {
-  layernorm_forward(x, w, b, out, mean, rstd, R, C, 1e-5f, stream);
+  layernorm_forward(x, w, b, out, mean, rstd, R, C, 1e-5, stream);
 }
 
 //! dx = gradient of the input (written).
