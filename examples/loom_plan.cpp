@@ -137,6 +137,8 @@ nlohmann::ordered_json record(const plan::Layout& l, const Run& r, const Memory&
   j["bytes"] = {{"parameters", m.bytes.parameters}, {"gradients", m.bytes.gradients},
                 {"optimizer", m.bytes.optimizer},   {"activations", m.bytes.activations},
                 {"buffers", m.bytes.buffers},       {"other", m.bytes.other}};
+  j["held_bytes"] = {{"parameters", m.held.parameters}, {"gradients", m.held.gradients},
+                     {"optimizer", m.held.optimizer}};
   j["step_s"] = t.step;
   j["mfu"] = t.mfu;
   j["tokens_per_s"] = t.tokens_per_s;
@@ -185,18 +187,32 @@ void print_one(const GptShape& s, const plan::Layout& l, const Run& r, const Clu
     most.buffers = std::max(most.buffers, st.bytes.buffers);
     most.other = std::max(most.other, st.bytes.other);
   }
-  std::string uses;
-  const std::pair<const char*, double> ledger[] = {{"parameters", most.parameters}, {"gradients", most.gradients},
-                                                   {"optimizer state", most.optimizer},
-                                                   {"activations", most.activations},
-                                                   {"communication buffers", most.buffers}, {"other", most.other}};
-  for (const auto& [n, b] : ledger) {
-    if (b <= 0) continue;
-    char buf[32];
-    const auto e = std::to_chars(buf, buf + sizeof buf, std::round(b / double(1 << 20) * 1000) / 1000);
-    uses += loom::detail::cat(uses.empty() ? "" : ", ", n, " ", std::string(buf, e.ptr));
+  // In the ledger's words and rounding (train_gpt prints the same two lines).
+  auto by_use = [](std::initializer_list<std::pair<const char*, double>> ledger) {
+    std::string uses;
+    for (const auto& [n, b] : ledger) {
+      if (b <= 0) continue;
+      char buf[32];
+      const auto e = std::to_chars(buf, buf + sizeof buf, std::round(b / double(1 << 20) * 1000) / 1000);
+      uses += loom::detail::cat(uses.empty() ? "" : ", ", n, " ", std::string(buf, e.ptr));
+    }
+    return uses;
+  };
+  std::printf("loom-plan: peak per rank by use, MiB: %s\n",
+              by_use({{"parameters", most.parameters}, {"gradients", most.gradients},
+                      {"optimizer state", most.optimizer}, {"activations", most.activations},
+                      {"communication buffers", most.buffers}, {"other", most.other}})
+                  .c_str());
+  Bytes held;
+  for (const Memory& st : stages) {
+    held.parameters = std::max(held.parameters, st.held.parameters);
+    held.gradients = std::max(held.gradients, st.held.gradients);
+    held.optimizer = std::max(held.optimizer, st.held.optimizer);
   }
-  std::printf("loom-plan: peak per rank by use, MiB: %s\n", uses.c_str());
+  std::printf("loom-plan: held between steps per rank, MiB: %s\n",
+              by_use({{"parameters", held.parameters}, {"gradients", held.gradients},
+                      {"optimizer state", held.optimizer}})
+                  .c_str());
   std::printf("loom-plan: peak_bytes %.0f\n", m.peak);
   std::printf("step time %.4f s: compute %.4f, tp %.4f, cp %.4f, ep %.4f, pp %.4f, bubble %.4f, dp %.4f, "
               "optimizer %.4f\n",

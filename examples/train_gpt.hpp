@@ -336,6 +336,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
   std::vector<double> by_use(memory_uses);
   for (std::size_t u = 0; u < memory_uses; ++u) by_use[u] = double(rank_memory().peak(static_cast<MemoryUse>(u)));
   world.all_reduce(by_use, comm::Reduce::max);
+  // ... and what it holds between steps, after the last: the training state, the largest over ranks.
+  constexpr MemoryUse state[] = {MemoryUse::parameters, MemoryUse::gradients, MemoryUse::optimizer_state,
+                                 MemoryUse::master_weights};
+  std::vector<double> between;
+  for (MemoryUse u : state) between.push_back(double(rank_memory().in_use(u)));
+  world.all_reduce(between, comm::Reduce::max);
   if (!lead) return;
   if (bar) std::fputc('\n', stderr);
   std::string uses;
@@ -344,6 +350,12 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
       uses += loom::detail::cat(uses.empty() ? "" : ", ", name_of(static_cast<MemoryUse>(u)), " ",
                                 show(std::round(by_use[u] / mib * 1000) / 1000));
   std::printf("train_gpt: peak per rank by use, MiB: %s\n", uses.c_str());
+  uses.clear();
+  for (std::size_t i = 0; i < between.size(); ++i)
+    if (between[i] > 0)
+      uses += loom::detail::cat(uses.empty() ? "" : ", ", name_of(state[i]), " ",
+                                show(std::round(between[i] / mib * 1000) / 1000));
+  std::printf("train_gpt: held between steps per rank, MiB: %s\n", uses.c_str());
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const int ran = std::max(0, a.steps - start);
   if (ran > 0)

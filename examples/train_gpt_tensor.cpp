@@ -1,5 +1,5 @@
 // train_gpt's layouts whose model is split over a tensor-parallel group: tensor parallelism, with and without
-// sequence parallelism, alone and with data parallelism (and ZeRO-1), pipeline parallelism under every schedule
+// sequence parallelism, alone and with data parallelism (and ZeRO-1 or ZeRO-3), pipeline parallelism under every schedule
 // (--schedule, --parallel vN) and expert parallelism, up to 8 ranks.
 #include "train_gpt.hpp"
 
@@ -17,7 +17,8 @@ using Tp4 = Parallel<TP<4>, Pp>;
 
 using TpLayouts = LayoutList<Parallel<TP<2>>, Parallel<TP<4>>, Parallel<TP<8>>, Parallel<TP<2>, DP<2>>,
                                   Parallel<TP<2>, DP<4>>, Parallel<TP<4>, DP<2>>, Parallel<TP<2>, DP<2, ZeRO<1>>>,
-                                  Parallel<TP<2>, DP<4, ZeRO<1>>>, Parallel<TP<2>, DP<2>, EP<2>>>;
+                                  Parallel<TP<2>, DP<4, ZeRO<1>>>, Parallel<TP<2>, DP<2, ZeRO<3>>>,
+                                  Parallel<TP<2>, DP<2>, EP<2>>>;
 using SpLayouts =
     LayoutList<Parallel<TP<2, SequenceParallel>>, Parallel<TP<4, SequenceParallel>>, Parallel<TP<8, SequenceParallel>>,
                Parallel<TP<2, SequenceParallel>, DP<2>>, Parallel<TP<2, SequenceParallel>, DP<4>>,

@@ -1,6 +1,7 @@
 # The planner against the ledger: train_gpt trains a layout for two steps and reports each rank's peak by use and
-# the most loaded rank's peak_bytes; loom-plan predicts them from the same flags. The training state (parameters,
-# gradients, optimizer state) must be the ledger's to the MiB's thousandth, the peak within 3%.
+# the most loaded rank's peak_bytes, and what it holds between steps; loom-plan predicts them from the same flags. The
+# training state (parameters, gradients, optimizer state), at its peak and between steps, must be the ledger's to the
+# MiB's thousandth, the peak within 3%.
 #   cmake -DTG=<train_gpt> -DLP=<loom-plan> -DDIR=<scratch> "-DARGS=--model;small;..." -P this
 file(MAKE_DIRECTORY ${DIR})
 execute_process(COMMAND ${TG} ${ARGS} --steps 2 --no-progress --log-json ${DIR}/log.json
@@ -9,6 +10,10 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "peak per rank by use, MiB: ([^\n]*)")
   message(FATAL_ERROR "train_gpt failed (exit ${rc}):\n${out}${err}")
 endif()
 set(measured "${CMAKE_MATCH_1}")
+if(NOT out MATCHES "held between steps per rank, MiB: ([^\n]*)")
+  message(FATAL_ERROR "train_gpt printed no state held between steps:\n${out}")
+endif()
+set(measured_held "${CMAKE_MATCH_1}")
 file(READ ${DIR}/log.json log)
 string(REGEX MATCHALL "\"peak_bytes\": [0-9]+" peaks "${log}")
 list(GET peaks -1 last)
@@ -19,6 +24,14 @@ if(NOT rc EQUAL 0 OR NOT pout MATCHES "loom-plan: peak per rank by use, MiB: ([^
   message(FATAL_ERROR "loom-plan failed (exit ${rc}):\n${pout}${perr}")
 endif()
 set(predicted "${CMAKE_MATCH_1}")
+if(NOT pout MATCHES "held between steps per rank, MiB: ([^\n]*)")
+  message(FATAL_ERROR "loom-plan printed no state held between steps:\n${pout}")
+endif()
+set(predicted_held "${CMAKE_MATCH_1}")
+# What a rank holds between steps (ZeRO's shards), to the MiB's thousandth.
+if(NOT measured_held STREQUAL predicted_held)
+  message(FATAL_ERROR "held between steps: the ledger says '${measured_held}', the planner '${predicted_held}'")
+endif()
 string(REGEX MATCH "peak_bytes ([0-9]+)" _ "${pout}")
 set(predicted_peak "${CMAKE_MATCH_1}")
 # (Under ZeRO-3 the parameters' peak holds gathered units as well, which the planner gives to 0.1 MiB.)

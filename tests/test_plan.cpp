@@ -72,6 +72,40 @@ TEST_CASE("memory: Megatron-LM's 18 bytes per parameter and Korthikanti's activa
   CHECK(plan::memory(s, z, r).bytes.state() == Approx((6 + 12.0 / 8) * double(zp)));
 }
 
+TEST_CASE("memory: llama3-1b under tp2.dp4.zero3, category by category, is docs/models.md's formula", "[plan]") {
+  // Llama 3.2 1B: 16 blocks of d 2048, 32 heads of 64 (8 for keys and values), FFN 8192 (SwiGLU), vocabulary
+  // 128256 tied, f32. Tensor parallelism 2 halves the heads, the FFN and the vocabulary; the norms are whole.
+  const auto s = *plan::model_named("llama3-1b");
+  const std::int64_t d = 2048, L = 16, hq = 16, hd = 64, kv = 4, f = 4096, Vr = 128256 / 2, qkv = (hq + 2 * kv) * hd;
+  const std::int64_t block = 2 * d + d * qkv + hq * hd * d + 3 * d * f, embedding = Vr * d;
+  const std::int64_t psi_t = embedding + L * block + d;  // + the final norm
+  CHECK(psi_t == 617'940'992);
+  // ZeRO-3 over 4 ranks, units the embedding, each block and the final norm: rank 0 owns a quarter of each.
+  const std::int64_t psi_r = embedding / 4 + L * (block / 4) + d / 4;
+  // Gathered at once: the tied table and the final norm, and two blocks (the one computing, the next one fetched).
+  const std::int64_t window = 3 * (embedding + d) / 4 + 2 * (3 * block / 4);
+  plan::Run r;
+  r.batch = 16, r.seq = 1024, r.micro_batches = 2;  // two sequences of 1024 per micro-batch on each rank
+  const plan::Memory m = plan::memory(s, plan::layout_named("tp2,dp4,zero3"), r);
+  const double T = 4, A = 4;
+  CHECK(m.held.parameters == T * double(psi_r));
+  CHECK(m.held.gradients == T * double(psi_r));
+  CHECK(m.held.optimizer == 2 * A * double(psi_r));
+  CHECK(m.bytes.parameters == T * double(psi_r + window));
+  CHECK(m.bytes.gradients == T * double(psi_t));  // accumulated whole over the two micro-batches
+  CHECK(m.bytes.optimizer == 2 * A * double(psi_r));
+  // Activations of one micro-batch of N tokens: each block keeps its input, two norms' outputs and the attention
+  // output (4Nd), q|k|v, the attention core's output, the SwiGLU's gate|up and product (3Nf), four statistics per
+  // row and the softmax's log-sum-exp per head and token; the head keeps its input, the final norm's output and
+  // statistics, the logits over the rank's vocabulary rows and the targets' losses; backward's branch gradients
+  // are scratch for one block at a time.
+  const std::int64_t N = 2 * 1024, B = 2;
+  const double per_block = T * double(4 * N * d + N * qkv + N * hq * hd + 3 * N * f) + A * double(4 * N + B * hq * 1024);
+  const double head = T * double(N * d) + 4 * A * double(N) + T * double(N * Vr + N);
+  const double scratch = T * double(N * d + N) + T * double(5 * N * d + N * hq * hd + N * qkv + 3 * N * f);
+  CHECK(m.bytes.activations == double(L) * per_block + 2 * T * double(N * d) + head + scratch);
+}
+
 TEST_CASE("a shape and run that do not fit a layout are refused with the rule", "[plan]") {
   const auto s = *plan::model_named("small");
   plan::Run r;

@@ -33,6 +33,9 @@ struct Bytes {
 //! reach together: the last micro-batch's backward), and the pipeline stage it belongs to.
 struct Memory {
   Bytes bytes;
+  //! What the rank holds between steps (parameters, gradients and optimizer state; nothing else outlives a step):
+  //! under ZeRO-3 its chunks of the parameters, from ZeRO-2 on its chunks of the gradients.
+  Bytes held;
   double peak = 0;
   int stage = 0;
   //! The largest category's name and bytes.
@@ -364,6 +367,7 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     const double opt = 12.0 / (l.zero >= 1 ? l.zero_ranks() : 1);
     m.bytes.parameters = 2.0 * double(params), m.bytes.gradients = 4.0 * double(params);
     m.bytes.optimizer = opt * double(params);
+    m.held = {m.bytes.parameters, m.bytes.gradients, m.bytes.optimizer, 0, 0, 0};
     const double held = l.pp == 1 ? 1
                         : l.schedule == Schedule::gpipe ? double(r.micro_batches)
                         : l.schedule == Schedule::interleaved ? (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v))
@@ -382,6 +386,8 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     m.bytes.parameters += T * double(l.zero == 3 ? st.shard + st.gathered : st.params);
     m.bytes.gradients += T * double(st.params);
     m.bytes.optimizer += A * shard * ((r.sgd ? 1 : 2) + (r.dtype == Dtype::bf16 ? 1 : 0));
+    m.held.parameters += T * double(l.zero == 3 ? st.shard : st.params);
+    m.held.gradients += T * double(l.zero >= 2 ? st.shard : st.params);
     const double R = r.dtype == Dtype::bf16 ? A : T;  // reductions of bf16 gradients on the host are widened
     if (l.zero == 3) m.bytes.buffers += R * (shard + double(st.padded_stage)) + T * double(st.sending);
     else if (l.zero > 0)
@@ -392,6 +398,7 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
         detail::loom_chunk_activations(a, first, last, last == s.layers, slots, r.recompute, split);
     if (s.rope()) m.bytes.other += 2 * A * double(s.max_seq) * double(s.head_dim() / 2);
   }
+  m.held.optimizer = m.bytes.optimizer;
   m.bytes.activations += a.cp_workspace();
   m.bytes.buffers += a.moe_buffers();
   m.peak = m.bytes.total();
