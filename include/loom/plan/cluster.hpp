@@ -37,12 +37,23 @@ struct Cluster {
   double collective_base = 0;  //!< a collective's fixed latency (NCCL's base latency), seconds
   //! Whether collectives overlap computation at all on this cluster's backend (CPU ranks as threads share cores).
   double overlap_efficiency = 1.0;
+  //! A host whose ranks (threads or processes) share its hardware threads: their number (0: one device per rank,
+  //! as on GPUs). A device is then one hardware thread, and each rate above is one thread's; the ranks divide the
+  //! threads among them (threads_per_rank), and where they are more than the threads, take turns.
+  int shared_threads = 0;
+  //! With shared_threads: what all of them reach over what one does, for matrix products, attention and
+  //! element-wise work (a rank with k of T threads gets 1 + (k - 1)(speedup - 1)/(T - 1) times one thread's rate).
+  std::array<double, 3> speedup{1, 1, 1};
+  //! With shared_threads: a collective's latency per step when the ranks outnumber the threads (they take turns:
+  //! a rank that waits for a peer's turn waits a scheduler's slice, not a memory's latency). 0: the link's.
+  double oversubscribed_latency = 0;
 
   constexpr double peak(Dtype d) const { return peak_flops[static_cast<std::size_t>(d)]; }
 };
 
 //! The built-in clusters: a100-80gb and h100-80gb (nodes of 8 with NVLink, 8 x 200 and 8 x 400 Gb/s InfiniBand),
-//! h200 (H100's node with H200's memory), cpu (this 2-core machine, ranks as threads).
+//! h200 (H100's node with H200's memory), cpu (a 2-thread host, ranks as threads; loom-plan --calibrate measures
+//! one).
 inline std::optional<Cluster> cluster_named(std::string_view name) {
   if (name == "a100-80gb") {
     Cluster c;
@@ -67,9 +78,9 @@ inline std::optional<Cluster> cluster_named(std::string_view name) {
   }
   if (name == "cpu") {
     Cluster c;
-    c.name = "cpu", c.devices_per_node = 2, c.memory_bytes = 24.0 * (1 << 30), c.peak_flops = {16e9, 32e9, 32e9};
-    c.memory_bandwidth = 10e9;
-    c.matmul_efficiency = 0.8, c.attention_efficiency = 0.3, c.memory_efficiency = 0.5, c.launch = 2e-6;
+    c.name = "cpu", c.devices_per_node = 2, c.memory_bytes = 24.0 * (1 << 30), c.peak_flops = {32e9, 64e9, 64e9};
+    c.memory_bandwidth = 10e9, c.shared_threads = 2, c.speedup = {1.8, 1.0, 1.0};
+    c.matmul_efficiency = 0.4, c.attention_efficiency = 0.15, c.memory_efficiency = 0.5, c.launch = 2e-6;
     c.intra = {4e9, 10e-6};
     c.inter = {4e9, 10e-6};
     c.collective_base = 20e-6;

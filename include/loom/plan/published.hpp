@@ -20,8 +20,9 @@ struct PublishedRun {
   int batch, seq, micro_batch_size;
   Recompute recompute;
   std::string_view cluster;
-  //! What was measured: TFLOP/s per GPU by the paper's own count, or seconds per iteration.
-  enum class Figure { tflops_narayanan, tflops_palm, seconds } figure;
+  //! What was measured: TFLOP/s per GPU by the paper's own count, seconds per iteration, or GiB per GPU of the
+  //! training state (parameters, gradients and optimizer state) or of the activations.
+  enum class Figure { tflops_narayanan, tflops_palm, seconds, state_gib, activations_gib } figure;
   double value;
   std::string_view note;  //!< what the row assumes
 };
@@ -32,7 +33,7 @@ struct PublishedRun {
 //! selective recomputation; Llama 3 (2024) Table 4, 405B on H100 (TFLOP/s per GPU by 6N + 12 L h s).
 inline const std::vector<PublishedRun>& published_runs() {
   using F = PublishedRun::Figure;
-  constexpr auto full = Recompute::full, sel = Recompute::selective;
+  constexpr auto full = Recompute::full, sel = Recompute::selective, none = Recompute::none;
   static const std::vector<PublishedRun> runs = {
       {"Narayanan 2021 T1", "megatron-1.7b", "dp32", 512, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 137, ""},
       {"Narayanan 2021 T1", "megatron-3.6b", "tp2.dp32", 512, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 138, ""},
@@ -62,6 +63,30 @@ inline const std::vector<PublishedRun>& published_runs() {
        "interleaved with 3 chunks assumed"},
       {"Korthikanti 2022 T5", "megatron-1t", "tp8.pp64", 512, 2048, 1, full, "a100-80gb", F::seconds, 94.42, ""},
       {"Korthikanti 2022 T5", "megatron-1t", "tp8.sp.pp64", 512, 2048, 1, sel, "a100-80gb", F::seconds, 71.49, ""},
+      // Korthikanti et al. 2022 Figure 1 (as read off the figure by Calculon's validation, GiB): the first pipeline
+      // stage's memory per GPU, the training state of its transformer layers, and the activations of tensor
+      // parallelism alone and of sequence parallelism with selective recomputation (the figure's values are the
+      // paper's formula, which the planner's Megatron recipe uses).
+      {"Korthikanti 2022 F1", "megatron-22b", "tp8", 4, 2048, 4, full, "a100-80gb", F::state_gib, 45.5625, ""},
+      {"Korthikanti 2022 F1", "gpt3-175b", "tp8.pp8.v3", 64, 2048, 1, full, "a100-80gb", F::state_gib, 45.5625, ""},
+      {"Korthikanti 2022 F1", "megatron-530b", "tp8.pp35.v3", 280, 2048, 1, full, "a100-80gb", F::state_gib, 31.640625,
+       ""},
+      {"Korthikanti 2022 F1", "megatron-1t", "tp8.pp64", 512, 2048, 1, full, "a100-80gb", F::state_gib, 32.958984375,
+       ""},
+      {"Korthikanti 2022 F1", "megatron-22b", "tp8", 4, 2048, 4, none, "a100-80gb", F::activations_gib, 59.25, ""},
+      {"Korthikanti 2022 F1", "megatron-22b", "tp8.sp", 4, 2048, 4, sel, "a100-80gb", F::activations_gib, 9.5625, ""},
+      {"Korthikanti 2022 F1", "gpt3-175b", "tp8.pp8.v3", 64, 2048, 1, none, "a100-80gb", F::activations_gib, 66.84375,
+       ""},
+      {"Korthikanti 2022 F1", "gpt3-175b", "tp8.sp.pp8.v3", 64, 2048, 1, sel, "a100-80gb", F::activations_gib,
+       12.3515625, ""},
+      {"Korthikanti 2022 F1", "megatron-530b", "tp8.pp35.v3", 280, 2048, 1, none, "a100-80gb", F::activations_gib,
+       114.0234375, ""},
+      {"Korthikanti 2022 F1", "megatron-530b", "tp8.sp.pp35.v3", 280, 2048, 1, sel, "a100-80gb", F::activations_gib,
+       23.076171875, ""},
+      {"Korthikanti 2022 F1", "megatron-1t", "tp8.pp64", 512, 2048, 1, none, "a100-80gb", F::activations_gib, 131.25,
+       ""},
+      {"Korthikanti 2022 F1", "megatron-1t", "tp8.sp.pp64", 512, 2048, 1, sel, "a100-80gb", F::activations_gib, 26.5625,
+       ""},
       {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp64.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
        F::tflops_palm, 430, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
       {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp128.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
@@ -86,9 +111,28 @@ inline double predicted_figure(const PublishedRun& p) {
   const GptShape s = *model_named(p.model);
   const Layout l = layout_named(p.layout);
   const Run r = run_of(p, l);
+  const double gib = double(1 << 30);
+  if (p.figure == PublishedRun::Figure::activations_gib)  // the first stage, which holds the most activations
+    return memory_by_stage(s, l, r).front().bytes.activations / gib;
+  if (p.figure == PublishedRun::Figure::state_gib) {
+    // The figure counts a stage's transformer layers (its 18 bytes per parameter), not the embedding: the blocks'
+    // parameters (units 1 .. blocks) of the first stage's chunks.
+    std::int64_t params = 0;
+    const int parts = l.pp * l.chunks();
+    for (int c = 0; c < l.chunks(); ++c) {
+      const int part = detail::part_of(l, 0, c), first = detail::part_first(s, parts, part),
+                last = detail::part_first(s, parts, part + 1);
+      detail::each_param(s, l.tp, 0, first, last, l.ep, [&](detail::ParamDecl d) {
+        if (d.unit >= 1 && d.unit <= last - first) params += d.numel;
+      });
+    }
+    return 18.0 * double(params) / gib;
+  }
   const StepTime t = step_time(s, l, r, *cluster_named(p.cluster));
   const double B = p.batch, S = p.seq, L = s.layers, h = s.d_model, V = s.vocab;
   switch (p.figure) {
+    case PublishedRun::Figure::state_gib:
+    case PublishedRun::Figure::activations_gib: return 0;
     case PublishedRun::Figure::seconds: return t.step;
     case PublishedRun::Figure::tflops_narayanan:
       return 96 * B * S * L * h * h * (1 + S / (6 * h) + V / (16 * L * h)) / t.step / l.world() / 1e12;

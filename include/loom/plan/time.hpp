@@ -48,21 +48,42 @@ inline double all_to_all_time(double bytes, int n, const Link& k, double base) {
 }
 
 //! The link a group of n ranks, `stride` apart in rank order, spans: inside a node while stride * n fits in one.
-inline const Link& link_of(const Cluster& c, int stride, int n) {
-  return stride * n <= c.devices_per_node ? c.intra : c.inter;
+//! Across nodes, a group with g members in each node crosses between nodes on g devices' network links at once
+//! (NCCL's rings and trees use every NIC of a node), up to what the links inside the node carry.
+inline Link link_of(const Cluster& c, int stride, int n) {
+  if (stride * n <= c.devices_per_node) return c.intra;
+  const int g = std::clamp(c.devices_per_node / std::max(1, stride), 1, n);
+  return {std::min(c.intra.bandwidth, c.inter.bandwidth * g), c.inter.latency};
 }
 
 }  // namespace detail
 
 //! The step time of shape s, run r, layout l on cluster c.
-inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, const Cluster& c) {
+inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, const Cluster& shared_or_not) {
   StepTime t;
+  Cluster c = shared_or_not;
+  if (c.shared_threads > 0 && l.world() > c.shared_threads) {
+    // Ranks that outnumber the host's threads take turns: a collective's copies share the threads as the kernels
+    // do, and each of its steps waits for the peer's turn.
+    const double turns = double(l.world()) / c.shared_threads;
+    for (Link* k : {&c.intra, &c.inter}) {
+      k->bandwidth /= turns;
+      if (c.oversubscribed_latency > 0) k->latency = c.oversubscribed_latency;
+    }
+  }
   const bool megatron = r.recipe == Recipe::megatron;
   const bool square = megatron && !r.flash;  // attention over the whole s x s square, its softmax in memory
   const double T = megatron ? 2 : bytes_of(r.dtype);
   const Dtype dt = megatron ? Dtype::bf16 : r.dtype;
-  const double peak = c.peak(dt), mm = peak * c.matmul_efficiency, at = peak * c.attention_efficiency;
-  const double bw = c.memory_bandwidth * c.memory_efficiency;
+  const double peak = c.peak(dt);
+  double mm = peak * c.matmul_efficiency, at = peak * c.attention_efficiency;
+  double bw = c.memory_bandwidth * c.memory_efficiency;
+  if (c.shared_threads > 0) {  // ranks on one host divide its threads (threads_per_rank) or take turns on them
+    const int H = c.shared_threads, w = l.world();
+    const double k = std::max(1, H / w), turns = std::max(1.0, double(w) / H);
+    auto rate = [&](double speedup) { return (1 + (k - 1) * (speedup - 1) / std::max(1, H - 1)) / turns; };
+    mm *= rate(c.speedup[0]), at *= rate(c.speedup[1]), bw *= rate(c.speedup[2]);
+  }
   const int tp = l.tp, cp = l.cp;
   const double B = r.micro_batch_size(l.dp), Tl = double(r.seq) / cp, N = B * Tl, S = r.seq;
   const double d = s.d_model, hd = s.head_dim(), hq = double(s.heads) / tp;
@@ -72,7 +93,9 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   const int parts = l.pp * l.chunks();
   const double gemm_ops = 4;  // products per block and pass: launches
   // One block's forward, per micro-batch on this rank.
-  auto block_forward = [&](int layer, double& gemm, double& attn, double& mem, double& tpc, double& epc) {
+  constexpr double score_passes = 6;
+  auto block_forward = [&](int layer, double& gemm, double& attn, double& mem, double& mem_bwd, double& tpc,
+                           double& epc) {
     double flops = 2 * N * d * qkv + 2 * N * hq * hd * d;
     if (s.moe_block(layer)) {
       const double w = s.expert_width(), up = (s.gated() ? 2 : 1) * w, routed = rows * s.top_k;
@@ -82,18 +105,21 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
         flops += 2 * N * d * (s.gated() ? 2 : 1) * sw / tp + 2 * N * sw / tp * d;
       }
       epc += 2 * detail::all_to_all_time(routed * d * T, l.ep, detail::link_of(c, tp, l.ep), c.collective_base);
-      mem += T * routed * (3 * d + 2 * w);
+      mem += T * routed * (3 * d + 2 * w), mem_bwd += 2 * T * routed * (3 * d + 2 * w);
     } else {
       const double f = s.ffn() / double(tp);
       flops += 2 * N * d * (s.gated() ? 2 : 1) * f + 2 * N * f * d;
-      mem += T * N * (s.gated() ? 3 : 2) * f;
+      mem += T * N * (s.gated() ? 3 : 2) * f, mem_bwd += 2 * T * N * (s.gated() ? 3 : 2) * f;
     }
     gemm += flops / mm + gemm_ops * c.launch;
     // Attention's products: causal, flash-style (loom), or the whole square with a memory-bound softmax (Megatron).
     const double keys = square ? S : S / 2;
     const double core = 4 * B * hq * Tl * keys * hd;
-    attn += square ? core / mm + 2 * 2 * B * hq * Tl * S * T / bw : core / at;
+    // The square's scores pass through memory six times: written by QK^T, read and written by the masked softmax
+    // and by dropout, read by the product with V.
+    attn += square ? core / mm + score_passes * B * hq * Tl * S * T / bw : core / at;
     mem += T * rows * d * 10;  // two norms, two residual additions, dropouts: about ten passes over a row
+    mem_bwd += T * N * d * 20;  // backward's: with sequence parallelism too (its inputs gathered again, unfused)
     // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter with sp) of N x d.
     tpc += 2 * detail::all_reduce_time(N * d * T, tp, detail::link_of(c, 1, tp), c.collective_base);
   };
@@ -101,12 +127,12 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   double best = -1;
   double F = 0, Bw = 0, W = 0, tpf = 0, epf = 0, cpf = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
-    double gemm = 0, attn = 0, mem = 0, tpc = 0, epc = 0;
+    double gemm = 0, attn = 0, mem = 0, mem_bwd = 0, tpc = 0, epc = 0;
     bool has_head = false;
     for (int k = 0; k < l.chunks(); ++k) {
       const int part = detail::part_of(l, stage, k);
       for (int layer = detail::part_first(s, parts, part); layer < detail::part_first(s, parts, part + 1); ++layer)
-        block_forward(layer, gemm, attn, mem, tpc, epc);
+        block_forward(layer, gemm, attn, mem, mem_bwd, tpc, epc);
       has_head = has_head || part == parts - 1;
     }
     double hd_time = 0;
@@ -126,7 +152,7 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
     }
     double cpc = 0;
     if (cp > 1) {
-      const Link& lk = detail::link_of(c, tp, cp);
+      const Link lk = detail::link_of(c, tp, cp);
       if (l.ulysses) {
         cpc = blocks * 4 * detail::all_to_all_time(N * d / tp * T, cp, lk, c.collective_base);
       } else {
@@ -137,7 +163,7 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
     F = fwd, tpf = tpc, epf = epc, cpf = cpc;
     // Backward: the input's gradient (B) and the weights' (W) from the forward's products; attention's backward
     // is 2.5 forwards (2 with the square softmax).
-    Bw = gemm + attn * (square ? 2.0 : 2.5) + 2 * mem / bw + hd_time;
+    Bw = gemm + attn * (square ? 2.0 : 2.5) + mem_bwd / bw + hd_time;
     W = gemm + hd_time;
   }
   // Recomputation: full repeats the forward (its collectives too); selective the attention core.
@@ -146,13 +172,19 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   if (r.recompute == Recompute::selective) {
     const double keys = square ? S : S / 2;
     rc = std::ceil(double(s.layers) / parts) * l.chunks() *
-         (square ? 4 * B * hq * Tl * keys * hd / mm + 4 * B * hq * Tl * S * T / bw : 4 * B * hq * Tl * keys * hd / at);
+         (square ? 4 * B * hq * Tl * keys * hd / mm + score_passes * B * hq * Tl * S * T / bw
+                 : 4 * B * hq * Tl * keys * hd / at);
   }
   const double tp_mb = 2 * tpf + rc_tp, cp_mb = 3 * cpf, ep_mb = 2 * epf;
-  const double pp_mb = l.pp > 1 ? 2.0 * l.chunks() *
-                                      (detail::link_of(c, tp * cp * l.dp, 2).latency + c.collective_base +
-                                       rows * d * T / detail::link_of(c, tp * cp * l.dp, 2).bandwidth)
-                                : 0;
+  // Pipeline sends: each tensor-parallel rank sends its slice of the boundary's N x d (with sequence parallelism
+  // that is what it holds; without, Megatron's scatter-gather sends a tp-th and gathers the rest over the node's
+  // links at the receiver), once forward and once backward per chunk and micro-batch.
+  const Link pl = detail::link_of(c, tp * cp * l.dp, 2);
+  const double pp_mb =
+      l.pp > 1 ? 2.0 * l.chunks() *
+                     (pl.latency + c.collective_base + N * d * T / tp / pl.bandwidth +
+                      (l.sp ? 0 : detail::gather_time(N * d * T, tp, detail::link_of(c, 1, tp), c.collective_base)))
+               : 0;
   const double per_mb = F + Bw + W + rc + tp_mb + cp_mb + ep_mb + pp_mb;
   t.compute = m * (F + Bw + W + rc);
   t.tp_comm = m * tp_mb, t.cp_comm = m * cp_mb, t.ep_comm = m * ep_mb, t.pp_comm = m * pp_mb;
@@ -165,6 +197,8 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
       case Schedule::zero_bubble_h1: t.bubble = p1 * std::max(0.0, per_mb - 2 * W); break;
       case Schedule::zero_bubble_v: t.bubble = p1 * std::max(0.0, per_mb - 3 * W) / 2; break;
     }
+    // Ranks that take turns on a host's threads: a stage that waits gives its turn to the others.
+    if (c.shared_threads > 0 && l.world() > c.shared_threads) t.bubble *= double(c.shared_threads) / l.world();
   }
   // Data parallelism: the gradients of the stage's parameters over dp (x cp: the sequence's shards too),
   // all-reduced (ZeRO 0) or reduce-scattered then the parameters all-gathered (ZeRO 1-2; ZeRO 3 gathers each unit
@@ -176,7 +210,7 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
                        [&](detail::ParamDecl p) { params += p.numel; });
   }
   const int dpn = l.dp * cp;
-  const Link& dl = detail::link_of(c, tp, dpn);
+  const Link dl = detail::link_of(c, tp, dpn);
   const double gbytes = double(params) * (megatron ? 4 : T);
   double dp = 0;
   if (l.zero == 0) dp = detail::all_reduce_time(gbytes, dpn, dl, c.collective_base);
@@ -186,11 +220,13 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   const double hidden = megatron ? 0 : c.overlap_efficiency * (Bw + W) * (l.zero == 3 ? m : 1);
   t.dp_comm = std::max(0.0, dp - hidden);
   const double shard = double(params) / (l.zero >= 1 ? l.zero_ranks() : 1);
-  t.optimizer = shard * (megatron ? 4 * 4 + 2 + 4 : (r.sgd ? 3 : 5) * double(acc_bytes_of(r.dtype)) + 2 * T) / bw;
+  // The update's passes over the shard (and, in loom, the gradients zeroed and their norm taken: two passes more).
+  t.optimizer = shard * (megatron ? 4 * 4 + 2 + 4 : (r.sgd ? 3 : 5) * double(acc_bytes_of(r.dtype)) + 4 * T) / bw;
   t.step = t.compute + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
   const double tokens = double(r.batch) * r.seq;
   t.tokens_per_s = tokens / t.step;
-  t.mfu = t.tokens_per_s * s.flops_per_token(r.seq) / (l.world() * peak);
+  const double devices = c.shared_threads > 0 ? c.shared_threads : l.world();  // a shared host's peak is its own
+  t.mfu = t.tokens_per_s * s.flops_per_token(r.seq) / (devices * peak);
   return t;
 }
 
