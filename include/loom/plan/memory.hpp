@@ -267,9 +267,10 @@ struct Act {
 };
 
 //! One chunk's activations in loom (models::GptActivations::allocate and split): `slots` slots of blocks
-//! [first, last), the scratch the calls share, and with a split backward (zb-h1, zb-v) each slot's branch gradients.
+//! [first, last), the scratch the calls share, and with a split backward (zb-h1, zb-v) the branch gradients of the
+//! `split_slots` slots the chunk's micro-batches use.
 constexpr double loom_chunk_activations(const Act& a, int first, int last, bool head, int slots, Recompute rc,
-                                        bool split) {
+                                        int split_slots) {
   const double T = a.T, A = a.A;
   const std::int64_t rows = a.rows, N = a.N, d = a.d;
   const bool full = rc == Recompute::full, selective = rc == Recompute::selective;
@@ -282,12 +283,12 @@ constexpr double loom_chunk_activations(const Act& a, int first, int last, bool 
                     T * double(N * a.vocab_rows + N) + 2 * A * double(N);
   double shared = full ? a.block_acts(false, true, -1) + T * double(rows * d) : 0;
   shared += T * double(rows * d) + (a.sp ? 3 * T * double(N * d) : 0) + T * double(N) + a.block_grads(selective, -1);
-  double splits = 0;
-  if (split) {
+  double splits = 0;  // each slot's, made the first time a split backward uses it
+  if (split_slots > 0) {
     for (int l = first; l < last; ++l) splits += a.block_grads(selective, l);
     if (head) splits += T * double(rows * d);
   }
-  return slots * (slot + splits) + shared;
+  return slots * slot + split_slots * splits + shared;
 }
 
 //! Korthikanti et al. 2022's activation bytes of one transformer layer for one micro-batch (16-bit activations):
@@ -320,30 +321,50 @@ constexpr int part_of(const Layout& l, int stage, int chunk) {
 //! (micro-batch, chunk) pairs the verified schedule holds on the stage, at most the micro-batches; one without a
 //! pipeline). The schedule's table is built and verified where it is small enough (up to 64 stages, 20000 actions),
 //! else pipeline::activation_bound gives the count.
-constexpr std::vector<int> activation_slots(const Layout& l, int micro_batches, bool from_table = true) {
-  std::vector<int> slots(static_cast<std::size_t>(l.pp), 1);
-  if (l.pp == 1) return slots;
+struct Slots {
+  std::vector<int> per_stage;               //!< each chunk's slots on the stage (the executor's capacity)
+  std::vector<std::vector<int>> per_chunk;  //!< [stage][chunk]: the most of that chunk's micro-batches held at once
+};
+constexpr Slots activation_slots(const Layout& l, int micro_batches, bool from_table = true) {
   const int v = l.chunks();
+  Slots out{std::vector<int>(static_cast<std::size_t>(l.pp), 1),
+            std::vector<std::vector<int>>(static_cast<std::size_t>(l.pp), std::vector<int>(std::size_t(v), 1))};
+  if (l.pp == 1) return out;
   const bool table = from_table && l.pp <= pipeline::max_stages && 3.0 * l.pp * micro_batches * v <= 20000 &&
                      pipeline::detail::count_rule(l.schedule, l.pp, micro_batches, v) ==
                          pipeline::detail::CountRule::ok;
   if (table) {
-    const pipeline::VerifyResult r = pipeline::verify(pipeline::detail::build(l.schedule, l.pp, micro_batches, v));
+    const pipeline::RuntimeTable t = pipeline::detail::build(l.schedule, l.pp, micro_batches, v);
+    const pipeline::VerifyResult r = pipeline::verify(t);
     if (r.ok) {
-      for (int s = 0; s < l.pp; ++s)
-        slots[static_cast<std::size_t>(s)] = std::max(1, std::min(micro_batches, r.peak_held[static_cast<std::size_t>(s)]));
-      return slots;
+      for (int s = 0; s < l.pp; ++s) {
+        const int cap = std::max(1, std::min(micro_batches, r.peak_held[static_cast<std::size_t>(s)]));
+        out.per_stage[std::size_t(s)] = cap;
+        // In the table's order, as the executor hands out slots: F takes one of its chunk's, W or BW returns it.
+        std::vector<int> held(std::size_t(v), 0), peak(std::size_t(v), 0);
+        for (const pipeline::Action& x : t.stage(s)) {
+          auto& h = held[std::size_t(x.chunk)];
+          if (x.kind == pipeline::Kind::F) peak[std::size_t(x.chunk)] = std::max(peak[std::size_t(x.chunk)], ++h);
+          else if (x.kind == pipeline::Kind::W || x.kind == pipeline::Kind::BW) --h;
+        }
+        for (int c = 0; c < v; ++c) out.per_chunk[std::size_t(s)][std::size_t(c)] = std::min(cap, std::max(1, peak[std::size_t(c)]));
+      }
+      return out;
     }
   }
-  for (int s = 0; s < l.pp; ++s)
-    slots[static_cast<std::size_t>(s)] =
+  for (int s = 0; s < l.pp; ++s) {
+    const int cap =
         std::max(1, std::min(micro_batches, pipeline::activation_bound(l.schedule, l.pp, micro_batches, v, s)));
-  return slots;
+    out.per_stage[std::size_t(s)] = cap;
+    out.per_chunk[std::size_t(s)].assign(std::size_t(v), cap);
+  }
+  return out;
 }
 
 //! The memory of pipeline stage `stage`'s most loaded rank (tensor-, expert- and data-parallel rank 0) for shape s,
 //! run r and layout l. The layout must satisfy violation(s, l, r).
-constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& r, int stage, int slots) {
+constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& r, int stage, int slots,
+                                 const std::vector<int>& chunk_held) {
   Memory m;
   m.stage = stage;
   const double T = bytes_of(r.dtype), A = acc_bytes_of(r.dtype);
@@ -395,7 +416,8 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     else if (r.dtype == Dtype::bf16 && l.dp > 1)
       m.bytes.buffers += A * double(st.params);
     m.bytes.activations +=
-        detail::loom_chunk_activations(a, first, last, last == s.layers, slots, r.recompute, split);
+        detail::loom_chunk_activations(a, first, last, last == s.layers, slots, r.recompute,
+                                       split ? chunk_held[std::size_t(c)] : 0);
     if (s.rope()) m.bytes.other += 2 * A * double(s.max_seq) * double(s.head_dim() / 2);
   }
   m.held.optimizer = m.bytes.optimizer;
@@ -408,9 +430,11 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
 //! Each pipeline stage's memory (its most loaded rank's).
 constexpr std::vector<Memory> memory_by_stage(const GptShape& s, const Layout& l, const Run& r,
                                               bool from_table = true) {
-  const std::vector<int> slots = activation_slots(l, r.micro_batches, from_table);
+  const Slots slots = activation_slots(l, r.micro_batches, from_table);
   std::vector<Memory> out;
-  for (int stage = 0; stage < l.pp; ++stage) out.push_back(memory_of_stage(s, l, r, stage, slots[std::size_t(stage)]));
+  for (int stage = 0; stage < l.pp; ++stage)
+    out.push_back(memory_of_stage(s, l, r, stage, slots.per_stage[std::size_t(stage)],
+                                  slots.per_chunk[std::size_t(stage)]));
   return out;
 }
 
