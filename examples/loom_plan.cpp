@@ -340,8 +340,12 @@ bool validate(const std::string& json) {
     o.sequence_parallel = !p.source.starts_with("Narayanan");  // sequence parallelism came in 2022
     int tried = 0;
     const std::vector<Candidate> found = plan::search(s, r, c, pl.world(), o, tried);
-    if (found.empty()) continue;
     ++searched;
+    if (found.empty()) {
+      std::printf("%-20s %-14s %-30s %-34s\n", p.source.data(), p.model.data(), p.layout.data(),
+                  "(no layout fits the planner's memory)");
+      continue;
+    }
     const Memory pm = memory(s, pl, r, false);
     if (pm.peak > c.memory_bytes) {  // the planner's memory model has no room for the published layout
       std::printf("%-20s %-14s %-30s %-34s %8s (its %s: %.1f of %.1f GiB)\n", p.source.data(), p.model.data(),

@@ -25,6 +25,10 @@ struct Cluster {
   std::string name;
   int devices_per_node = 8;
   double memory_bytes = 0;  //!< per device
+  //! The share of memory_bytes a run can fill: the rest goes to the runtime's context, the communication library's
+  //! buffers and the allocator's fragmentation (a GPU's 80 GiB holds about 72 GiB of tensors).
+  double usable = 1.0;
+  constexpr double usable_bytes() const { return memory_bytes * usable; }
   //! Peak FLOP/s per device by element type (f64, f32, bf16): dense matrix products, what MFU is measured against.
   std::array<double, 3> peak_flops{};
   double memory_bandwidth = 0;  //!< bytes/s per device
@@ -62,7 +66,7 @@ inline std::optional<Cluster> cluster_named(std::string_view name) {
     c.matmul_efficiency = 0.80, c.attention_efficiency = 0.45, c.memory_efficiency = 0.75, c.launch = 4e-6;
     c.intra = {235e9, 3.4e-6};  // NVLink 3: 300 GB/s per direction, about 235 GB/s of bus bandwidth in NCCL
     c.inter = {23e9, 9.6e-6};   // 8 x HDR 200 Gb/s per node: 25 GB/s per GPU, about 23 measured
-    c.collective_base = 8.4e-6;
+    c.collective_base = 8.4e-6, c.usable = 0.9;
     return c;
   }
   if (name == "h100-80gb" || name == "h200") {
@@ -73,7 +77,7 @@ inline std::optional<Cluster> cluster_named(std::string_view name) {
     c.matmul_efficiency = 0.62, c.attention_efficiency = 0.3, c.memory_efficiency = 0.75, c.launch = 3e-6;
     c.intra = {370e9, 3.4e-6};  // NVLink 4: 450 GB/s per direction, about 370 GB/s of ring bus bandwidth
     c.inter = {47e9, 9.6e-6};   // 8 x NDR 400 Gb/s per node: 46-48 GB/s per GPU measured
-    c.collective_base = 8.4e-6;
+    c.collective_base = 8.4e-6, c.usable = 0.9;
     return c;
   }
   if (name == "cpu") {

@@ -93,7 +93,7 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
                     continue;
                   }
                   const Memory m = memory(s, l, r, false);
-                  if (m.peak > c.memory_bytes) {
+                  if (m.peak > c.usable_bytes()) {
                     reject(loom::detail::cat("out of memory (", m.largest().first, " the largest category)"), l);
                     continue;
                   }
