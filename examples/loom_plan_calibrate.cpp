@@ -64,9 +64,9 @@ Rates measure(int threads) {
     std::vector<T> a(std::size_t(M) * 1024, T(0.5)), b(std::size_t(1024) * 1024, T(0.25)), c(a.size());
     double flops = 0, secs = 0;
     for (auto [K, N] : {std::pair{256, 768}, {256, 256}, {256, 1024}, {1024, 256}}) {
-      secs += best_of(4, [&] { ops.matmul(a.data(), b.data(), c.data(), M, N, K, false, false); });
-      secs += best_of(4, [&] { ops.matmul(c.data(), b.data(), a.data(), M, K, N, false, true); });
-      secs += best_of(4, [&] { ops.matmul(a.data(), c.data(), b.data(), K, N, M, true, false); });
+      secs += best_of(6, [&] { ops.matmul(a.data(), b.data(), c.data(), M, N, K, false, false); });
+      secs += best_of(6, [&] { ops.matmul(c.data(), b.data(), a.data(), M, K, N, false, true); });
+      secs += best_of(6, [&] { ops.matmul(a.data(), c.data(), b.data(), K, N, M, true, false); });
       flops += 3 * 2.0 * M * N * K;
     }
     r.matmul = flops / secs;
@@ -107,6 +107,20 @@ Rates measure(int threads) {
     });
     r.memory = (10.0 * double(n) + 2.0 * R * f) * sizeof(T) / secs;
   }
+  return r;
+}
+
+//! One thread's rates while `n` threads measure at once, each its own data: the slowest thread's.
+template <class T>
+Rates side_by_side(int n) {
+  std::vector<Rates> each(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { each[std::size_t(i)] = measure<T>(1); });
+  for (auto& t : threads) t.join();
+  Rates r = each.front();
+  for (const Rates& e : each)
+    r.matmul = std::min(r.matmul, e.matmul), r.attention = std::min(r.attention, e.attention),
+    r.memory = std::min(r.memory, e.memory);
   return r;
 }
 
@@ -166,17 +180,20 @@ loom::plan::Cluster calibrate(const char* self, std::FILE* log) {
   Cluster c = *loom::plan::cluster_named("cpu");
   c.name = "calibrated";
   c.devices_per_node = hw, c.shared_threads = hw;
-  const Rates one = measure<float>(1), all = measure<float>(hw);
-  const Rates one64 = measure<double>(1);
+  // A device's rates are one thread's while every thread of the host runs a rank (they share its caches and
+  // memory): `hw` threads measure at once and the slowest counts. A rank alone uses every thread.
+  const Rates one = side_by_side<float>(hw), all = measure<float>(hw);
+  const Rates one64 = side_by_side<double>(hw);
   // The peaks MFU is measured against, per device (one hardware thread): its products' rate on a square of 1024
   // (bf16 is computed in f32 on the host).
   const double peak32 = peak_rate<float>(), peak64 = peak_rate<double>();
   c.peak_flops = {peak64, peak32, peak32};
-  std::fprintf(log, "loom-plan: calibrate: f32 products %.2f GFLOP/s on 1 thread, %.2f on %d; f64 %.2f on 1\n",
+  // Each: a thread's, while the others measure too; then one thread alone with all of them.
+  std::fprintf(log, "loom-plan: calibrate: f32 products %.2f GFLOP/s a thread, %.2f on %d; f64 %.2f a thread\n",
                one.matmul / 1e9, all.matmul / 1e9, hw, one64.matmul / 1e9);
-  std::fprintf(log, "loom-plan: calibrate: attention %.2f GFLOP/s on 1 thread, %.2f on %d\n", one.attention / 1e9,
+  std::fprintf(log, "loom-plan: calibrate: attention %.2f GFLOP/s a thread, %.2f on %d\n", one.attention / 1e9,
                all.attention / 1e9, hw);
-  std::fprintf(log, "loom-plan: calibrate: element-wise %.2f GB/s (as counted) on 1 thread, %.2f on %d\n",
+  std::fprintf(log, "loom-plan: calibrate: element-wise %.2f GB/s (as counted) a thread, %.2f on %d\n",
                one.memory / 1e9, all.memory / 1e9, hw);
   std::fprintf(log, "loom-plan: calibrate: peak (a product of 1024^3) %.2f GFLOP/s f32, %.2f f64 on 1 thread\n",
                peak32 / 1e9, peak64 / 1e9);

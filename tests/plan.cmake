@@ -49,7 +49,7 @@ if(TARGET loom-plan)
     $<TARGET_FILE:loom-plan>;--validate)
   # This machine measured into a cluster file, then a plan on it.
   loom_plan_succeeds(plan_calibrate
-    "loom-plan: calibrate: f32 products [0-9.]+ GFLOP/s on 1 thread.*element-wise [0-9.]+ GB/s.*all-reduce latency [0-9.]+ us a step.*loom-plan: wrote .*step time [0-9.]+ s"
+    "loom-plan: calibrate: f32 products [0-9.]+ GFLOP/s a thread.*element-wise [0-9.]+ GB/s.*all-reduce latency [0-9.]+ us a step.*loom-plan: wrote .*step time [0-9.]+ s"
     sh -c "$<TARGET_FILE:loom-plan> --calibrate ${LOOM_TEST_SCRATCH}/plan_calibrate/this.json && $<TARGET_FILE:loom-plan> --model small --parallel dp2 --cluster ${LOOM_TEST_SCRATCH}/plan_calibrate/this.json")
   loom_plan_succeeds(plan_search "1    tp[0-9.a-z-]+ .*rejected:\n .*out of memory \\("
     $<TARGET_FILE:loom-plan>;--model;gpt3-175b;--search;--gpus;64;--batch;64;--seq;2048;--dtype;bf16;--recipe;megatron;--cluster;a100-80gb;--top;3)
