@@ -3,8 +3,11 @@
 
 For each layout, train_gpt trains the model a few steps (ranks as threads) and the median time of its steps after
 the first is the measured step; loom-plan predicts the step for the same flags on a cluster file (loom-plan
---calibrate FILE measures one). Prints a table of both, each error, the median absolute error and Spearman's rank
-correlation between predicted and measured times; --json writes the rows and the summary.
+--calibrate FILE measures one). The first run (one rank) completes the calibration: the ratio of its measured step to
+the prediction from the kernels' rates alone is the cluster's compute_overhead (what loom's model and trainer add
+between kernels), written to a copy of the cluster file that the other runs are predicted on (--no-overhead: the file
+as given, every run checked). Prints a table of both, each error, the median absolute error and Spearman's rank
+correlation between predicted and measured times over the runs checked; --json writes the rows and the summary.
 
   bench/plan_check.py --train-gpt build/examples/train_gpt --loom-plan build/examples/loom-plan \\
       --cluster this-machine.json [--layout dp2 --layout "pp2 --schedule zb-h1" ...] [--steps 6] [--json FILE]
@@ -17,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 
-# 24 runs of train_gpt's small model: each parallelism alone and in combination, every pipeline schedule, ZeRO 1-3,
+# One calibration run and 24 runs of train_gpt's small model: each parallelism alone and in combination, every pipeline schedule, ZeRO 1-3,
 # both context-parallel kinds, recomputation; one to eight ranks; batches of 8 or 16 sequences of 64 to 256 tokens
 # (a run's step time is ranked among runs of other sizes too).
 LAYOUTS = [
-    "single",
+    "single",  # the calibration run
+    "single --batch 16",
     "single --seq 64",
     "single --recompute full",
     "dp2",
@@ -116,21 +120,38 @@ def main():
     ap.add_argument("--loom-plan", required=True)
     ap.add_argument("--cluster", required=True, help="a cluster file (loom-plan --calibrate FILE) or name")
     ap.add_argument("--layout", action="append", dest="layouts",
-                    help="a layout and its flags, train_gpt's spelling; repeated (default: 24 of them)")
+                    help="a layout and its flags, train_gpt's spelling; repeated (default: a calibration run and 24 more)")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-overhead", action="store_true", help="do not fit compute_overhead on the first run")
     ap.add_argument("--json")
     a = ap.parse_args()
     layouts = a.layouts or LAYOUTS
     if a.steps < 2:
         sys.exit("plan_check: --steps must be at least 2 (the first step is not timed)")
     rows = []
-    print(f"{'layout':<28} {'measured s':>11} {'predicted s':>12} {'error':>8}")
+    print(f"{'layout':<32} {'measured s':>11} {'predicted s':>12} {'error':>8}")
     with tempfile.TemporaryDirectory() as scratch:
-        for spec in layouts:
+        cluster = a.cluster
+        fit = not a.no_overhead and len(layouts) > 1
+        for i, spec in enumerate(layouts):
             m = measured_step(a.train_gpt, spec, a.steps, scratch)
-            p = predicted_step(a.loom_plan, spec, a.cluster, scratch)
+            if fit and i == 0:  # the calibration run: the overhead that makes it come out as measured
+                with open(a.cluster) as f:
+                    c = json.load(f)
+                c["compute_overhead"] = 1.0
+                cluster = os.path.join(scratch, "cluster.json")
+                with open(cluster, "w") as f:
+                    json.dump(c, f)
+                bare = predicted_step(a.loom_plan, spec, cluster, scratch)
+                c["compute_overhead"] = m / bare
+                with open(cluster, "w") as f:
+                    json.dump(c, f)
+                print(f"{spec:<32} {m:11.4f} {bare:12.4f}   (calibration: compute_overhead {m / bare:.3f})",
+                      flush=True)
+                continue
+            p = predicted_step(a.loom_plan, spec, cluster, scratch)
             rows.append({"layout": spec, "measured_s": m, "predicted_s": p, "error": p / m - 1})
-            print(f"{spec:<28} {m:11.4f} {p:12.4f} {100 * (p / m - 1):+7.1f}%", flush=True)
+            print(f"{spec:<32} {m:11.4f} {p:12.4f} {100 * (p / m - 1):+7.1f}%", flush=True)
     errors = [abs(r["error"]) for r in rows]
     rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     summary = {"layouts": len(rows), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),

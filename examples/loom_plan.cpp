@@ -129,6 +129,8 @@ Cluster cluster_of(const std::string& name) {
   c.overlap_efficiency = j.value("overlap_efficiency", c.overlap_efficiency);
   c.shared_threads = j.value("shared_threads", c.shared_threads);
   c.oversubscribed_latency = j.value("oversubscribed_latency", c.oversubscribed_latency);
+  c.compute_overhead = j.value("compute_overhead", c.compute_overhead);
+  c.usable = j.value("usable", c.usable);
   if (j.contains("speedup")) c.speedup = j["speedup"].get<std::array<double, 3>>();
   return c;
 }
@@ -144,7 +146,8 @@ void write_cluster(const Cluster& c, const std::string& file) {
   j["inter_bandwidth"] = c.inter.bandwidth, j["inter_latency"] = c.inter.latency;
   j["collective_base"] = c.collective_base, j["overlap_efficiency"] = c.overlap_efficiency;
   j["shared_threads"] = c.shared_threads, j["speedup"] = c.speedup;
-  j["oversubscribed_latency"] = c.oversubscribed_latency;
+  j["oversubscribed_latency"] = c.oversubscribed_latency, j["compute_overhead"] = c.compute_overhead;
+  j["usable"] = c.usable;
   const std::string tmp = file + ".tmp";
   {
     std::ofstream out(tmp);

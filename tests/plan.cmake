@@ -21,14 +21,14 @@ if(TARGET loom-plan AND TARGET train_gpt)
   loom_plan_ledger(small_pp2_dp2_zero3_keep --model;small;--parallel;pp2,dp2,zero3,keep;${_run})
   loom_plan_ledger(mixtral_tp2_pp2_dp2 --model;mixtral-small;--parallel;tp2,pp2,dp2;${_run})
   loom_plan_ledger(moe_dp2_ep2_sgd --model;small-moe;--parallel;dp2,ep2;--optimizer;sgd;${_run})
-  # bench/plan_check.py, the step time against train_gpt's, on three layouts of a calibrated cluster (its figures
-  # over 24 are docs/planner.md's).
+  # bench/plan_check.py, the step time against train_gpt's, on three layouts of a calibrated cluster after its
+  # one-rank calibration run (its figures over 24 are docs/planner.md's).
   find_program(LOOM_PYTHON3 NAMES python3)
   if(LOOM_PYTHON3)
     add_test(NAME plan_check_cpu
       COMMAND ${CMAKE_COMMAND} -DSCRATCH=${LOOM_TEST_SCRATCH}/plan_check_cpu
               "-DEXPECT_REGEX=plan_check: 3 layouts, median error [0-9.]+%, worst [0-9.]+%, spearman -?[0-9.]+"
-              "-DCMD=sh;-c;$<TARGET_FILE:loom-plan> --calibrate ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json && ${LOOM_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/plan_check.py --train-gpt $<TARGET_FILE:train_gpt> --loom-plan $<TARGET_FILE:loom-plan> --cluster ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json --layout single --layout dp2 --layout pp2 --steps 2 --json ${LOOM_TEST_SCRATCH}/plan_check_cpu/check.json"
+              "-DCMD=sh;-c;$<TARGET_FILE:loom-plan> --calibrate ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json && ${LOOM_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/plan_check.py --train-gpt $<TARGET_FILE:train_gpt> --loom-plan $<TARGET_FILE:loom-plan> --cluster ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json --layout single --layout dp2 --layout pp2 --layout tp2 --steps 2 --json ${LOOM_TEST_SCRATCH}/plan_check_cpu/check.json"
               -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
     set_tests_properties(plan_check_cpu PROPERTIES LABELS plan)
   endif()

@@ -51,6 +51,9 @@ struct Cluster {
   //! With shared_threads: a collective's latency per step when the ranks outnumber the threads (they take turns:
   //! a rank that waits for a peer's turn waits a scheduler's slice, not a memory's latency). 0: the link's.
   double oversubscribed_latency = 0;
+  //! What a step's own work adds to its kernels' time (a model's glue between kernels, the trainer's tasks), as a
+  //! factor on the compute rates; bench/plan_check.py measures it from one one-rank step of train_gpt.
+  double compute_overhead = 1.0;
 
   constexpr double peak(Dtype d) const { return peak_flops[static_cast<std::size_t>(d)]; }
 };

@@ -76,8 +76,8 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   const double T = megatron ? 2 : bytes_of(r.dtype);
   const Dtype dt = megatron ? Dtype::bf16 : r.dtype;
   const double peak = c.peak(dt);
-  double mm = peak * c.matmul_efficiency, at = peak * c.attention_efficiency;
-  double bw = c.memory_bandwidth * c.memory_efficiency;
+  double mm = peak * c.matmul_efficiency / c.compute_overhead, at = peak * c.attention_efficiency / c.compute_overhead;
+  double bw = c.memory_bandwidth * c.memory_efficiency / c.compute_overhead;
   if (c.shared_threads > 0) {  // ranks on one host divide its threads (threads_per_rank) or take turns on them
     const int H = c.shared_threads, w = l.world();
     const double k = std::max(1, H / w), turns = std::max(1.0, double(w) / H);
