@@ -62,7 +62,8 @@ const char* usage =
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
     "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT] [--write-corpus FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
-    "                 [--init-from DIR] [--resume DIR] [--allow-changed-run] [--no-progress] [--help]\n";
+    "                 [--init-from DIR] [--resume DIR] [--auto-resume] [--allow-changed-run] [--no-progress]\n"
+    "                 [--help]\n";
 
 //! v, all of it, as a number of type N: a floating-point value must be finite, an unsigned one not negative.
 template <class N>
@@ -103,6 +104,30 @@ void install_fault_injection() {
     std::fflush(stderr);
     std::raise(SIGKILL);
   };
+}
+
+//! --auto-resume: where --save DIR holds a complete checkpoint, the run continues from it (as --resume DIR, and
+//! --init-from no longer applies); where it holds none, the run starts. A checkpoint at --steps or beyond means the
+//! run is done: exit status 0 at once.
+std::optional<int> auto_resume(Args& a) {
+  Heartbeat::process();  // a supervisor (loom-run) hears from the process from its start
+  if (!a.auto_resume) return std::nullopt;
+  std::string dir;
+  try {
+    dir = checkpoint::resolve_checkpoint(a.save);
+  } catch (const Error&) {
+    std::printf("train_gpt: --auto-resume: %s holds no checkpoint yet; starting at step 0\n", a.save.c_str());
+    return std::nullopt;
+  }
+  const int next = checkpoint::read_index(dir).next_step;
+  Heartbeat::process().saved(next), Heartbeat::process().step(next);
+  if (next >= a.steps) {
+    std::printf("train_gpt: --auto-resume: %s is at step %d of %d: the run is done\n", dir.c_str(), next, a.steps);
+    return 0;
+  }
+  std::printf("train_gpt: --auto-resume: continuing from %s at step %d\n", dir.c_str(), next);
+  a.resume = a.save, a.init_from.clear();
+  return std::nullopt;
 }
 
 //! --write-corpus FILE: the built-in corpus's bytes, written to a temporary name and renamed; exit status 0.
@@ -188,6 +213,10 @@ Args parse(int argc, char** argv) {
     }
     if (f == "--async-save") {
       a.async_save = true;
+      continue;
+    }
+    if (f == "--auto-resume") {
+      a.auto_resume = true;
       continue;
     }
     if (f.rfind("--", 0) != 0) throw Error("loom: unexpected argument '" + f + "'\n" + usage);
@@ -292,6 +321,10 @@ Args parse(int argc, char** argv) {
     LOOM_CHECK(!given || !a.save.empty(), flag, " says how --save saves, but no --save DIR is given");
   LOOM_CHECK(models::recompute_named(a.recompute), "--recompute must be none, selective or full, got '",
              a.recompute, "'");
+  LOOM_CHECK(!a.auto_resume || !a.save.empty(), "--auto-resume continues from --save DIR's newest checkpoint, but "
+             "no --save DIR is given");
+  LOOM_CHECK(!a.auto_resume || a.resume.empty(), "--auto-resume and --resume ", a.resume, " both say where to "
+             "continue from: give one");
   LOOM_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other: --resume "
              "continues a run (weights, optimizer state, step), --init-from starts a new one from weights");
   LOOM_CHECK(a.data.empty() || a.train_data.empty(), "--data ", a.data, " and --train-data ", a.train_data,
@@ -716,6 +749,7 @@ int main(int argc, char** argv) {
     install_fault_injection();
     Args a = parse(argc, argv);
     if (!a.write_corpus.empty()) return write_corpus(a.write_corpus);
+    if (auto done = auto_resume(a)) return *done;
     const std::string layout = parse_parallel(a.parallel, a);
     if (a.device == "cuda") {
       if (auto rc = run_cuda(layout, a, argc, argv)) return *rc;

@@ -7,6 +7,7 @@
 #include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
+#include <loom/core/heartbeat.hpp>
 #include <loom/data/shards.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/gpt/checkpoint.hpp>
@@ -55,6 +56,7 @@ struct Args {
   bool progress = true;
   bool schedule_given = false;     //!< --schedule was on the command line
   bool allow_changed_run = false;  //!< --allow-changed-run: --resume may continue with other settings
+  bool auto_resume = false;        //!< --auto-resume: continue from --save DIR's newest checkpoint, if it has one
   //! Token shards (llm.c's format) to train on instead of --data's bytes, and to validate on: globs.
   std::string train_data, val_data;
   int val_every = 0;    //!< --val-every N: validation every N steps (0: at the end only)
@@ -192,7 +194,8 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
-    log.open(a.log_json, std::ios::trunc);
+    // A resumed run adds its steps to the log (a step lost to a failure appears again, with the same values).
+    log.open(a.log_json, start > 0 ? std::ios::app : std::ios::trunc);
     LOOM_CHECK(log.good(), "cannot write --log-json file ", a.log_json);
     log.precision(12);
   }
@@ -248,6 +251,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
   for (int i = start; i < a.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const train::StepResult r = step(i);
+    Heartbeat::process().step(i + 1);
     loss = r.loss;
     if (r.skipped) {  // every rank agrees (StepResult), so every rank counts the same and stops at the same step
       ++skipped, ++in_a_row;
@@ -439,14 +443,17 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   const double flops = trainer.parts().front()->flops_per_token(a.seq);
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample, [&](int i) {
     const train::StepResult r = trainer.step(i);
-    if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0)
+    if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0) {
       saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
+      if (!a.async_save) Heartbeat::process().saved(i + 1);  // (in the background: complete at the next save)
+    }
     return r;
   });
   if (!saver) return;
   const int end = std::max(a.steps, start);
   if (saved_at != end) saver->save(trainer, end, layout.name, run);
   saver->finish(trainer);
+  Heartbeat::process().saved(end);
   std::vector<double> waited{saver->blocked_seconds(), saver->finish_seconds()};
   world.all_reduce(waited, comm::Reduce::max);
   if (world.rank() == 0)

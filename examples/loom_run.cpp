@@ -1,0 +1,224 @@
+// loom-run: keeps a training job going through failures. It runs the command (train_gpt on threads, or mpirun of
+// it) in a process group of its own, with LOOM_HEARTBEAT_DIR naming a folder where every process of the job beats
+// (<loom/core/heartbeat.hpp>); when the command exits abnormally, when a process that beat is gone, or when one has
+// not beaten for --heartbeat-s seconds (frozen), it ends the whole job and runs the command again, which continues
+// from the newest complete checkpoint (train_gpt --save DIR --save-every N --auto-resume). Each failure is logged
+// with its cause, the process, the step it was at, the newest checkpoint's step and the steps of work lost.
+//   loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE] -- COMMAND ARGS...
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* const usage =
+    "usage: loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE] -- COMMAND ARGS...\n"
+    "  runs COMMAND; when a process of it exits abnormally, disappears, or stops beating for S seconds (default\n"
+    "  10), ends the job and runs COMMAND again (at most N more times, default 3), which continues from its newest\n"
+    "  checkpoint (train_gpt --save DIR --save-every K --auto-resume). --log FILE: the failures as JSON lines.\n";
+
+struct Options {
+  int max_restarts = 3;
+  double heartbeat_s = 10;
+  std::string log;
+  std::vector<std::string> command;
+};
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "loom-run: %s\n", what.c_str());
+  std::exit(2);
+}
+
+double number(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || !end || *end) fail(flag + " takes a number, got '" + v + "'");
+  return x;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--") {
+      ++i;
+      break;
+    }
+    if (f == "-h" || f == "--help") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) fail(f + " needs a value\n" + usage);
+    const std::string v = argv[++i];
+    if (f == "--max-restarts") o.max_restarts = int(number(f, v));
+    else if (f == "--heartbeat-s") o.heartbeat_s = number(f, v);
+    else if (f == "--log") o.log = v;
+    else fail("unknown flag " + f + "\n" + usage);
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.command.empty()) fail(std::string("no command to run (give it after --)\n") + usage);
+  if (o.max_restarts < 0) fail("--max-restarts must not be negative, got " + std::to_string(o.max_restarts));
+  if (!(o.heartbeat_s > 0)) fail("--heartbeat-s must be positive");
+  return o;
+}
+
+//! One process's last beat.
+struct Beat {
+  int pid = 0, step = 0, saved = -1;
+  long long unix_ms = 0;
+};
+
+std::map<int, Beat> read_beats(const fs::path& dir) {
+  std::map<int, Beat> beats;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("beat-", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
+    std::ifstream f(e.path());
+    Beat b;
+    if (f >> b.pid >> b.step >> b.saved >> b.unix_ms) beats[b.pid] = b;
+  }
+  return beats;
+}
+
+long long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+//! What ended an attempt.
+struct Failure {
+  std::string cause;     //!< "exited with status 1", "killed by signal 9", "gone", "frozen"
+  int pid = 0;           //!< the process it concerns (the command's own, or a process that beat)
+  int step = -1;         //!< the step that process was at (-1: unknown)
+  int saved = -1;        //!< the newest checkpoint any process reported
+  double detect_s = -1;  //!< frozen: seconds from its last beat to the decision
+};
+
+//! Runs the command once, to its end or its failure. std::nullopt: it succeeded.
+std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir);
+  const pid_t child = fork();
+  if (child < 0) fail(std::string("fork: ") + std::strerror(errno));
+  if (child == 0) {
+    setpgid(0, 0);  // the job's own group, so that ending it ends every process it started
+    setenv("LOOM_HEARTBEAT_DIR", dir.c_str(), 1);
+    setenv("LOOM_HEARTBEAT_INTERVAL_S", std::to_string(std::max(0.05, o.heartbeat_s / 5)).c_str(), 1);
+    setenv("LOOM_RUN_ATTEMPT", std::to_string(n).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& s : o.command) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "loom-run: cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(child, child);
+  const long long limit_ms = static_cast<long long>(o.heartbeat_s * 1000);
+  std::optional<Failure> failure;
+  int saved = -1;
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(child, &status, WNOHANG);
+    const auto beats = read_beats(dir);
+    for (const auto& [pid, b] : beats) saved = std::max(saved, b.saved);
+    if (done == child) {
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+      Failure f;
+      f.pid = child, f.saved = saved;
+      f.cause = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                  : "killed by signal " + std::to_string(WTERMSIG(status));
+      for (const auto& [pid, b] : beats) f.step = std::max(f.step, b.step);
+      failure = f;
+      break;
+    }
+    const long long t = now_ms();
+    for (const auto& [pid, b] : beats) {
+      if (pid != child && kill(pid, 0) != 0 && errno == ESRCH) {  // a process of the job is gone
+        failure = Failure{"gone", pid, b.step, saved, -1};
+        break;
+      }
+      if (t - b.unix_ms > limit_ms) {
+        failure = Failure{"frozen", pid, b.step, saved, double(t - b.unix_ms) / 1000};
+        break;
+      }
+    }
+    if (failure) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // End whatever is left of the job: its group, and every process that beat (mpirun's may have groups of their own).
+  kill(-child, SIGKILL);
+  for (const auto& [pid, b] : read_beats(dir)) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  fs::remove_all(dir, ec);
+  return failure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const char* tmp = std::getenv("TMPDIR");
+  const fs::path dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("loom-run-" + std::to_string(getpid()));
+  std::ofstream log;
+  if (!o.log.empty()) {
+    log.open(o.log, std::ios::app);
+    if (!log) fail("cannot write --log " + o.log);
+  }
+  const auto t0 = Clock::now();
+  for (int n = 0;; ++n) {
+    const auto a0 = Clock::now();
+    const std::optional<Failure> f = attempt(o, dir, n);
+    const double secs = std::chrono::duration<double>(Clock::now() - a0).count();
+    if (!f) {
+      std::printf("loom-run: the job finished after %d restart%s (%.1f s)\n", n, n == 1 ? "" : "s",
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      return 0;
+    }
+    std::ostringstream what;
+    what << "attempt " << n << " failed after " << std::fixed;
+    what.precision(1);
+    what << secs << " s: process " << f->pid << " " << f->cause;
+    if (f->detect_s >= 0) what << " (no beat for " << f->detect_s << " s)";
+    if (f->step >= 0) what << " at step " << f->step;
+    const int lost = f->step >= 0 ? f->step - std::max(0, f->saved) : -1;
+    if (f->saved >= 0) what << "; the newest checkpoint is step " << f->saved;
+    else what << "; no checkpoint yet";
+    if (lost >= 0) what << ": " << lost << " step" << (lost == 1 ? "" : "s") << " of work lost";
+    std::fprintf(stderr, "loom-run: %s\n", what.str().c_str());
+    if (log.is_open()) {
+      log << "{\"attempt\": " << n << ", \"seconds\": " << secs << ", \"pid\": " << f->pid << ", \"cause\": \""
+          << f->cause << "\", \"step\": " << f->step << ", \"saved\": " << f->saved << ", \"lost_steps\": " << lost
+          << ", \"detect_s\": " << f->detect_s << "}\n";
+      log.flush();
+    }
+    if (n >= o.max_restarts) {
+      std::fprintf(stderr, "loom-run: giving up after %d restart%s (--max-restarts %d)\n", n, n == 1 ? "" : "s",
+                   o.max_restarts);
+      return 1;
+    }
+    std::fprintf(stderr, "loom-run: restarting (%d of %d)\n", n + 1, o.max_restarts);
+  }
+}
