@@ -1,6 +1,16 @@
 # Training that survives failures: loom-run over train_gpt with processes killed and frozen (scripts/fault-inject:
-# the run finishes with every step's loss and the final checkpoint of the run without failures), --auto-resume, and
-# what both refuse.
+# the run finishes with every step's loss and the final checkpoint of the run without failures), --auto-resume, what
+# both refuse, and loom-goodput against the Young/Daly closed form.
+if(TARGET loom-goodput)
+  add_test(NAME loom_goodput_young_daly
+    COMMAND ${CMAKE_COMMAND} -DLG=$<TARGET_FILE:loom-goodput> -DDIR=${LOOM_TEST_SCRATCH}/loom_goodput
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/goodput_check.cmake)
+  set_tests_properties(loom_goodput_young_daly PROPERTIES LABELS faults)
+  add_test(NAME loom_goodput_needs_gpus
+    COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-goodput>;--days;3" "-DEXPECT=loom-goodput: --gpus N is required"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
+  set_tests_properties(loom_goodput_needs_gpus PROPERTIES LABELS "faults;failure")
+endif()
 if(TARGET loom-run AND TARGET train_gpt)
   function(loom_fault_test name regex)
     add_test(NAME ${name}
