@@ -25,22 +25,17 @@ if(TARGET loom-plan AND TARGET train_gpt)
   # one-rank calibration run (its figures over 24 are docs/planner.md's).
   find_program(LOOM_PYTHON3 NAMES python3)
   if(LOOM_PYTHON3)
-    add_test(NAME plan_check_cpu
-      COMMAND ${CMAKE_COMMAND} -DSCRATCH=${LOOM_TEST_SCRATCH}/plan_check_cpu
-              "-DEXPECT_REGEX=plan_check: 3 layouts, median error [0-9.]+%, worst [0-9.]+%, spearman -?[0-9.]+"
-              "-DCMD=sh;-c;$<TARGET_FILE:loom-plan> --calibrate ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json && ${LOOM_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/plan_check.py --train-gpt $<TARGET_FILE:train_gpt> --loom-plan $<TARGET_FILE:loom-plan> --cluster ${LOOM_TEST_SCRATCH}/plan_check_cpu/this.json --layout single --layout dp2 --layout pp2 --layout tp2 --steps 2 --json ${LOOM_TEST_SCRATCH}/plan_check_cpu/check.json"
-              -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
-    set_tests_properties(plan_check_cpu PROPERTIES LABELS plan)
+    set(_scratch ${LOOM_TEST_SCRATCH}/plan_check_cpu)
+    loom_command_test(plan_check_cpu LABELS plan
+      EXPECT_REGEX "plan_check: 3 layouts, median error [0-9.]+%, worst [0-9.]+%, spearman -?[0-9.]+"
+      COMMAND sh -c "$<TARGET_FILE:loom-plan> --calibrate ${_scratch}/this.json && ${LOOM_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/plan_check.py --train-gpt $<TARGET_FILE:train_gpt> --loom-plan $<TARGET_FILE:loom-plan> --cluster ${_scratch}/this.json --layout single --layout dp2 --layout pp2 --layout tp2 --steps 2 --json ${_scratch}/check.json")
   endif()
 endif()
 
 if(TARGET loom-plan)
-  # Each must exit 0 and print what its regular expression says (cmake/expect_success.cmake).
+  # Each must exit 0 and print what its regular expression says.
   function(loom_plan_succeeds name regex)
-    add_test(NAME ${name}
-      COMMAND ${CMAKE_COMMAND} "-DCMD=${ARGN}" "-DEXPECT_REGEX=${regex}" -DSCRATCH=${LOOM_TEST_SCRATCH}/${name}
-              -P ${PROJECT_SOURCE_DIR}/cmake/expect_success.cmake)
-    set_tests_properties(${name} PROPERTIES LABELS plan)
+    loom_command_test(${name} EXPECT_REGEX "${regex}" LABELS plan COMMAND ${ARGN})
   endfunction()
   # Published runs: the mean and the worst error it reaches today (docs/planner.md), so that a change that makes
   # them worse fails.
@@ -57,10 +52,8 @@ if(TARGET loom-plan)
     "\"parallel\":\"tp8.pp2.dp4.zero1\".*\"peak_bytes\":[0-9.e+]+.*\"bytes\":\\{\"parameters\":[0-9.e+]+,\"gradients\":[0-9.e+]+,\"optimizer\":[0-9.e+]+,\"activations\":[0-9.e+]+,\"buffers\".*\"step_s\":[0-9.e+-]+,\"mfu\":0\\.[0-9]+.*\"tokens_per_s\""
     sh -c "$<TARGET_FILE:loom-plan> --model llama3-8b --parallel tp8,pp2,dp4,zero1 --batch 64 --seq 8192 --dtype bf16 --micro-batches 16 --recompute selective --json ${LOOM_TEST_SCRATCH}/plan_json/plan.json && cat ${LOOM_TEST_SCRATCH}/plan_json/plan.json")
   function(loom_plan_refuses name expect)
-    add_test(NAME plan_refuses.${name}
-      COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:loom-plan>;${ARGN}" "-DEXPECT=${expect}"
-              -P ${PROJECT_SOURCE_DIR}/cmake/expect_failure.cmake)
-    set_tests_properties(plan_refuses.${name} PROPERTIES LABELS "plan;failure")
+    loom_command_test(plan_refuses.${name} EXPECT "${expect}" LABELS plan failure
+      COMMAND $<TARGET_FILE:loom-plan> ${ARGN})
   endfunction()
   loom_plan_refuses(unknown_model "loom-plan: unknown model 'gpt5'" --model;gpt5)
   loom_plan_refuses(unknown_cluster "loom-plan: unknown cluster 'tpu'" --model;small;--cluster;tpu)
