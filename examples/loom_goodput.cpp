@@ -4,7 +4,8 @@
 // 7.9 hours at 1,024 GPUs); the run works in intervals, each closed by a checkpoint (disk: C seconds, blocking) or a
 // snapshot (memory: S seconds); a failure loses the work since the last one closed and costs a restart (R seconds)
 // and a reload (C from disk, S from a peer's memory), and a failure during a restart starts it again. Printed beside
-// each: the Young/Daly first-order estimate, 1 - sqrt(2C/M) - (R + reload)/M at the interval sqrt(2CM).
+// each: the Young/Daly first-order estimate at interval τ, (1 - (τ/2 + C/2 + R + reload)/M)·τ/(τ + C), which at
+// τ = sqrt(2CM) is about 1 - sqrt(2C/M) - (R + reload)/M.
 //   loom-goodput --gpus N [--mttf-hours H] [--checkpoint-s C] [--restart-s R] [--snapshot-s S] [--interval-s I]
 //                [--days D] [--seed S] [--json FILE]
 #include <algorithm>
@@ -55,7 +56,7 @@ Outcome simulate(double wall, double mttf, double interval, double close, double
   while (t < wall) {
     // An interval of work and its save, unless a failure comes first.
     const double end = t + interval + close;
-    if (fail_at >= end) {
+    if (fail_at >= std::min(end, wall)) {  // (a failure after the run's end does not count)
       o.useful += std::min(interval, std::max(0.0, wall - t));
       t = end;
       continue;
@@ -107,11 +108,13 @@ int main(int argc, char** argv) {
   }
   if (gpus < 1) fail(std::string("--gpus N is required (at least 1)\n") + usage);
   if (days <= 0) fail("--days must be positive");
+  if (checkpoint <= 0 && interval <= 0) fail("--checkpoint-s 0 needs --interval-s (Young/Daly's interval is 0)");
+  if (snapshot <= 0) fail("--snapshot-s must be positive");
   // Meta (HPCA'25): 7.9 hours between failures at 1,024 GPUs, a rate proportional to the GPUs.
   const double mttf = (mttf_h > 0 ? mttf_h : 7.9 * 1024 / gpus) * 3600;
   const double wall = days * 86400;
   const double disk_tau = interval > 0 ? interval : std::sqrt(2 * checkpoint * mttf);
-  const double mem_tau = std::sqrt(2 * std::max(snapshot, 1e-3) * mttf);
+  const double mem_tau = std::sqrt(2 * snapshot * mttf);
   const Outcome disk = simulate(wall, mttf, disk_tau, checkpoint, restart, checkpoint, seed);
   const Outcome mem = simulate(wall, mttf, mem_tau, snapshot, restart, snapshot, seed);
   const double disk_yd = young_daly(mttf, disk_tau, checkpoint, restart, checkpoint);

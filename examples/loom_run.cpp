@@ -27,6 +27,10 @@
 namespace {
 
 namespace fs = std::filesystem;
+
+//! A signal that asks loom-run itself to stop (SIGINT, SIGTERM, SIGHUP): the job is ended with it.
+volatile std::sig_atomic_t stop_signal = 0;
+extern "C" void on_stop(int sig) { stop_signal = sig; }
 using Clock = std::chrono::steady_clock;
 
 const char* const usage =
@@ -148,13 +152,20 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
       f.pid = child, f.saved = saved;
       f.cause = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                   : "killed by signal " + std::to_string(WTERMSIG(status));
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && beats.empty())
+        f.cause = "could not be started (exit status 127)";
       for (const auto& [pid, b] : beats) f.step = std::max(f.step, b.step);
       failure = f;
       break;
     }
+    if (stop_signal) {
+      failure = Failure{"stopped: loom-run got signal " + std::to_string(stop_signal), child, -1, saved, -1};
+      break;
+    }
     const long long t = now_ms();
     for (const auto& [pid, b] : beats) {
-      if (pid != child && kill(pid, 0) != 0 && errno == ESRCH) {  // a process of the job is gone
+      // Gone: its process is not there, and its file is (a process that ends normally removes it before it exits).
+      if (pid != child && kill(pid, 0) != 0 && errno == ESRCH && fs::exists(dir / ("beat-" + std::to_string(pid)))) {
         failure = Failure{"gone", pid, b.step, saved, -1};
         break;
       }
@@ -166,12 +177,18 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
     if (failure) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  // End whatever is left of the job: its group, and every process that beat (mpirun's may have groups of their own).
+  // End whatever is left of the job: its group, and every process that beat (mpirun's may have groups of their own),
+  // and wait until they are gone, so that the next attempt starts on a clean machine (a GPU's memory freed).
   kill(-child, SIGKILL);
-  for (const auto& [pid, b] : read_beats(dir)) kill(pid, SIGKILL);
+  std::vector<int> left;
+  for (const auto& [pid, b] : read_beats(dir))
+    if (kill(pid, SIGKILL) == 0) left.push_back(pid);
   int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {  // (ECHILD where the loop reaped it)
   }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (int pid : left)
+    while (kill(pid, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   fs::remove_all(dir, ec);
   return failure;
 }
@@ -181,7 +198,8 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const char* tmp = std::getenv("TMPDIR");
-  const fs::path dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("loom-run-" + std::to_string(getpid()));
+  const fs::path base = fs::path(tmp && *tmp ? tmp : "/tmp") / ("loom-run-" + std::to_string(getpid()));
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_stop);
   std::ofstream log;
   if (!o.log.empty()) {
     log.open(o.log, std::ios::app);
@@ -190,7 +208,8 @@ int main(int argc, char** argv) {
   const auto t0 = Clock::now();
   for (int n = 0;; ++n) {
     const auto a0 = Clock::now();
-    const std::optional<Failure> f = attempt(o, dir, n);
+    // A folder per attempt: a late beat of the last one's processes cannot pass for this one's.
+    const std::optional<Failure> f = attempt(o, base / ("attempt-" + std::to_string(n)), n);
     const double secs = std::chrono::duration<double>(Clock::now() - a0).count();
     if (!f) {
       std::printf("loom-run: the job finished after %d restart%s (%.1f s)\n", n, n == 1 ? "" : "s",
@@ -213,6 +232,16 @@ int main(int argc, char** argv) {
           << f->cause << "\", \"step\": " << f->step << ", \"saved\": " << f->saved << ", \"lost_steps\": " << lost
           << ", \"detect_s\": " << f->detect_s << "}\n";
       log.flush();
+    }
+    if (stop_signal) {
+      std::fprintf(stderr, "loom-run: stopped by signal %d; the job was ended\n", int(stop_signal));
+      std::error_code ec;
+      fs::remove_all(base, ec);
+      return 128 + stop_signal;
+    }
+    if (f->cause.rfind("could not be started", 0) == 0) {  // running it again would not start it either
+      std::fprintf(stderr, "loom-run: the command could not be started; not restarting\n");
+      return 1;
     }
     if (n >= o.max_restarts) {
       std::fprintf(stderr, "loom-run: giving up after %d restart%s (--max-restarts %d)\n", n, n == 1 ? "" : "s",

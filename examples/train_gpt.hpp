@@ -444,8 +444,11 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample, [&](int i) {
     const train::StepResult r = trainer.step(i);
     if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0) {
+      const int previous = saved_at;
       saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
-      if (!a.async_save) Heartbeat::process().saved(i + 1);  // (in the background: complete at the next save)
+      // Written in place, this checkpoint is complete; in the background, the one before it is (put in place now).
+      if (!a.async_save) Heartbeat::process().saved(i + 1);
+      else if (previous >= 0) Heartbeat::process().saved(previous);
     }
     return r;
   });

@@ -32,6 +32,9 @@ if(TARGET loom-run AND TARGET train_gpt)
     COMMAND $<TARGET_FILE:train_gpt> --model tiny --auto-resume)
   loom_command_test(loom_run_needs_a_command LABELS faults failure
     EXPECT "loom-run: no command to run (give it after --)" COMMAND $<TARGET_FILE:loom-run> --heartbeat-s 2)
+  loom_command_test(loom_run_cannot_start LABELS faults failure
+    EXPECT "loom-run: the command could not be started; not restarting"
+    COMMAND $<TARGET_FILE:loom-run> -- ${LOOM_TEST_SCRATCH}/no-such-command)
   loom_command_test(loom_run_gives_up LABELS faults failure
     EXPECT "loom-run: giving up after 1 restart (--max-restarts 1)"
     COMMAND $<TARGET_FILE:loom-run> --max-restarts 1 -- false)

@@ -73,7 +73,9 @@ class Heartbeat {
         cv_.wait_for(lock, period_, [this] { return stop_ || now_; });
         if (stop_) break;
         now_ = false;
+        lock.unlock();  // the file is written without the lock: a step does not wait for it
         beat();
+        lock.lock();
       }
     });
   }
