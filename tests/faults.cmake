@@ -10,17 +10,17 @@ if(TARGET loom-goodput)
     COMMAND $<TARGET_FILE:loom-goodput> --days 3)
 endif()
 if(TARGET loom-run AND TARGET train_gpt)
-  # A kill and a freeze at random steps of a dp2 run on threads (heartbeat 2 s).
+  # A kill and a freeze at random steps of a 24-step dp2 run on threads (heartbeat 2 s, a checkpoint every 4 steps).
   loom_command_test(fault_inject_threads LABELS faults
-    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000040\\) equal"
+    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000024\\) equal"
     COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
-            --dir ${LOOM_TEST_SCRATCH}/fault_inject_threads --seed 3)
+            --dir ${LOOM_TEST_SCRATCH}/fault_inject_threads --steps 24 --save-every 4 --seed 3)
   if(LOOM_WITH_MPI)
     # tp2.dp2 as four processes under mpirun: one of them killed, one frozen.
     loom_command_test(fault_inject_mpi LABELS faults mpi
-      EXPECT_REGEX "fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000030\\) equal"
+      EXPECT_REGEX "fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000024\\) equal"
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
-              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 30 --seed 5)
+              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 24 --save-every 4 --seed 5)
   endif()
   # --auto-resume: a run without a checkpoint starts, one with a checkpoint continues, one at --steps is done.
   set(_tg "$<TARGET_FILE:train_gpt> --model tiny --batch 2 --seq 16 --no-progress --auto-resume --save ${LOOM_TEST_SCRATCH}/train_gpt_auto_resume/ck")
