@@ -24,7 +24,8 @@ namespace train_gpt {
 template void train_loop<comm::AnyComm>(const Args&, const models::GptShape&, comm::AnyComm&, const LayoutFacts&,
                                         std::size_t, int, Held, double, const std::function<double()>&,
                                         const std::function<std::string()>&,
-                                        const std::function<train::StepResult(int)>&);
+                                        const std::function<train::StepResult(int)>&,
+                                        const std::function<void(int)>&);
 
 template <class T>
 std::string Sampler<T>::operator()(const Args& a, const models::GptShape& shape, models::GptOptions options,

@@ -182,15 +182,17 @@ struct Launch {
 //! The training loop every layout shares: steps from `start`, progress, --log-json, validation, samples, the summary.
 //! step(i) runs optimizer step i and returns its train::StepResult; validate(), where given, the validation loss
 //! (every --val-every steps and after the last); sample(), where given, a generated text (every --sample-every steps
-//! and after the last; a collective, whose text rank 0 has). A skipped step (every rank left the model as it was: its
-//! loss or gradient norm was not finite) is reported on stderr; max_skipped_in_a_row of them in a row stop the run.
+//! and after the last; a collective, whose text rank 0 has); logged(i), where given, runs on every rank once step i's
+//! line is written (the checkpoints: a run that restarts from one has logged every step before it). A skipped step
+//! (every rank left the model as it was: its loss or gradient norm was not finite) is reported on stderr;
+//! max_skipped_in_a_row of them in a row stop the run.
 //! MFU is the model's FLOPs (flops_per_token, forward and backward) per second over peak_flops(a). Compiled once per
 //! backend, whatever the layout and the model.
 template <class Comm>
 void train_loop(const Args& a, const models::GptShape& S, Comm& world, const LayoutFacts& layout,
                 std::size_t data_tokens, int start, Held held, double flops_per_token,
                 const std::function<double()>& validate, const std::function<std::string()>& sample,
-                const std::function<train::StepResult(int)>& step) {
+                const std::function<train::StepResult(int)>& step, const std::function<void(int)>& logged) {
   const bool lead = world.rank() == 0;
   std::ofstream log;
   if (lead && !a.log_json.empty()) {
@@ -307,6 +309,8 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
                << rank_memory().peak() << "}\n";
       rank_log.flush();
     }
+    // Only now may a checkpoint that continues after step i appear: a run restarted from it logs from step i + 1.
+    if (logged) logged(i);
     if (in_a_row == max_skipped_in_a_row)  // on every rank
       throw Error(loom::detail::cat("loom: stopping at step ", i, " after ", in_a_row, " skipped steps in a row (",
                                     i - in_a_row + 1, " to ", i, "): the loss is ", show(r.loss),
@@ -373,7 +377,8 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
 extern template void train_loop<comm::AnyComm>(const Args&, const models::GptShape&, comm::AnyComm&,
                                                const LayoutFacts&, std::size_t, int, Held, double,
                                                const std::function<double()>&, const std::function<std::string()>&,
-                                               const std::function<train::StepResult(int)>&);
+                                               const std::function<train::StepResult(int)>&,
+                                               const std::function<void(int)>&);
 
 //! Greedy samples from the whole model's parameters in host memory (Trainer::whole_params, in the single-rank
 //! layout): the prompt and its continuation as text. Keeps the host model it decodes with from one sample to the
@@ -441,17 +446,17 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
       return sampler(a, trainer.shape(), trainer.parts().front()->options(), whole);
     };
   const double flops = trainer.parts().front()->flops_per_token(a.seq);
-  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample, [&](int i) {
-    const train::StepResult r = trainer.step(i);
-    if (saver && a.save_every > 0 && (i + 1) % a.save_every == 0) {
-      const int previous = saved_at;
-      saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
-      // Written in place, this checkpoint is complete; in the background, the one before it is (put in place now).
-      if (!a.async_save) Heartbeat::process().saved(i + 1);
-      else if (previous >= 0) Heartbeat::process().saved(previous);
-    }
-    return r;
-  });
+  // A checkpoint every --save-every steps, once the step's line is in the log.
+  auto save_after = [&](int i) {
+    if (!saver || a.save_every <= 0 || (i + 1) % a.save_every != 0) return;
+    const int previous = saved_at;
+    saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
+    // Written in place, this checkpoint is complete; in the background, the one before it is (put in place now).
+    if (!a.async_save) Heartbeat::process().saved(i + 1);
+    else if (previous >= 0) Heartbeat::process().saved(previous);
+  };
+  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
+             [&](int i) { return trainer.step(i); }, save_after);
   if (!saver) return;
   const int end = std::max(a.steps, start);
   if (saved_at != end) saver->save(trainer, end, layout.name, run);
