@@ -213,15 +213,8 @@ void print_one(const GptShape& s, const plan::Layout& l, const Run& r, const Clu
               m.peak > c.memory_bytes ? ": does not fit" : "");
   // The same figures as train_gpt's closing report gives them: each use's peak, the largest over the ranks (here over
   // the pipeline's stages), in the ledger's words, MiB to 3 places.
-  Bytes most;
-  for (const Memory& st : stages) {
-    most.parameters = std::max(most.parameters, st.bytes.parameters);
-    most.gradients = std::max(most.gradients, st.bytes.gradients);
-    most.optimizer = std::max(most.optimizer, st.bytes.optimizer);
-    most.activations = std::max(most.activations, st.bytes.activations);
-    most.buffers = std::max(most.buffers, st.bytes.buffers);
-    most.other = std::max(most.other, st.bytes.other);
-  }
+  Bytes most, held;
+  for (const Memory& st : stages) most = most.max(st.bytes), held = held.max(st.held);
   // In the ledger's words and rounding (train_gpt prints the same two lines).
   auto by_use = [](std::initializer_list<std::pair<const char*, double>> ledger) {
     std::string uses;
@@ -238,12 +231,6 @@ void print_one(const GptShape& s, const plan::Layout& l, const Run& r, const Clu
                       {"optimizer state", most.optimizer}, {"activations", most.activations},
                       {"communication buffers", most.buffers}, {"other", most.other}})
                   .c_str());
-  Bytes held;
-  for (const Memory& st : stages) {
-    held.parameters = std::max(held.parameters, st.held.parameters);
-    held.gradients = std::max(held.gradients, st.held.gradients);
-    held.optimizer = std::max(held.optimizer, st.held.optimizer);
-  }
   std::printf("loom-plan: held between steps per rank, MiB: %s\n",
               by_use({{"parameters", held.parameters}, {"gradients", held.gradients},
                       {"optimizer state", held.optimizer}})

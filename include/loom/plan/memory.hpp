@@ -27,6 +27,11 @@ struct Bytes {
   constexpr double total() const { return parameters + gradients + optimizer + activations + buffers + other; }
   //! The training state: parameters, gradients, optimizer.
   constexpr double state() const { return parameters + gradients + optimizer; }
+  //! Each category's larger of the two.
+  constexpr Bytes max(const Bytes& o) const {
+    return {std::max(parameters, o.parameters), std::max(gradients, o.gradients), std::max(optimizer, o.optimizer),
+            std::max(activations, o.activations), std::max(buffers, o.buffers), std::max(other, o.other)};
+  }
 };
 
 //! The most loaded rank's memory: its bytes by category at their peaks, their sum (the peak, which the categories
