@@ -3,7 +3,9 @@
 // (<loom/core/heartbeat.hpp>); when the command exits abnormally, when a process that beat is gone, or when one has
 // not beaten for --heartbeat-s seconds (frozen), it ends the whole job and runs the command again, which continues
 // from the newest complete checkpoint (train_gpt --save DIR --save-every N --auto-resume). Each failure is logged
-// with its cause, the process, the step it was at, the newest checkpoint's step and the steps of work lost.
+// with its cause, the process, the step it was at, the newest complete state's step (a checkpoint or an in-memory
+// snapshot, as the processes last reported it) and so the most steps of work lost; once the next attempt reports the
+// step it starts from, the steps it does again.
 //   loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE] -- COMMAND ARGS...
 #include <algorithm>
 #include <cerrno>
@@ -87,7 +89,7 @@ Options parse(int argc, char** argv) {
 
 //! One process's last beat.
 struct Beat {
-  int pid = 0, step = 0, saved = -1;
+  int pid = 0, step = -1, saved = -1;
   long long unix_ms = 0;
 };
 
@@ -114,12 +116,15 @@ struct Failure {
   std::string cause;     //!< "exited with status 1", "killed by signal 9", "gone", "frozen"
   int pid = 0;           //!< the process it concerns (the command's own, or a process that beat)
   int step = -1;         //!< the step that process was at (-1: unknown)
-  int saved = -1;        //!< the newest checkpoint any process reported
+  int saved = -1;        //!< the newest complete state any process reported
   double detect_s = -1;  //!< frozen: seconds from its last beat to the decision
+  long long detected_ms = 0;  //!< when loom-run saw it (Unix milliseconds)
 };
 
-//! Runs the command once, to its end or its failure. std::nullopt: it succeeded.
-std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
+//! Runs the command once, to its end or its failure. std::nullopt: it succeeded. `failed_at`: the step the attempt
+//! before failed at (-1: none); once a process of this one reports the step it starts from, the steps to be done
+//! again are logged.
+std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n, int failed_at, std::ofstream& log) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
@@ -141,11 +146,22 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
   const long long limit_ms = static_cast<long long>(o.heartbeat_s * 1000);
   std::optional<Failure> failure;
   int saved = -1;
+  bool resumed = n == 0;
   for (;;) {
     int status = 0;
     const pid_t done = waitpid(child, &status, WNOHANG);
     const auto beats = read_beats(dir);
     for (const auto& [pid, b] : beats) saved = std::max(saved, b.saved);
+    for (const auto& [pid, b] : beats) {
+      if (resumed || b.step < 0) continue;
+      resumed = true;
+      const int redone = failed_at >= 0 ? std::max(0, failed_at - b.step) : -1;
+      std::fprintf(stderr, "loom-run: attempt %d starts at step %d", n, b.step);
+      if (redone >= 0) std::fprintf(stderr, ": %d step%s to do again", redone, redone == 1 ? "" : "s");
+      std::fprintf(stderr, "\n");
+      if (log.is_open()) log << "{\"attempt\": " << n << ", \"starts_at\": " << b.step << ", \"redone_steps\": " << redone
+                             << "}\n" << std::flush;
+    }
     if (done == child) {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
       Failure f;
@@ -177,6 +193,7 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n) {
     if (failure) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (failure) failure->detected_ms = now_ms();
   // End whatever is left of the job: its group, and every process that beat (mpirun's may have groups of their own),
   // and wait until they are gone, so that the next attempt starts on a clean machine (a GPU's memory freed).
   kill(-child, SIGKILL);
@@ -206,10 +223,11 @@ int main(int argc, char** argv) {
     if (!log) fail("cannot write --log " + o.log);
   }
   const auto t0 = Clock::now();
+  int failed_at = -1;
   for (int n = 0;; ++n) {
     const auto a0 = Clock::now();
     // A folder per attempt: a late beat of the last one's processes cannot pass for this one's.
-    const std::optional<Failure> f = attempt(o, base / ("attempt-" + std::to_string(n)), n);
+    const std::optional<Failure> f = attempt(o, base / ("attempt-" + std::to_string(n)), n, failed_at, log);
     const double secs = std::chrono::duration<double>(Clock::now() - a0).count();
     if (!f) {
       std::printf("loom-run: the job finished after %d restart%s (%.1f s)\n", n, n == 1 ? "" : "s",
@@ -222,15 +240,17 @@ int main(int argc, char** argv) {
     what << secs << " s: process " << f->pid << " " << f->cause;
     if (f->detect_s >= 0) what << " (no beat for " << f->detect_s << " s)";
     if (f->step >= 0) what << " at step " << f->step;
+    else what << " while starting";
+    failed_at = std::max(failed_at, f->step);
     const int lost = f->step >= 0 ? f->step - std::max(0, f->saved) : -1;
-    if (f->saved >= 0) what << "; the newest checkpoint is step " << f->saved;
-    else what << "; no checkpoint yet";
-    if (lost >= 0) what << ": " << lost << " step" << (lost == 1 ? "" : "s") << " of work lost";
+    if (f->saved >= 0) what << "; the newest complete state is step " << f->saved;
+    else what << "; no complete state yet";
+    if (lost >= 0) what << ": at most " << lost << " step" << (lost == 1 ? "" : "s") << " of work lost";
     std::fprintf(stderr, "loom-run: %s\n", what.str().c_str());
     if (log.is_open()) {
       log << "{\"attempt\": " << n << ", \"seconds\": " << secs << ", \"pid\": " << f->pid << ", \"cause\": \""
           << f->cause << "\", \"step\": " << f->step << ", \"saved\": " << f->saved << ", \"lost_steps\": " << lost
-          << ", \"detect_s\": " << f->detect_s << "}\n";
+          << ", \"detect_s\": " << f->detect_s << ", \"detected_unix_ms\": " << f->detected_ms << "}\n";
       log.flush();
     }
     if (stop_signal) {

@@ -63,6 +63,7 @@ const char* usage =
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
     "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT] [--write-corpus FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
+    "                 [--snapshot-every N (in host memory)] [--snapshot-dir DIR]\n"
     "                 [--init-from DIR] [--resume DIR] [--auto-resume] [--allow-changed-run] [--no-progress]\n"
     "                 [--help]\n";
 
@@ -90,11 +91,12 @@ std::string show(double x) {
 }
 
 //! The crash tests' fault injection: with LOOM_CHECKPOINT_FAULT=POINT or POINT@STEP set, a save of that step (any
-//! step) reaching POINT (checkpoint::fault_hook: write, index, rename) kills the process with SIGKILL, as a job that
-//! is killed.
+//! step) reaching POINT (checkpoint::fault_hook: write, index, rename, snapshot) kills the process with SIGKILL, as a
+//! job that is killed. Under loom-run, in its first attempt only (LOOM_RUN_ATTEMPT 0): the restarts get through.
 void install_fault_injection() {
   const char* env = std::getenv("LOOM_CHECKPOINT_FAULT");
   if (!env || !*env) return;
+  if (const char* attempt = std::getenv("LOOM_RUN_ATTEMPT"); attempt && std::string(attempt) != "0") return;
   checkpoint::fault_hook() = [](const char* point, int step) {
     const std::string v = std::getenv("LOOM_CHECKPOINT_FAULT");
     const auto at = v.find('@');
@@ -107,27 +109,57 @@ void install_fault_injection() {
   };
 }
 
-//! --auto-resume: where --save DIR holds a complete checkpoint, the run continues from it (as --resume DIR, and
-//! --init-from no longer applies); where it holds none, the run starts. A checkpoint at --steps or beyond means the
-//! run is done: exit status 0 at once.
+//! Where --snapshot-every keeps its snapshots by default: in host memory (/dev/shm where there is one), a folder of
+//! the user's named after --save DIR's absolute path, so that a restarted run finds it and no other run does.
+std::string default_snapshot_dir(const std::string& save) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string key = fs::weakly_canonical(fs::absolute(save, ec), ec).string();
+  const fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path(ec);
+  char name[96];
+  std::snprintf(name, sizeof name, "loom-snapshots-%u-%016zx", static_cast<unsigned>(::getuid()),
+                std::hash<std::string>{}(key));
+  return (base / name).string();
+}
+
+//! --auto-resume: the newest complete state of --save DIR's checkpoints and, with --snapshot-every, of the in-memory
+//! snapshots; the run continues from it (as --resume, and --init-from no longer applies); where there is none, the
+//! run starts. State at --steps or beyond means the run is done: exit status 0 at once.
 std::optional<int> auto_resume(Args& a) {
   Heartbeat::process();  // a supervisor (loom-run) hears from the process from its start
   if (!a.auto_resume) return std::nullopt;
   std::string dir;
+  int next = -1;
   try {
     dir = checkpoint::resolve_checkpoint(a.save);
+    next = checkpoint::read_index(dir).next_step;
   } catch (const Error&) {
+  }
+  if (a.snapshot_every > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const checkpoint::FoundSnapshot found = checkpoint::find_snapshot(a.snapshot_dir);
+    for (const auto& note : found.notes) std::printf("train_gpt: --auto-resume: %s\n", note.c_str());
+    if (found.step > next) {
+      next = found.step, dir = found.dir, a.resume_from_snapshot = true;
+      std::printf("train_gpt: --auto-resume: the in-memory snapshot of step %d (%s) is the newest state, found and "
+                  "verified in %.3f s\n", next, a.snapshot_dir.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    } else if (found.step >= 0) {
+      std::filesystem::remove_all(found.dir);
+    }
+  }
+  if (next < 0) {
     std::printf("train_gpt: --auto-resume: %s holds no checkpoint yet; starting at step 0\n", a.save.c_str());
     return std::nullopt;
   }
-  const int next = checkpoint::read_index(dir).next_step;
   Heartbeat::process().saved(next), Heartbeat::process().step(next);
   if (next >= a.steps) {
     std::printf("train_gpt: --auto-resume: %s is at step %d of %d: the run is done\n", dir.c_str(), next, a.steps);
+    if (a.resume_from_snapshot) std::filesystem::remove_all(dir);
     return 0;
   }
   std::printf("train_gpt: --auto-resume: continuing from %s at step %d\n", dir.c_str(), next);
-  a.resume = a.save, a.init_from.clear();
+  a.resume = a.resume_from_snapshot ? dir : a.save, a.init_from.clear();
   return std::nullopt;
 }
 
@@ -251,6 +283,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--save") a.save = v;
     else if (f == "--save-every") a.save_every = number<int>(f, v);
     else if (f == "--keep") a.keep = number<int>(f, v);
+    else if (f == "--snapshot-every") a.snapshot_every = number<int>(f, v);
+    else if (f == "--snapshot-dir") a.snapshot_dir = v;
     else if (f == "--init-from") a.init_from = v;
     else if (f == "--resume") a.resume = v;
     else if (f == "--bucket-mb") a.bucket_mb = number<float>(f, v);
@@ -317,9 +351,14 @@ Args parse(int argc, char** argv) {
                ": CUDA trains in f32, bf16 or f64");
   LOOM_CHECK(a.save_every >= 0, "--save-every must not be negative, got ", a.save_every);
   LOOM_CHECK(a.keep >= 0, "--keep must not be negative, got ", a.keep);
+  LOOM_CHECK(a.snapshot_every >= 0, "--snapshot-every must not be negative, got ", a.snapshot_every);
   for (const auto& [given, flag] : {std::pair{a.save_every > 0, "--save-every"}, std::pair{a.keep > 0, "--keep"},
-                                    std::pair{a.async_save, "--async-save"}})
+                                    std::pair{a.async_save, "--async-save"},
+                                    std::pair{a.snapshot_every > 0, "--snapshot-every"}})
     LOOM_CHECK(!given || !a.save.empty(), flag, " says how --save saves, but no --save DIR is given");
+  LOOM_CHECK(a.snapshot_dir.empty() || a.snapshot_every > 0, "--snapshot-dir ", a.snapshot_dir,
+             " says where in-memory snapshots go, but no --snapshot-every N is given");
+  if (a.snapshot_every > 0 && a.snapshot_dir.empty()) a.snapshot_dir = default_snapshot_dir(a.save);
   LOOM_CHECK(models::recompute_named(a.recompute), "--recompute must be none, selective or full, got '",
              a.recompute, "'");
   LOOM_CHECK(!a.auto_resume || !a.save.empty(), "--auto-resume continues from --save DIR's newest checkpoint, but "

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/checkpoint/sharded.hpp>
+#include <loom/checkpoint/snapshots.hpp>
 #include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
@@ -74,6 +75,9 @@ struct Args {
   int save_every = 0;              //!< --save-every N: a checkpoint every N steps (0: at the end only)
   int keep = 0;                    //!< --keep N: the N newest checkpoints stay (0: all)
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
+  int snapshot_every = 0;          //!< --snapshot-every N: an in-memory snapshot every N steps (0: none)
+  std::string snapshot_dir;        //!< --snapshot-dir DIR: where they are kept (default: default_snapshot_dir)
+  bool resume_from_snapshot = false;  //!< --auto-resume chose an in-memory snapshot: `resume` is its directory
   //! --sample-every N: a text generated greedily from the model every N steps and after the last (0: none): --prompt
   //! TEXT and the --sample-tokens K tokens after it, encoded by parse (with --tokenizer, else as bytes) into
   //! prompt_ids; detokenize gives a sample's text, and sample_stops the tokens that end one.
@@ -250,6 +254,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
   double first_loss = 0, loss = 0;
   int skipped = 0, in_a_row = 0;
   const auto t_start = std::chrono::steady_clock::now();
+  Heartbeat::process().step(start);  // started
   for (int i = start; i < a.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const train::StepResult r = step(i);
@@ -425,10 +430,20 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
   for (const auto& o : trainer.optimizers()) add_state_bytes(o, held);
   const int start = a.resume.empty() ? 0 : checkpoint::load_sharded(a.resume, trainer);
+  if (a.resume_from_snapshot) {  // the directory find_snapshot made of it (every rank has loaded: a barrier ended it)
+    std::error_code ec;
+    std::filesystem::remove_all(a.resume, ec);
+  }
   // Every rank writes its own part (checkpoint::CheckpointWriter): every --save-every steps, and at the end.
   std::optional<checkpoint::CheckpointWriter> saver;
   if (!a.save.empty()) saver.emplace(a.save, checkpoint::SaveOptions{a.async_save, a.keep});
   int saved_at = -1;
+  // --snapshot-every: in host memory, a copy on a peer (checkpoint::SnapshotKeeper). The snapshot a restart loaded
+  // stays until a newer one is complete.
+  std::optional<checkpoint::SnapshotKeeper> keeper;
+  if (a.snapshot_every > 0) keeper.emplace(a.snapshot_dir, world, a.resume_from_snapshot ? start : -1);
+  int newest = start > 0 ? start : -1;  // the newest complete state, on disk or in memory (the heartbeat's)
+  auto complete = [&](int s) { Heartbeat::process().saved(newest = std::max(newest, s)); };
   std::function<double()> validate;
   if (val)
     validate = [&] {
@@ -448,12 +463,16 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   const double flops = trainer.parts().front()->flops_per_token(a.seq);
   // A checkpoint every --save-every steps, once the step's line is in the log.
   auto save_after = [&](int i) {
+    if (keeper && (i + 1) % a.snapshot_every == 0 && i + 1 < a.steps) {
+      keeper->take(trainer, world, i + 1, layout.name, run);
+      if (keeper->complete() >= 0) complete(keeper->complete());  // the one before, complete on every rank
+    }
     if (!saver || a.save_every <= 0 || (i + 1) % a.save_every != 0) return;
     const int previous = saved_at;
     saver->save(trainer, i + 1, layout.name, run), saved_at = i + 1;
     // Written in place, this checkpoint is complete; in the background, the one before it is (put in place now).
-    if (!a.async_save) Heartbeat::process().saved(i + 1);
-    else if (previous >= 0) Heartbeat::process().saved(previous);
+    if (!a.async_save) complete(i + 1);
+    else if (previous >= 0) complete(previous);
   };
   train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
              [&](int i) { return trainer.step(i); }, save_after);
@@ -461,7 +480,17 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   const int end = std::max(a.steps, start);
   if (saved_at != end) saver->save(trainer, end, layout.name, run);
   saver->finish(trainer);
-  Heartbeat::process().saved(end);
+  complete(end);
+  if (keeper) {  // the state is on disk: the snapshots are no longer needed
+    std::vector<double> snap{keeper->blocked_seconds()};
+    world.all_reduce(snap, comm::Reduce::max);
+    const int taken = keeper->taken();
+    keeper->remove(world);
+    if (world.rank() == 0)
+      std::printf("train_gpt: %d in-memory snapshot%s (every %d steps, copies on peers %s): training waited %.3f s "
+                  "in all\n", taken, taken == 1 ? "" : "s", a.snapshot_every,
+                  keeper->peers().separate ? "in other processes or hosts" : "in this process", snap[0]);
+  }
   std::vector<double> waited{saver->blocked_seconds(), saver->finish_seconds()};
   world.all_reduce(waited, comm::Reduce::max);
   if (world.rank() == 0)

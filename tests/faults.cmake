@@ -10,17 +10,27 @@ if(TARGET loom-goodput)
     COMMAND $<TARGET_FILE:loom-goodput> --days 3)
 endif()
 if(TARGET loom-run AND TARGET train_gpt)
-  # A kill and a freeze at random steps of a 24-step dp2 run on threads (heartbeat 2 s, a checkpoint every 4 steps).
+  # Kills and a freeze at random steps of a 60-step dp2 run on threads (heartbeat 2 s, a checkpoint every 20 steps,
+  # an in-memory snapshot every 2), one more kill as the first restart begins; each failure seen within 4 s.
   loom_command_test(fault_inject_threads LABELS faults
-    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000024\\) equal"
+    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*attempt 1 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*fault-inject: detected after.*fault-inject: 4 fault\\(s\\) injected, 4 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
     COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
-            --dir ${LOOM_TEST_SCRATCH}/fault_inject_threads --steps 24 --save-every 4 --seed 3)
+            --dir ${LOOM_TEST_SCRATCH}/fault_inject_threads --steps 60 --save-every 20 --snapshot-every 2 --faults 3
+            --recovery-fault --seed 3)
+  # A process killed while it writes a snapshot, every own image left damaged: the restart takes the peers' copies.
+  loom_command_test(fault_inject_snapshot_faults LABELS faults
+    EXPECT_REGEX "killed while writing the snapshot of step 30.*is corrupt: tensor.*state is taken from its peer's copy.*the in-memory snapshot of step 28 .* is the newest state.*1 fault\\(s\\) injected, 0 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
+    COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
+            --dir ${LOOM_TEST_SCRATCH}/fault_inject_snapshot_faults --steps 60 --save-every 20 --snapshot-every 2
+            --snapshot-faults)
   if(LOOM_WITH_MPI)
-    # tp2.dp2 as four processes under mpirun: one of them killed, one frozen.
+    # tp2.dp2 as four processes under mpirun, 60 steps: two killed (each losing its snapshots' host memory: the
+    # restarts take their peers' copies) and one frozen.
     loom_command_test(fault_inject_mpi LABELS faults mpi
-      EXPECT_REGEX "fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000024\\) equal"
+      EXPECT_REGEX "state is taken from its peer's copy.*fault-inject: 3 fault\\(s\\) injected, 3 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
-              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 24 --save-every 4 --seed 5)
+              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 60 --save-every 20
+              --snapshot-every 2 --lose-memory --faults 3 --seed 5)
   endif()
   # --auto-resume: a run without a checkpoint starts, one with a checkpoint continues, one at --steps is done.
   set(_tg "$<TARGET_FILE:train_gpt> --model tiny --batch 2 --seq 16 --no-progress --auto-resume --save ${LOOM_TEST_SCRATCH}/train_gpt_auto_resume/ck")

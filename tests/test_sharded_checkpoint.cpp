@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <loom/checkpoint/sharded.hpp>
+#include <loom/checkpoint/snapshots.hpp>
 #include <loom/checkpoint/trainer.hpp>
 #include <loom/comm/local.hpp>
 #include <loom/config.hpp>
@@ -360,6 +361,94 @@ TEST_CASE("checkpoints written in the background resume bit for bit; latest move
   const auto resumed = train_on<Cfg, float>(6, 9, 1, root, "");
   REQUIRE(resumed.size() == 3);
   for (int i = 0; i < 3; ++i) CHECK(resumed[std::size_t(i)] == straight[std::size_t(i + 6)]);
+}
+
+TEST_CASE("snapshot peers are in another failure domain: another host, else another process", "[checkpoint][snapshot]") {
+  using checkpoint::Place;
+  // Two hosts of two processes: a rank sends to the same place on the other host.
+  const auto two = checkpoint::snapshot_peers({{"a", 1}, {"a", 2}, {"b", 3}, {"b", 4}});
+  CHECK(two.peer == std::vector<int>{2, 3, 0, 1});
+  CHECK(two.domain == std::vector<std::string>{"domain-a", "domain-a", "domain-b", "domain-b"});
+  CHECK(two.separate);
+  CHECK(two.senders(0) == std::vector<int>{2});
+  // One host, three processes (one of them two ranks): each process's ranks send to the next process.
+  const auto procs = checkpoint::snapshot_peers({{"a", 7}, {"a", 7}, {"a", 8}, {"a", 9}});
+  CHECK(procs.peer == std::vector<int>{2, 2, 3, 0});
+  CHECK(procs.domain[1] == "domain-a-7");
+  CHECK(procs.senders(2) == std::vector<int>{0, 1});
+  // Threads of one process: the next rank, in the same domain; one rank: no peer.
+  const auto threads = checkpoint::snapshot_peers({{"a", 5}, {"a", 5}, {"a", 5}});
+  CHECK(threads.peer == std::vector<int>{1, 2, 0});
+  CHECK_FALSE(threads.separate);
+  CHECK(checkpoint::snapshot_peers({{"a", 5}}).peer == std::vector<int>{-1});
+}
+
+TEST_CASE("in-memory snapshots resume bit for bit; a damaged or lost image is replaced by its peer's copy, else an "
+          "older snapshot is taken", "[checkpoint][snapshot]") {
+  test::TempDir dir("snapshots");
+  using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
+  using Model = models::Gpt<shape, float, models::ModelLayout<Cfg>>;
+  using AdamW = optim::AdamW<float>;
+  const auto straight = train_on<Cfg, float>(0, 9, 1, "", "");
+  const auto d = data();
+  const std::string store = (dir.path() / "store").string();
+  std::vector<int> complete;  // after each snapshot, the newest complete one
+  run_local<Cfg>([&](auto& ctx) {
+    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options(1), [](const auto& specs, auto n) {
+      return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+    });
+    checkpoint::SnapshotKeeper keeper(store, ctx.world());
+    CHECK(keeper.peers().peer[std::size_t(ctx.rank())] == (ctx.rank() + 1) % 4);
+    for (int s = 0; s < 6; ++s) {
+      trainer.step(s);
+      if ((s + 1) % 2) continue;
+      keeper.take(trainer, ctx.world(), s + 1, "tp2.dp2.zero1", {{"seed", 3}});
+      if (ctx.rank() == 0) complete.push_back(keeper.complete());
+    }
+    keeper.wait(ctx.world());
+    if (ctx.rank() == 0) complete.push_back(keeper.complete());
+    CHECK(rank_memory().in_use(MemoryUse::checkpoint) > 0);  // the images stay for the next snapshot
+  });
+  CHECK(complete == std::vector<int>{-1, 2, 4, 6});
+  namespace fs = std::filesystem;
+  const fs::path domain = fs::path(store) / ("domain-" + checkpoint::detail::host_name() + "-" +
+                                             std::to_string(::getpid()));
+  CHECK_FALSE(fs::exists(domain / "step-00000002"));  // older than the newest complete one when step 6 was taken
+  REQUIRE(fs::exists(domain / "step-00000006/rank-00001.copy.safetensors"));
+  auto resumed_from = [&](const checkpoint::FoundSnapshot& found) {
+    REQUIRE(found.step >= 0);
+    return train_on<Cfg, float>(found.step, 9, 1, found.dir, "");
+  };
+  const auto newest = checkpoint::find_snapshot(store);
+  CHECK(newest.step == 6);
+  CHECK(newest.notes.empty());
+  const auto resumed = resumed_from(newest);
+  REQUIRE(resumed.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(resumed[std::size_t(i)] == straight[std::size_t(i + 6)]);
+  // Rank 1's own image damaged: its copy (written by rank 2) is taken, and the run goes on the same.
+  {
+    std::fstream f(domain / "step-00000006/rank-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  const auto repaired = checkpoint::find_snapshot(store);
+  CHECK(repaired.step == 6);
+  REQUIRE(repaired.notes.size() == 2);
+  CHECK_THAT(repaired.notes[0], Catch::Contains("snapshot step 6: rank 1's image") &&
+                                    Catch::Contains("rank-00001.safetensors is corrupt: tensor"));
+  CHECK_THAT(repaired.notes[1], Catch::Contains("snapshot step 6: rank 1's state is taken from its peer's copy") &&
+                                    Catch::Contains("rank-00001.copy.safetensors"));
+  CHECK(resumed_from(repaired) == resumed);
+  // Its copy gone as well: step 6 is lost, step 4 is whole.
+  fs::remove(domain / "step-00000006/rank-00001.copy.json");
+  const auto older = checkpoint::find_snapshot(store);
+  CHECK(older.step == 4);
+  CHECK_THAT(older.notes.back(), Catch::Contains("snapshot step 6: rank 1's state is lost (no copy is whole)"));
+  const auto from4 = resumed_from(older);
+  REQUIRE(from4.size() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(from4[std::size_t(i)] == straight[std::size_t(i + 4)]);
+  fs::remove_all(domain / "step-00000004");
+  CHECK(checkpoint::find_snapshot(store).step == -1);
 }
 
 TEST_CASE("a rank loading a checkpoint holds its own part and one checksum block of the files",

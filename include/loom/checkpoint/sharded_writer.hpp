@@ -33,6 +33,16 @@ struct Written {
   std::function<void(char*)> fill;
 };
 
+//! Adds a rank manifest's chunks to an index's "tensors" (their file named `file`).
+inline void merge_manifest(nlohmann::ordered_json& tensors, const nlohmann::json& chunks, const std::string& file) {
+  for (const auto& c : chunks) {
+    const std::string t = c.at("tensor").get<std::string>();
+    if (!tensors.contains(t)) tensors[t] = {{"dtype", c["dtype"]}, {"shape", c["shape"]}, {"chunks", {}}};
+    tensors[t]["chunks"].push_back({{"offsets", c["offsets"]}, {"sizes", c["sizes"]}, {"file", file},
+                                    {"offset", c["offset"]}, {"bytes", c["bytes"]}, {"crc32", c["crc32"]}});
+  }
+}
+
 }  // namespace detail
 
 //! How checkpoints are saved.
@@ -58,7 +68,8 @@ struct Snapshot {
 
 //! Where a save stands, for a test that kills the process there (a crash test): `write` (a rank's file is on disk,
 //! its manifest not), `index` (index.json is on disk in the temporary directory), `rename` (the checkpoint is in
-//! place, `latest` still names the previous one); with the step of the save. The library calls the hook a program
+//! place, `latest` still names the previous one), `snapshot` (an in-memory snapshot's image is written, its manifest
+//! not: checkpoint/snapshots.hpp); with the step of the save. The library calls the hook a program
 //! installs (train_gpt's: LOOM_CHECKPOINT_FAULT), and nothing without one.
 using FaultHook = void (*)(const char* point, int step);
 inline FaultHook& fault_hook() {
@@ -153,12 +164,7 @@ inline std::string commit_snapshot(const Snapshot& snap, int keep = 0) {
     std::error_code ec;
     files[file] = fs::file_size(tmp + "/" + file, ec);
     if (ec) throw Error("loom: " + tmp + "/" + file + " is missing: " + ec.message());
-    for (const auto& c : m) {
-      const std::string t = c.at("tensor").get<std::string>();
-      if (!tensors.contains(t)) tensors[t] = {{"dtype", c["dtype"]}, {"shape", c["shape"]}, {"chunks", {}}};
-      tensors[t]["chunks"].push_back({{"offsets", c["offsets"]}, {"sizes", c["sizes"]}, {"file", c["file"]},
-                                      {"offset", c["offset"]}, {"bytes", c["bytes"]}, {"crc32", c["crc32"]}});
-    }
+    detail::merge_manifest(tensors, m, file);
     f.close();
     fs::remove(mf, ec);
   }

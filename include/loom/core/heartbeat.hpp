@@ -1,6 +1,7 @@
 // A process's heartbeat for a supervisor (loom-run): where LOOM_HEARTBEAT_DIR is set, a thread writes the file
 // DIR/beat-<pid> every LOOM_HEARTBEAT_INTERVAL_S seconds (default 1), holding "<pid> <step> <saved> <unix ms>": the
-// step the process is at and the step of the newest checkpoint it finished writing (-1: none). Each write goes to a
+// step the process is at (-1 while it starts) and the step of the newest complete state, a checkpoint or a snapshot
+// (-1: none). Each write goes to a
 // temporary name and is renamed, so a reader sees a whole line. A process that is frozen (stopped by a signal, or
 // swapped out for good) stops beating; one that hangs in a collective is stopped by the communicators' timeout. Where
 // the variable is not set, nothing runs and the calls cost an atomic store. A process that ends normally removes
@@ -96,7 +97,7 @@ class Heartbeat {
 
   std::string file_;
   std::chrono::duration<double> period_{1.0};
-  std::atomic<int> step_{0}, saved_{-1};
+  std::atomic<int> step_{-1}, saved_{-1};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false, now_ = false;

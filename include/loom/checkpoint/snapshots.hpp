@@ -1,0 +1,478 @@
+// In-memory snapshots of the training state, kept outside the training processes and copied to a peer in another
+// failure domain, so that a restart loses a step or two of work instead of everything since the last checkpoint on
+// disk (the design of Gemini, SOSP'23, on host memory).
+//
+// Every few steps each rank takes its part of the state exactly as a sharded checkpoint writes it (snapshot_into:
+// what it owns of every parameter and optimizer state, the index's header with the step, the optimizer's counter,
+// the layout and the run), as one image of its file and its manifest. It sends the image to its peer, a rank in
+// another failure domain: another node where the job spans several, another process otherwise (ranks that are
+// threads of one process share a domain; their peer is the next rank, whose copy guards against a damaged file but
+// not against losing the process's host). Then a background thread writes both, its own image and the copies it
+// received, into the store: a folder in host memory (tmpfs, /dev/shm), one sub-folder per domain, which outlives the
+// processes, so that a restarted job finds it:
+//   STORE/domain-HOST[-PID]/step-NNNNNNNN/rank-RRRRR.safetensors, rank-RRRRR.json          (the rank's own image)
+//   STORE/domain-HOST[-PID]/step-NNNNNNNN/rank-RRRRR.copy.safetensors, rank-RRRRR.copy.json (a peer's, received)
+// A manifest is written after its image, under a temporary name that is then renamed: an image without one is a
+// write that did not finish. A snapshot is complete when every rank's image, own or copy, is whole; the next
+// snapshot begins with a barrier after which the one before is complete everywhere, and the first rank of each host
+// then removes its host's older ones: the store holds at most the newest two (and the one being written), each twice.
+//
+// A restart (find_snapshot) takes the newest step for which every rank's image is found whole (its size, and every
+// checksum block against its manifest), preferring the own copy, and makes a checkpoint directory of it (index.json
+// put together from the manifests, and links to the images) that load_sharded reads like any other, on any layout. A
+// damaged or missing copy is reported and the other used; a step whose rank lost both is reported and an older one
+// tried; where none is whole, the caller falls back to its checkpoint on disk.
+#pragma once
+
+#include <loom/checkpoint/sharded.hpp>
+#include <loom/core/memory.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace loom::checkpoint {
+
+//! Where a rank runs: its host and its process. Ranks of one process share a failure domain; with several hosts,
+//! ranks of one host do.
+struct Place {
+  std::string host;
+  long pid = 0;
+};
+
+//! The failure domains of a world and each rank's peer (snapshot copies go from a rank to its peer).
+struct SnapshotPeers {
+  std::vector<std::string> domain;  //!< each rank's domain folder name: domain-HOST, or domain-HOST-PID on one host
+  std::vector<int> peer;            //!< each rank's peer (-1: none, a world of one)
+  bool separate = false;            //!< whether every peer is in another domain than its rank
+  //! The ranks whose peer is `rank`.
+  std::vector<int> senders(int rank) const {
+    std::vector<int> out;
+    for (std::size_t q = 0; q < peer.size(); ++q)
+      if (peer[q] == rank) out.push_back(static_cast<int>(q));
+    return out;
+  }
+};
+
+//! Domains and peers from every rank's place: one domain per host where there are several, per process otherwise.
+//! Domains are ordered by their first rank; the i-th rank of a domain sends to the i-th (modulo its size) of the next
+//! domain. In a single domain each rank sends to the next one.
+inline SnapshotPeers snapshot_peers(const std::vector<Place>& places) {
+  const int n = static_cast<int>(places.size());
+  bool hosts = false;
+  for (const auto& p : places) hosts = hosts || p.host != places.front().host;
+  SnapshotPeers out;
+  std::vector<std::string> keys;                 // domain names in order of their first rank
+  std::map<std::string, std::vector<int>> ranks;  // domain -> its ranks, ascending
+  for (int r = 0; r < n; ++r) {
+    const auto& p = places[std::size_t(r)];
+    const std::string key = "domain-" + p.host + (hosts ? std::string() : "-" + std::to_string(p.pid));
+    if (!ranks.count(key)) keys.push_back(key);
+    ranks[key].push_back(r);
+    out.domain.push_back(key);
+  }
+  out.peer.assign(std::size_t(n), -1);
+  out.separate = keys.size() > 1;
+  for (std::size_t d = 0; d < keys.size(); ++d) {
+    const auto& mine = ranks[keys[d]];
+    const auto& next = ranks[keys[(d + 1) % keys.size()]];
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      out.peer[std::size_t(mine[i])] = keys.size() > 1 ? next[i % next.size()] : mine[(i + 1) % mine.size()];
+  }
+  if (n == 1) out.peer[0] = -1;
+  return out;
+}
+
+namespace detail {
+
+inline std::string host_name() {
+  char b[256] = {};
+  if (::gethostname(b, sizeof b - 1) != 0 || !b[0]) return "host";
+  std::string s = b;
+  for (char& c : s)
+    if (c == '/' || c == ' ') c = '_';
+  return s;
+}
+
+//! A rank's file image (the safetensors bytes a sharded checkpoint's rank file holds) and its manifest, each packed
+//! into 8-byte words for the communicator.
+struct SnapshotImage {
+  std::vector<std::int64_t> file, manifest;
+  std::uint64_t file_bytes = 0, manifest_bytes = 0;
+  void resize(std::uint64_t f, std::uint64_t m) {
+    file_bytes = f, manifest_bytes = m;
+    file.resize(static_cast<std::size_t>((f + 7) / 8));
+    manifest.resize(static_cast<std::size_t>((m + 7) / 8));
+  }
+  char* file_data() { return reinterpret_cast<char*>(file.data()); }
+  const char* file_data() const { return reinterpret_cast<const char*>(file.data()); }
+  const char* manifest_data() const { return reinterpret_cast<const char*>(manifest.data()); }
+};
+
+//! The name of rank q's image in a step's folder, without its extension: rank-RRRRR, or rank-RRRRR.copy.
+inline std::string image_name(int q, bool copy) {
+  char b[40];
+  std::snprintf(b, sizeof b, copy ? "rank-%05d.copy" : "rank-%05d", q);
+  return b;
+}
+
+//! Writes `n` bytes to `path` (no fsync: the store is host memory, lost with its host anyway).
+inline void write_file(const std::string& path, const char* p, std::size_t n) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(p, static_cast<std::streamsize>(n));
+  f.close();
+  if (!f) throw Error("loom: cannot write the snapshot file " + path);
+}
+
+//! The steps of the folders step-NNNNNNNN in `dir`.
+inline std::vector<int> steps_in(const std::filesystem::path& dir) {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() == 13 && n.starts_with("step-") && e.is_directory()) out.push_back(std::stoi(n.substr(5)));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+//! Takes a rank's in-memory snapshots into STORE (see the file's comment). A collective over the world: every rank
+//! makes one and calls take() at the same steps. Comm is the world's communicator.
+class SnapshotKeeper {
+ public:
+  //! `keep_step`: a snapshot of this step already in the store (the one a restart loaded) stays until a newer one is
+  //! complete; every other step there is removed (a run that starts anew does not find a stale one).
+  template <class Comm>
+  SnapshotKeeper(std::string store, Comm& world, int keep_step = -1) : store_(std::move(store)) {
+    rank_ = world.rank(), size_ = world.size();
+    const std::string host = detail::host_name();
+    // Every rank's place: its host name and pid, as words (names up to 64 bytes).
+    constexpr std::size_t words = 9;
+    std::vector<std::int64_t> mine(words, 0), all(words * std::size_t(size_));
+    std::memcpy(mine.data(), host.data(), std::min<std::size_t>(host.size(), 64));
+    mine[8] = static_cast<std::int64_t>(::getpid());
+    world.all_gather(mine, all);
+    std::vector<Place> places;
+    for (int r = 0; r < size_; ++r) {
+      const char* h = reinterpret_cast<const char*>(all.data() + std::size_t(r) * words);
+      places.push_back({std::string(h, strnlen(h, 64)), static_cast<long>(all[std::size_t(r) * words + 8])});
+    }
+    peers_ = snapshot_peers(places);
+    // The first rank of each host keeps its host's store tidy.
+    sweeper_ = true;
+    for (int r = 0; r < rank_; ++r) sweeper_ = sweeper_ && places[std::size_t(r)].host != host;
+    if (sweeper_) sweep([keep_step](int s) { return s != keep_step; });
+    std::error_code ec;
+    std::filesystem::create_directories(dir(rank_), ec);
+    if (ec) throw Error("loom: cannot create the snapshot store " + dir(rank_) + ": " + ec.message());
+    world.barrier();
+  }
+  SnapshotKeeper(const SnapshotKeeper&) = delete;
+  SnapshotKeeper& operator=(const SnapshotKeeper&) = delete;
+  ~SnapshotKeeper() {
+    if (writer_.joinable()) writer_.join();
+  }
+
+  //! Snapshots `trainer` (a train::TrainerOf) at `next_step`: the host copy and the exchange with the peers now, the
+  //! writing in the background. Waits for the previous snapshot's writing first; after a barrier it is complete.
+  template <class Trainer, class Comm>
+  void take(Trainer& trainer, Comm& world, int next_step, const std::string& layout, const nlohmann::json& run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    wait(world);
+    if (sweeper_ && complete_ >= 0) sweep([c = complete_](int s) { return s < c; });  // older than the complete one
+    // The image: snapshot_into's chunks (on the host, read straight from the trainer) packed as the rank file.
+    snapshot_into(snap_, store_, trainer, next_step, layout, run, checksum_block, /*copy=*/false);
+    std::vector<SafetensorsEntry> entries;
+    for (std::size_t i = 0; i < snap_.chunks.size(); ++i) {
+      const auto& w = snap_.chunks[i];
+      entries.push_back({w.tensor + "#" + std::to_string(i), w.dtype, w.box.sizes, w.bytes});
+    }
+    const std::string prefix = snap_.chunks.empty() ? std::string() : safetensors_prefix(entries);
+    std::uint64_t file_bytes = prefix.size();
+    for (const auto& w : snap_.chunks) file_bytes += w.bytes;
+    own_.resize(file_bytes, 0);
+    char* image = own_.file_data();
+    std::memcpy(image, prefix.data(), prefix.size());
+    nlohmann::json chunks = nlohmann::json::array();
+    std::uint64_t offset = prefix.size();
+    for (auto& w : snap_.chunks) {
+      char* at = image + offset;
+      if (w.fill) w.fill(at);
+      else std::memcpy(at, w.data.data(), w.bytes);
+      chunks.push_back({{"tensor", w.tensor},
+                        {"dtype", safetensors_dtype(w.dtype)},
+                        {"shape", w.shape},
+                        {"offsets", w.box.offsets},
+                        {"sizes", w.box.sizes},
+                        {"offset", offset},
+                        {"bytes", w.bytes},
+                        {"crc32", detail::block_crcs(at, w.bytes, snap_.block)}});
+      offset += w.bytes;
+    }
+    snap_.chunks.clear();
+    const std::string m = nlohmann::json{{"rank", rank_},       {"world_size", size_},     {"next_step", next_step},
+                                         {"bytes", file_bytes}, {"block", snap_.block},    {"header", snap_.header},
+                                         {"chunks", chunks}}.dump();
+    own_.resize(file_bytes, m.size());
+    std::memcpy(own_.manifest.data(), m.data(), m.size());
+    // To the peer, from the ranks whose peer this is: sizes, then the images.
+    const int to = peers_.peer[std::size_t(rank_)];
+    const auto from = peers_.senders(rank_);
+    std::vector<std::int64_t> size_out{static_cast<std::int64_t>(own_.file_bytes),
+                                       static_cast<std::int64_t>(own_.manifest_bytes)};
+    std::vector<std::vector<std::int64_t>> size_in(from.size(), std::vector<std::int64_t>(2));
+    std::vector<comm::P2P> ops;
+    if (to >= 0) ops.push_back(comm::send_op(size_out, to));
+    for (std::size_t k = 0; k < from.size(); ++k) ops.push_back(comm::recv_op(size_in[k], from[k]));
+    if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+    copies_.resize(from.size());
+    ops.clear();
+    if (to >= 0) ops.push_back(comm::send_op(own_.file, to)), ops.push_back(comm::send_op(own_.manifest, to));
+    for (std::size_t k = 0; k < from.size(); ++k) {
+      auto& [q, image] = copies_[k];
+      q = from[k];
+      image.resize(static_cast<std::uint64_t>(size_in[k][0]), static_cast<std::uint64_t>(size_in[k][1]));
+      ops.push_back(comm::recv_op(image.file, q)), ops.push_back(comm::recv_op(image.manifest, q));
+    }
+    if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+    std::size_t held = (own_.file.capacity() + own_.manifest.capacity()) * 8;
+    for (const auto& c : copies_) held += (c.second.file.capacity() + c.second.manifest.capacity()) * 8;
+    charge_ = ChargedBytes();
+    charge_ = ChargedBytes(MemoryUse::checkpoint, held);
+    pending_ = next_step;
+    writer_ = std::thread([this, next_step] {
+      try {
+        write(own_, rank_, next_step, false);
+        for (const auto& [q, image] : copies_) write(image, q, next_step, true);
+      } catch (...) {
+        failure_ = std::current_exception();
+      }
+    });
+    blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++taken_;
+  }
+
+  //! Waits for the snapshot being written; after the barrier every rank's is complete.
+  template <class Comm>
+  void wait(Comm& world) {
+    if (writer_.joinable()) writer_.join();
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    world.barrier();
+    if (pending_ >= 0) complete_ = std::exchange(pending_, -1);
+  }
+
+  //! Removes the whole store (a run that ended with its state on disk); a collective.
+  template <class Comm>
+  void remove(Comm& world) {
+    wait(world);
+    if (sweeper_) {
+      std::error_code ec;
+      std::filesystem::remove_all(store_, ec);
+    }
+    world.barrier();
+  }
+
+  //! The newest snapshot complete on every rank (-1: none yet).
+  int complete() const { return complete_; }
+  int taken() const { return taken_; }
+  //! Seconds take() held its caller, summed (the host copy, the exchange, the wait for the previous writing).
+  double blocked_seconds() const { return blocked_; }
+  const SnapshotPeers& peers() const { return peers_; }
+  const std::string& store() const { return store_; }
+
+ private:
+  std::string dir(int rank) const { return store_ + "/" + peers_.domain[std::size_t(rank)]; }
+
+  //! Writes an image (rank q's; a copy received from it when `copy`) into this rank's domain, then its manifest.
+  void write(const detail::SnapshotImage& image, int q, int step, bool copy) const {
+    const std::string at = dir(rank_) + "/" + detail::step_name(step);
+    std::error_code ec;
+    std::filesystem::create_directories(at, ec);
+    if (ec) throw Error("loom: cannot create " + at + ": " + ec.message());
+    const std::string base = at + "/" + detail::image_name(q, copy);
+    detail::write_file(base + ".safetensors", image.file_data(), image.file_bytes);
+    if (!copy) detail::fault_point("snapshot", step);  // (a crash test's: the image is written, its manifest not)
+    detail::write_file(base + ".json.tmp", image.manifest_data(), image.manifest_bytes);
+    std::filesystem::rename(base + ".json.tmp", base + ".json", ec);
+    if (ec) throw Error("loom: cannot rename " + base + ".json.tmp: " + ec.message());
+  }
+
+  //! Removes from this host's store the steps `drop` says, domain folders left empty, and the checkpoint
+  //! directories restarts made (find_snapshot; loaded by now).
+  template <class Drop>
+  void sweep(Drop&& drop) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(store_, ec)) {
+      const std::string name = d.path().filename().string();
+      if (name.starts_with(".restore-")) fs::remove_all(d.path(), ec);
+      if (!d.is_directory() || !name.starts_with("domain-")) continue;
+      for (int s : detail::steps_in(d.path()))
+        if (drop(s)) fs::remove_all(d.path() / detail::step_name(s), ec);
+      if (fs::is_empty(d.path(), ec)) fs::remove(d.path(), ec);
+    }
+  }
+
+  std::string store_;
+  int rank_ = 0, size_ = 1;
+  SnapshotPeers peers_;
+  bool sweeper_ = false;
+  int pending_ = -1, complete_ = -1, taken_ = 0;
+  Snapshot snap_;
+  detail::SnapshotImage own_;
+  std::vector<std::pair<int, detail::SnapshotImage>> copies_;
+  ChargedBytes charge_;
+  std::thread writer_;
+  std::exception_ptr failure_;
+  double blocked_ = 0;
+};
+
+//! A snapshot a restart can load: its step, the checkpoint directory made of it, and what was found damaged or lost
+//! on the way (one line each).
+struct FoundSnapshot {
+  int step = -1;
+  std::string dir;
+  std::vector<std::string> notes;
+};
+
+namespace detail {
+
+//! Whether the image at `base` (.safetensors and .json) is whole: its manifest, for `step`, and the file's size and
+//! every checksum block. Returns the manifest, or why not.
+inline std::optional<nlohmann::json> whole_image(const std::string& base, int step, std::string& why) {
+  std::ifstream mf(base + ".json");
+  if (!mf) {
+    why = "missing";
+    return std::nullopt;
+  }
+  nlohmann::json m = nlohmann::json::parse(mf, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || m.value("next_step", -1) != step) {
+    why = "its manifest is unreadable";
+    return std::nullopt;
+  }
+  std::ifstream f(base + ".safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (bytes.size() != m.value("bytes", std::uint64_t{0})) {
+    why = loom::detail::cat("it holds ", bytes.size(), " bytes of ", m.value("bytes", std::uint64_t{0}));
+    return std::nullopt;
+  }
+  const std::int64_t block = m.value("block", checksum_block);
+  for (const auto& c : m.at("chunks")) {
+    const auto at = c.at("offset").get<std::uint64_t>(), n = c.at("bytes").get<std::uint64_t>();
+    if (block_crcs(bytes.data() + at, n, block) != c.at("crc32").get<std::vector<std::uint32_t>>()) {
+      why = loom::detail::cat("corrupt: tensor '", c.at("tensor").get<std::string>(), "' at bytes [", at, ", ", at + n,
+                              ") does not match its checksums");
+      return std::nullopt;
+    }
+  }
+  return m;
+}
+
+}  // namespace detail
+
+//! The newest snapshot in STORE whose every rank's image is found whole (see the file's comment), made into the
+//! checkpoint directory STORE/.restore-PID (index.json and links to the images) for load_sharded; step -1 where
+//! there is none. The notes name each damaged or missing copy and each step given up, with the rank.
+inline FoundSnapshot find_snapshot(const std::string& store) {
+  namespace fs = std::filesystem;
+  FoundSnapshot found;
+  std::vector<fs::path> domains;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(store, ec))
+    if (d.is_directory() && d.path().filename().string().starts_with("domain-")) domains.push_back(d.path());
+  std::sort(domains.begin(), domains.end());
+  std::vector<int> steps;
+  for (const auto& d : domains)
+    for (int s : detail::steps_in(d)) steps.push_back(s);
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (int step : steps) {
+    // Every image of this step, own copies first.
+    std::map<int, std::vector<std::string>> images;
+    int world = -1;
+    for (int pass = 0; pass < 2; ++pass)
+      for (const auto& d : domains)
+        for (const auto& e : fs::directory_iterator(d / detail::step_name(step), ec)) {
+          const std::string n = e.path().filename().string();
+          const bool copy = n.ends_with(".copy.json");
+          if (!n.starts_with("rank-") || !n.ends_with(".json") || copy != (pass == 1)) continue;
+          const std::string base = e.path().string().substr(0, e.path().string().size() - 5);
+          images[std::stoi(n.substr(5, 5))].push_back(base);
+          if (world < 0) {
+            std::ifstream mf(e.path());
+            const auto m = nlohmann::json::parse(mf, nullptr, false);
+            if (!m.is_discarded() && m.is_object()) world = m.value("world_size", -1);
+          }
+        }
+    if (world <= 0) {
+      found.notes.push_back(loom::detail::cat("snapshot step ", step, ": no image of it was finished"));
+      continue;
+    }
+    nlohmann::ordered_json index, files = nlohmann::ordered_json::object(),
+                                  tensors = nlohmann::ordered_json::object();
+    std::vector<std::pair<std::string, std::string>> links;  // name in the checkpoint -> image
+    bool whole = true;
+    for (int q = 0; q < world && whole; ++q) {
+      std::optional<nlohmann::json> m;
+      for (const auto& base : images[q]) {
+        std::string why;
+        m = detail::whole_image(base, step, why);
+        if (m) {
+          links.emplace_back(detail::rank_file(q, "safetensors"), base + ".safetensors");
+          if (base.ends_with(".copy"))
+            found.notes.push_back(loom::detail::cat("snapshot step ", step, ": rank ", q, "'s state is taken from its "
+                                                    "peer's copy ", base + ".safetensors"));
+          break;
+        }
+        found.notes.push_back(loom::detail::cat("snapshot step ", step, ": rank ", q, "'s image ",
+                                                base + ".safetensors", " is ", why));
+      }
+      if (!m) {
+        found.notes.push_back(loom::detail::cat("snapshot step ", step, ": rank ", q, "'s state is lost (",
+                                                images[q].empty() ? "no copy was written" : "no copy is whole", ")"));
+        whole = false;
+        break;
+      }
+      if (q == 0) index = m->at("header");
+      files[detail::rank_file(q, "safetensors")] = m->at("bytes");
+      detail::merge_manifest(tensors, m->at("chunks"), detail::rank_file(q, "safetensors"));
+    }
+    if (!whole) continue;
+    // Ranks that wrote nothing have an image of no bytes: the index lists the files that hold chunks.
+    for (auto it = links.begin(); it != links.end();) {
+      if (files[it->first].get<std::uint64_t>() == 0) files.erase(it->first), it = links.erase(it);
+      else ++it;
+    }
+    index["files"] = files;
+    index["tensors"] = tensors;
+    const std::string dir = store + "/.restore-" + std::to_string(::getpid());
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("loom: cannot create " + dir + ": " + ec.message());
+    for (const auto& [name, image] : links) {
+      fs::create_symlink(fs::absolute(image), dir + "/" + name, ec);
+      if (ec) throw Error("loom: cannot link " + dir + "/" + name + ": " + ec.message());
+    }
+    const std::string text = index.dump(1);
+    detail::write_file(dir + "/index.json", text.data(), text.size());
+    found.step = step, found.dir = dir;
+    return found;
+  }
+  return found;
+}
+
+}  // namespace loom::checkpoint
