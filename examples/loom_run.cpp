@@ -8,6 +8,7 @@
 // step it starts from, the steps it does again.
 //   loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE] -- COMMAND ARGS...
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -36,15 +37,22 @@ extern "C" void on_stop(int sig) { stop_signal = sig; }
 using Clock = std::chrono::steady_clock;
 
 const char* const usage =
-    "usage: loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE] -- COMMAND ARGS...\n"
+    "usage: loom-run [--max-restarts N] [--heartbeat-s S] [--log FILE]\n"
+    "                [--min-ranks R --ranks-available CMD --fallback-parallel SPEC[;SPEC...]] -- COMMAND ARGS...\n"
     "  runs COMMAND; when a process of it exits abnormally, disappears, or stops beating for S seconds (default\n"
     "  10), ends the job and runs COMMAND again (at most N more times, default 3), which continues from its newest\n"
-    "  checkpoint (train_gpt --save DIR --save-every K --auto-resume). --log FILE: the failures as JSON lines.\n";
+    "  complete state (train_gpt --save DIR --save-every K [--snapshot-every K] --auto-resume). --log FILE: the\n"
+    "  failures as JSON lines. Elastic: before each restart CMD (run by sh) prints how many ranks the machines can\n"
+    "  give; with fewer than the job's, COMMAND runs on the first fallback layout that fits, with at least R ranks\n"
+    "  (its --parallel, and mpirun's -np, rewritten); with fewer than R, loom-run stops.\n";
 
 struct Options {
   int max_restarts = 3;
   double heartbeat_s = 10;
   std::string log;
+  int min_ranks = 0;                    //!< --min-ranks: elastic restarts on no fewer ranks
+  std::string ranks_available;          //!< --ranks-available CMD: prints the ranks the machines can give now
+  std::vector<std::string> fallbacks;   //!< --fallback-parallel: layouts to restart on, in order of preference
   std::vector<std::string> command;
 };
 
@@ -58,6 +66,39 @@ double number(const std::string& flag, const std::string& v) {
   const double x = std::strtod(v.c_str(), &end);
   if (v.empty() || !end || *end) fail(flag + " takes a number, got '" + v + "'");
   return x;
+}
+
+//! The ranks a train_gpt layout runs on: the product of its tp, cp, pp and dp degrees ("tp2.dp4", "tp2,sp,dp4");
+//! 0 where SPEC says none.
+int ranks_of(const std::string& spec) {
+  int n = 1;
+  bool any = false;
+  std::string part;
+  std::stringstream ss(spec);
+  while (std::getline(ss, part, spec.find(',') != std::string::npos ? ',' : '.')) {
+    for (const char* axis : {"tp", "cp", "pp", "dp"})
+      if (part.rfind(axis, 0) == 0 && part.size() > 2 && std::isdigit(static_cast<unsigned char>(part[2])))
+        n *= std::atoi(part.c_str() + 2), any = true;
+  }
+  return any ? n : 0;
+}
+
+//! Where a command says its layout: the index of --parallel's value, and of mpirun's -np (or -n) value (-1: none).
+struct Layout {
+  int parallel = -1, np = -1;
+};
+Layout layout_in(const std::vector<std::string>& command) {
+  Layout at;
+  for (std::size_t i = 0; i + 1 < command.size(); ++i) {
+    if (command[i] == "--parallel") at.parallel = int(i + 1);
+    if ((command[i] == "-np" || command[i] == "-n") && at.parallel < 0) at.np = int(i + 1);
+  }
+  return at;
+}
+//! The ranks the command runs on (0: it does not say).
+int job_ranks(const std::vector<std::string>& command) {
+  const Layout at = layout_in(command);
+  return at.parallel < 0 ? 0 : ranks_of(command[std::size_t(at.parallel)]);
 }
 
 Options parse(int argc, char** argv) {
@@ -78,10 +119,25 @@ Options parse(int argc, char** argv) {
     if (f == "--max-restarts") o.max_restarts = int(number(f, v));
     else if (f == "--heartbeat-s") o.heartbeat_s = number(f, v);
     else if (f == "--log") o.log = v;
-    else fail("unknown flag " + f + "\n" + usage);
+    else if (f == "--min-ranks") o.min_ranks = int(number(f, v));
+    else if (f == "--ranks-available") o.ranks_available = v;
+    else if (f == "--fallback-parallel") {
+      std::stringstream ss(v);
+      for (std::string spec; std::getline(ss, spec, ';');)
+        if (!spec.empty()) o.fallbacks.push_back(spec);
+    } else fail("unknown flag " + f + "\n" + usage);
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.command.empty()) fail(std::string("no command to run (give it after --)\n") + usage);
+  const bool elastic = o.min_ranks > 0 || !o.ranks_available.empty() || !o.fallbacks.empty();
+  if (elastic && (o.min_ranks < 1 || o.ranks_available.empty() || o.fallbacks.empty()))
+    fail("an elastic job needs --min-ranks R (at least 1), --ranks-available CMD and --fallback-parallel SPEC");
+  for (const auto& spec : o.fallbacks)
+    if (ranks_of(spec) < o.min_ranks)
+      fail("--fallback-parallel " + spec + " runs on " + std::to_string(ranks_of(spec)) + " ranks, fewer than " +
+           "--min-ranks " + std::to_string(o.min_ranks));
+  if (elastic && job_ranks(o.command) < 1)
+    fail("an elastic job's command must say its layout: train_gpt's --parallel SPEC (and mpirun's -np N)");
   if (o.max_restarts < 0) fail("--max-restarts must not be negative, got " + std::to_string(o.max_restarts));
   if (!(o.heartbeat_s > 0)) fail("--heartbeat-s must be positive");
   return o;
@@ -124,7 +180,8 @@ struct Failure {
 //! Runs the command once, to its end or its failure. std::nullopt: it succeeded. `failed_at`: the step the attempt
 //! before failed at (-1: none); once a process of this one reports the step it starts from, the steps to be done
 //! again are logged.
-std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n, int failed_at, std::ofstream& log) {
+std::optional<Failure> attempt(const Options& o, const std::vector<std::string>& command, const fs::path& dir, int n,
+                               int failed_at, std::ofstream& log) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
@@ -136,7 +193,7 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n, int
     setenv("LOOM_HEARTBEAT_INTERVAL_S", std::to_string(std::max(0.05, o.heartbeat_s / 5)).c_str(), 1);
     setenv("LOOM_RUN_ATTEMPT", std::to_string(n).c_str(), 1);
     std::vector<char*> args;
-    for (const auto& s : o.command) args.push_back(const_cast<char*>(s.c_str()));
+    for (const auto& s : command) args.push_back(const_cast<char*>(s.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
     std::fprintf(stderr, "loom-run: cannot run %s: %s\n", args[0], std::strerror(errno));
@@ -210,6 +267,41 @@ std::optional<Failure> attempt(const Options& o, const fs::path& dir, int n, int
   return failure;
 }
 
+//! Elastic restarts: asks --ranks-available how many ranks there are; where fewer than the command's, rewrites it
+//! for the first fallback layout that fits (its --parallel, and mpirun's -np). False where none fits.
+bool shrink_if_needed(const Options& o, std::vector<std::string>& command, std::ofstream& log) {
+  std::string out;
+  if (std::FILE* p = popen(o.ranks_available.c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    if (pclose(p) != 0) out.clear();
+  }
+  char* end = nullptr;
+  const long available = std::strtol(out.c_str(), &end, 10);
+  if (out.empty() || end == out.c_str()) {
+    std::fprintf(stderr, "loom-run: --ranks-available '%s' printed no number ('%s'); restarting as before\n",
+                 o.ranks_available.c_str(), out.c_str());
+    return true;
+  }
+  const int now = job_ranks(command);
+  if (available >= now) return true;
+  const Layout at = layout_in(command);
+  for (const auto& spec : o.fallbacks) {
+    const int n = ranks_of(spec);
+    if (n > available || n >= now) continue;
+    std::fprintf(stderr, "loom-run: %ld ranks available, the job runs on %d: restarting on --parallel %s (%d ranks)\n",
+                 available, now, spec.c_str(), n);
+    if (log.is_open()) log << "{\"available\": " << available << ", \"from\": \"" << command[std::size_t(at.parallel)]
+                           << "\", \"to\": \"" << spec << "\", \"ranks\": " << n << "}\n" << std::flush;
+    command[std::size_t(at.parallel)] = spec;
+    if (at.np >= 0) command[std::size_t(at.np)] = std::to_string(n);
+    return true;
+  }
+  std::fprintf(stderr, "loom-run: %ld ranks available, fewer than the job's %d, and no --fallback-parallel layout "
+               "runs on at least --min-ranks %d and at most %ld: stopping\n", available, now, o.min_ranks, available);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -224,10 +316,11 @@ int main(int argc, char** argv) {
   }
   const auto t0 = Clock::now();
   int failed_at = -1;
+  std::vector<std::string> command = o.command;  // an elastic restart changes its layout
   for (int n = 0;; ++n) {
     const auto a0 = Clock::now();
     // A folder per attempt: a late beat of the last one's processes cannot pass for this one's.
-    const std::optional<Failure> f = attempt(o, base / ("attempt-" + std::to_string(n)), n, failed_at, log);
+    const std::optional<Failure> f = attempt(o, command, base / ("attempt-" + std::to_string(n)), n, failed_at, log);
     const double secs = std::chrono::duration<double>(Clock::now() - a0).count();
     if (!f) {
       std::printf("loom-run: the job finished after %d restart%s (%.1f s)\n", n, n == 1 ? "" : "s",
@@ -268,6 +361,7 @@ int main(int argc, char** argv) {
                    o.max_restarts);
       return 1;
     }
+    if (!o.ranks_available.empty() && !shrink_if_needed(o, command, log)) return 1;
     std::fprintf(stderr, "loom-run: restarting (%d of %d)\n", n + 1, o.max_restarts);
   }
 }

@@ -31,7 +31,24 @@ if(TARGET loom-run AND TARGET train_gpt)
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
               --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 60 --save-every 20
               --snapshot-every 2 --lose-memory --faults 3 --seed 5)
+    # Elastic: tp2.dp4 (eight processes) loses a rank for good and goes on as tp2.dp2, equal to a run that switched
+    # layouts at the step the restart started from.
+    loom_command_test(fault_inject_elastic LABELS faults mpi
+      EXPECT_REGEX "loom-run: 7 ranks available, the job runs on 8: restarting on --parallel tp2,dp2 \\(4 ranks\\).*fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000030\\) equal the run that switched to --parallel tp2,dp2 at step [0-9]+"
+      COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
+              --dir ${LOOM_TEST_SCRATCH}/fault_inject_elastic --mpi 8 --parallel tp2,dp4 --elastic tp2,dp2
+              --steps 30 --save-every 10 --snapshot-every 2 --faults 2 --seed 7)
   endif()
+  loom_command_test(loom_run_elastic_needs_all LABELS faults failure
+    EXPECT "loom-run: an elastic job needs --min-ranks R (at least 1), --ranks-available CMD and --fallback-parallel SPEC"
+    COMMAND $<TARGET_FILE:loom-run> --min-ranks 2 -- true)
+  loom_command_test(loom_run_fallback_below_min LABELS faults failure
+    EXPECT "loom-run: --fallback-parallel dp2 runs on 2 ranks, fewer than --min-ranks 4"
+    COMMAND $<TARGET_FILE:loom-run> --min-ranks 4 --ranks-available "echo 2" --fallback-parallel dp2 -- true)
+  # Fewer ranks than --min-ranks: loom-run stops instead of restarting.
+  loom_command_test(loom_run_too_few_ranks LABELS faults failure
+    EXPECT "loom-run: 1 ranks available, fewer than the job's 4, and no --fallback-parallel layout runs on at least --min-ranks 2 and at most 1: stopping"
+    COMMAND $<TARGET_FILE:loom-run> --min-ranks 2 --ranks-available "echo 1" --fallback-parallel dp2 -- sh -c "exit 3" --parallel dp4)
   # --auto-resume: a run without a checkpoint starts, one with a checkpoint continues, one at --steps is done.
   set(_tg "$<TARGET_FILE:train_gpt> --model tiny --batch 2 --seq 16 --no-progress --auto-resume --save ${LOOM_TEST_SCRATCH}/train_gpt_auto_resume/ck")
   loom_command_test(train_gpt_auto_resume LABELS faults
