@@ -482,14 +482,16 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   saver->finish(trainer);
   complete(end);
   if (keeper) {  // the state is on disk: the snapshots are no longer needed
-    std::vector<double> snap{keeper->blocked_seconds()};
+    std::vector<double> snap{keeper->blocked_seconds(), keeper->copied_seconds(), keeper->exchanged_seconds(),
+                             keeper->waited_seconds()};
     world.all_reduce(snap, comm::Reduce::max);
     const int taken = keeper->taken();
     keeper->remove(world);
     if (world.rank() == 0)
       std::printf("train_gpt: %d in-memory snapshot%s (every %d steps, copies on peers %s): training waited %.3f s "
-                  "in all\n", taken, taken == 1 ? "" : "s", a.snapshot_every,
-                  keeper->peers().separate ? "in other processes or hosts" : "in this process", snap[0]);
+                  "in all (host copy %.3f, exchange %.3f, previous writing %.3f)\n", taken, taken == 1 ? "" : "s",
+                  a.snapshot_every, keeper->peers().separate ? "in other processes or hosts" : "in this process",
+                  snap[0], snap[1], snap[2], snap[3]);
   }
   std::vector<double> waited{saver->blocked_seconds(), saver->finish_seconds()};
   world.all_reduce(waited, comm::Reduce::max);

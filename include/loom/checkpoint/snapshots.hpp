@@ -7,9 +7,9 @@
 // the layout and the run), as one image of its file and its manifest. It sends the image to its peer, a rank in
 // another failure domain: another node where the job spans several, another process otherwise (ranks that are
 // threads of one process share a domain; their peer is the next rank, whose copy guards against a damaged file but
-// not against losing the process's host). Then a background thread writes both, its own image and the copies it
-// received, into the store: a folder in host memory (tmpfs, /dev/shm), one sub-folder per domain, which outlives the
-// processes, so that a restarted job finds it:
+// not against losing the process's host). Then a background thread checksums and writes both, its own image and the
+// copies it received, into the store: a folder in host memory (tmpfs, /dev/shm), one sub-folder per domain, which
+// outlives the processes, so that a restarted job finds it:
 //   STORE/domain-HOST[-PID]/step-NNNNNNNN/rank-RRRRR.safetensors, rank-RRRRR.json          (the rank's own image)
 //   STORE/domain-HOST[-PID]/step-NNNNNNNN/rank-RRRRR.copy.safetensors, rank-RRRRR.copy.json (a peer's, received)
 // A manifest is written after its image, under a temporary name that is then renamed: an image without one is a
@@ -188,12 +188,17 @@ class SnapshotKeeper {
   }
 
   //! Snapshots `trainer` (a train::TrainerOf) at `next_step`: the host copy and the exchange with the peers now, the
-  //! writing in the background. Waits for the previous snapshot's writing first; after a barrier it is complete.
+  //! checksums and the writing in the background. Waits for the previous snapshot's writing first; after a barrier
+  //! it is complete.
   template <class Trainer, class Comm>
   void take(Trainer& trainer, Comm& world, int next_step, const std::string& layout, const nlohmann::json& run) {
-    const auto t0 = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    const auto t0 = Clock::now();
     wait(world);
     if (sweeper_ && complete_ >= 0) sweep([c = complete_](int s) { return s < c; });  // older than the complete one
+    const auto t1 = Clock::now();
+    waited_ += since(t0);
     // The image: snapshot_into's chunks (on the host, read straight from the trainer) packed as the rank file.
     snapshot_into(snap_, store_, trainer, next_step, layout, run, checksum_block, /*copy=*/false);
     std::vector<SafetensorsEntry> entries;
@@ -219,8 +224,7 @@ class SnapshotKeeper {
                         {"offsets", w.box.offsets},
                         {"sizes", w.box.sizes},
                         {"offset", offset},
-                        {"bytes", w.bytes},
-                        {"crc32", detail::block_crcs(at, w.bytes, snap_.block)}});
+                        {"bytes", w.bytes}});  // (its checksums: the writer's, in the background)
       offset += w.bytes;
     }
     snap_.chunks.clear();
@@ -229,6 +233,8 @@ class SnapshotKeeper {
                                          {"chunks", chunks}}.dump();
     own_.resize(file_bytes, m.size());
     std::memcpy(own_.manifest.data(), m.data(), m.size());
+    copied_ += since(t1);
+    const auto t2 = Clock::now();
     // To the peer, from the ranks whose peer this is: sizes, then the images.
     const int to = peers_.peer[std::size_t(rank_)];
     const auto from = peers_.senders(rank_);
@@ -249,6 +255,7 @@ class SnapshotKeeper {
       ops.push_back(comm::recv_op(image.file, q)), ops.push_back(comm::recv_op(image.manifest, q));
     }
     if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+    exchanged_ += since(t2);
     std::size_t held = (own_.file.capacity() + own_.manifest.capacity()) * 8;
     for (const auto& c : copies_) held += (c.second.file.capacity() + c.second.manifest.capacity()) * 8;
     charge_ = ChargedBytes();
@@ -262,7 +269,7 @@ class SnapshotKeeper {
         failure_ = std::current_exception();
       }
     });
-    blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    blocked_ += since(t0);
     ++taken_;
   }
 
@@ -289,24 +296,36 @@ class SnapshotKeeper {
   //! The newest snapshot complete on every rank (-1: none yet).
   int complete() const { return complete_; }
   int taken() const { return taken_; }
-  //! Seconds take() held its caller, summed (the host copy, the exchange, the wait for the previous writing).
+  //! Seconds take() held its caller, summed: in all, and of them the wait for the previous snapshot's writing (and
+  //! the barrier after it), the host copy, the exchange with the peers.
   double blocked_seconds() const { return blocked_; }
+  double waited_seconds() const { return waited_; }
+  double copied_seconds() const { return copied_; }
+  double exchanged_seconds() const { return exchanged_; }
   const SnapshotPeers& peers() const { return peers_; }
   const std::string& store() const { return store_; }
 
  private:
   std::string dir(int rank) const { return store_ + "/" + peers_.domain[std::size_t(rank)]; }
 
-  //! Writes an image (rank q's; a copy received from it when `copy`) into this rank's domain, then its manifest.
+  //! Writes an image (rank q's; a copy received from it when `copy`) into this rank's domain, then its manifest with
+  //! the checksums of its chunks as written.
   void write(const detail::SnapshotImage& image, int q, int step, bool copy) const {
     const std::string at = dir(rank_) + "/" + detail::step_name(step);
     std::error_code ec;
     std::filesystem::create_directories(at, ec);
     if (ec) throw Error("loom: cannot create " + at + ": " + ec.message());
+    nlohmann::json manifest = nlohmann::json::parse(image.manifest_data(),
+                                                    image.manifest_data() + image.manifest_bytes);
+    const std::int64_t block = manifest.at("block").get<std::int64_t>();
+    for (auto& c : manifest.at("chunks"))
+      c["crc32"] = detail::block_crcs(image.file_data() + c.at("offset").get<std::uint64_t>(),
+                                      c.at("bytes").get<std::uint64_t>(), block);
     const std::string base = at + "/" + detail::image_name(q, copy);
     detail::write_file(base + ".safetensors", image.file_data(), image.file_bytes);
     if (!copy) detail::fault_point("snapshot", step);  // (a crash test's: the image is written, its manifest not)
-    detail::write_file(base + ".json.tmp", image.manifest_data(), image.manifest_bytes);
+    const std::string text = manifest.dump();
+    detail::write_file(base + ".json.tmp", text.data(), text.size());
     std::filesystem::rename(base + ".json.tmp", base + ".json", ec);
     if (ec) throw Error("loom: cannot rename " + base + ".json.tmp: " + ec.message());
   }
@@ -338,7 +357,7 @@ class SnapshotKeeper {
   ChargedBytes charge_;
   std::thread writer_;
   std::exception_ptr failure_;
-  double blocked_ = 0;
+  double blocked_ = 0, waited_ = 0, copied_ = 0, exchanged_ = 0;
 };
 
 //! A snapshot a restart can load: its step, the checkpoint directory made of it, and what was found damaged or lost
