@@ -147,6 +147,7 @@ Options parse(int argc, char** argv) {
 struct Beat {
   int pid = 0, step = -1, saved = -1;
   long long unix_ms = 0;
+  std::string ranks = "-";  //!< the world ranks the process runs
 };
 
 std::map<int, Beat> read_beats(const fs::path& dir) {
@@ -157,7 +158,10 @@ std::map<int, Beat> read_beats(const fs::path& dir) {
     if (name.rfind("beat-", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
     std::ifstream f(e.path());
     Beat b;
-    if (f >> b.pid >> b.step >> b.saved >> b.unix_ms) beats[b.pid] = b;
+    if (f >> b.pid >> b.step >> b.saved >> b.unix_ms) {
+      if (!(f >> b.ranks)) b.ranks = "-";
+      beats[b.pid] = b;
+    }
   }
   return beats;
 }
@@ -169,19 +173,28 @@ long long now_ms() {
 
 //! What ended an attempt.
 struct Failure {
-  std::string cause;     //!< "exited with status 1", "killed by signal 9", "gone", "frozen"
+  std::string cause{};   //!< "exited with status 1", "killed by signal 9", "gone", "frozen"
   int pid = 0;           //!< the process it concerns (the command's own, or a process that beat)
   int step = -1;         //!< the step that process was at (-1: unknown)
   int saved = -1;        //!< the newest complete state any process reported
   double detect_s = -1;  //!< frozen: seconds from its last beat to the decision
   long long detected_ms = 0;  //!< when loom-run saw it (Unix milliseconds)
+  std::string ranks{};        //!< the world ranks of the process (empty: not known)
+  double step_s = -1;         //!< the attempt's seconds per step, from its beats (-1: not known)
 };
 
-//! Runs the command once, to its end or its failure. std::nullopt: it succeeded. `failed_at`: the step the attempt
-//! before failed at (-1: none); once a process of this one reports the step it starts from, the steps to be done
-//! again are logged.
+//! What the next attempt is told of the failures before it: the furthest step reached, and the last failure's.
+struct Before {
+  int failed_at = -1;
+  long long detected_ms = 0;
+  double detect_s = -1, step_s = -1;
+};
+
+//! Runs the command once, to its end or its failure. std::nullopt: it succeeded. Once a process of it reports the
+//! step it starts from, what the failure before cost is logged: the restart's seconds (from the failure's detection),
+//! the steps to be done again, and the time lost in all.
 std::optional<Failure> attempt(const Options& o, const std::vector<std::string>& command, const fs::path& dir, int n,
-                               int failed_at, std::ofstream& log) {
+                               const Before& before, std::ofstream& log) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
@@ -204,20 +217,35 @@ std::optional<Failure> attempt(const Options& o, const std::vector<std::string>&
   std::optional<Failure> failure;
   int saved = -1;
   bool resumed = n == 0;
+  int first_step = -1, last_step = -1;  // the steps the beats reported first and last, and when
+  long long first_ms = 0, last_ms = 0;
   for (;;) {
     int status = 0;
     const pid_t done = waitpid(child, &status, WNOHANG);
     const auto beats = read_beats(dir);
-    for (const auto& [pid, b] : beats) saved = std::max(saved, b.saved);
+    for (const auto& [pid, b] : beats) {
+      saved = std::max(saved, b.saved);
+      if (b.step < 0) continue;
+      if (first_step < 0) first_step = b.step, first_ms = b.unix_ms;
+      if (b.step > last_step) last_step = b.step, last_ms = b.unix_ms;
+    }
     for (const auto& [pid, b] : beats) {
       if (resumed || b.step < 0) continue;
       resumed = true;
-      const int redone = failed_at >= 0 ? std::max(0, failed_at - b.step) : -1;
-      std::fprintf(stderr, "loom-run: attempt %d starts at step %d", n, b.step);
+      const int redone = before.failed_at >= 0 ? std::max(0, before.failed_at - b.step) : -1;
+      const double restart = double(now_ms() - before.detected_ms) / 1000;
+      std::fprintf(stderr, "loom-run: attempt %d starts at step %d, %.1f s after the failure was seen", n, b.step,
+                   restart);
+      double lost = restart + std::max(0.0, before.detect_s);
       if (redone >= 0) std::fprintf(stderr, ": %d step%s to do again", redone, redone == 1 ? "" : "s");
+      if (redone >= 0 && before.step_s > 0) {
+        lost += redone * before.step_s;
+        std::fprintf(stderr, ", about %.1f s lost in all", lost);
+      }
       std::fprintf(stderr, "\n");
-      if (log.is_open()) log << "{\"attempt\": " << n << ", \"starts_at\": " << b.step << ", \"redone_steps\": " << redone
-                             << "}\n" << std::flush;
+      if (log.is_open())
+        log << "{\"attempt\": " << n << ", \"starts_at\": " << b.step << ", \"redone_steps\": " << redone
+            << ", \"restart_s\": " << restart << ", \"lost_s\": " << lost << "}\n" << std::flush;
     }
     if (done == child) {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
@@ -227,30 +255,37 @@ std::optional<Failure> attempt(const Options& o, const std::vector<std::string>&
                                   : "killed by signal " + std::to_string(WTERMSIG(status));
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && beats.empty())
         f.cause = "could not be started (exit status 127)";
+      if (const auto it = beats.find(child); it != beats.end() && it->second.ranks != "-") f.ranks = it->second.ranks;
       for (const auto& [pid, b] : beats) f.step = std::max(f.step, b.step);
       failure = f;
       break;
     }
     if (stop_signal) {
-      failure = Failure{"stopped: loom-run got signal " + std::to_string(stop_signal), child, -1, saved, -1};
+      failure = Failure{.cause = "stopped: loom-run got signal " + std::to_string(stop_signal), .pid = child,
+                        .saved = saved};
       break;
     }
     const long long t = now_ms();
     for (const auto& [pid, b] : beats) {
       // Gone: its process is not there, and its file is (a process that ends normally removes it before it exits).
       if (pid != child && kill(pid, 0) != 0 && errno == ESRCH && fs::exists(dir / ("beat-" + std::to_string(pid)))) {
-        failure = Failure{"gone", pid, b.step, saved, -1};
-        break;
+        failure = Failure{.cause = "gone", .pid = pid, .step = b.step, .saved = saved};
+      } else if (t - b.unix_ms > limit_ms) {
+        failure = Failure{.cause = "frozen", .pid = pid, .step = b.step, .saved = saved,
+                          .detect_s = double(t - b.unix_ms) / 1000};
       }
-      if (t - b.unix_ms > limit_ms) {
-        failure = Failure{"frozen", pid, b.step, saved, double(t - b.unix_ms) / 1000};
+      if (failure) {
+        if (b.ranks != "-") failure->ranks = b.ranks;
         break;
       }
     }
     if (failure) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (failure) failure->detected_ms = now_ms();
+  if (failure) {
+    failure->detected_ms = now_ms();
+    if (last_step > first_step) failure->step_s = double(last_ms - first_ms) / 1000 / (last_step - first_step);
+  }
   // End whatever is left of the job: its group, and every process that beat (mpirun's may have groups of their own),
   // and wait until they are gone, so that the next attempt starts on a clean machine (a GPU's memory freed).
   kill(-child, SIGKILL);
@@ -315,12 +350,12 @@ int main(int argc, char** argv) {
     if (!log) fail("cannot write --log " + o.log);
   }
   const auto t0 = Clock::now();
-  int failed_at = -1;
+  Before before;
   std::vector<std::string> command = o.command;  // an elastic restart changes its layout
   for (int n = 0;; ++n) {
     const auto a0 = Clock::now();
     // A folder per attempt: a late beat of the last one's processes cannot pass for this one's.
-    const std::optional<Failure> f = attempt(o, command, base / ("attempt-" + std::to_string(n)), n, failed_at, log);
+    const std::optional<Failure> f = attempt(o, command, base / ("attempt-" + std::to_string(n)), n, before, log);
     const double secs = std::chrono::duration<double>(Clock::now() - a0).count();
     if (!f) {
       std::printf("loom-run: the job finished after %d restart%s (%.1f s)\n", n, n == 1 ? "" : "s",
@@ -330,18 +365,22 @@ int main(int argc, char** argv) {
     std::ostringstream what;
     what << "attempt " << n << " failed after " << std::fixed;
     what.precision(1);
-    what << secs << " s: process " << f->pid << " " << f->cause;
+    what << secs << " s: process " << f->pid;
+    if (!f->ranks.empty()) what << " (rank" << (f->ranks.find('-') != std::string::npos ? "s " : " ") << f->ranks << ")";
+    what << " " << f->cause;
     if (f->detect_s >= 0) what << " (no beat for " << f->detect_s << " s)";
     if (f->step >= 0) what << " at step " << f->step;
     else what << " while starting";
-    failed_at = std::max(failed_at, f->step);
+    before = {std::max(before.failed_at, f->step), f->detected_ms, f->detect_s,
+              f->step_s > 0 ? f->step_s : before.step_s};
     const int lost = f->step >= 0 ? f->step - std::max(0, f->saved) : -1;
     if (f->saved >= 0) what << "; the newest complete state is step " << f->saved;
     else what << "; no complete state yet";
     if (lost >= 0) what << ": at most " << lost << " step" << (lost == 1 ? "" : "s") << " of work lost";
     std::fprintf(stderr, "loom-run: %s\n", what.str().c_str());
     if (log.is_open()) {
-      log << "{\"attempt\": " << n << ", \"seconds\": " << secs << ", \"pid\": " << f->pid << ", \"cause\": \""
+      log << "{\"attempt\": " << n << ", \"seconds\": " << secs << ", \"pid\": " << f->pid << ", \"ranks\": \""
+          << f->ranks << "\", \"cause\": \""
           << f->cause << "\", \"step\": " << f->step << ", \"saved\": " << f->saved << ", \"lost_steps\": " << lost
           << ", \"detect_s\": " << f->detect_s << ", \"detected_unix_ms\": " << f->detected_ms << "}\n";
       log.flush();

@@ -254,6 +254,7 @@ void train_loop(const Args& a, const models::GptShape& S, Comm& world, const Lay
   double first_loss = 0, loss = 0;
   int skipped = 0, in_a_row = 0;
   const auto t_start = std::chrono::steady_clock::now();
+  Heartbeat::process().rank(world.rank());
   Heartbeat::process().step(start);  // started
   for (int i = start; i < a.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -13,7 +13,7 @@ if(TARGET loom-run AND TARGET train_gpt)
   # Kills and a freeze at random steps of a 60-step dp2 run on threads (heartbeat 2 s, a checkpoint every 20 steps,
   # an in-memory snapshot every 2), one more kill as the first restart begins; each failure seen within 4 s.
   loom_command_test(fault_inject_threads LABELS faults
-    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*attempt 1 failed after [0-9.]+ s: process [0-9]+ killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*fault-inject: detected after.*fault-inject: 4 fault\\(s\\) injected, 4 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
+    EXPECT_REGEX "loom-run: attempt 0 failed after [0-9.]+ s: process [0-9]+ \\(ranks 0-1\\) killed by signal 9 at step [0-9]+.*attempt 1 failed after [0-9.]+ s: process [0-9]+ (\\(ranks 0-1\\) )?killed by signal 9.*frozen \\(no beat for [23]\\.[0-9] s\\).*attempt [0-9] starts at step [0-9]+, [0-9.]+ s after the failure was seen: [0-9]+ steps? to do again, about [0-9.]+ s lost in all.*fault-inject: detected after.*fault-inject: 4 fault\\(s\\) injected, 4 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
     COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
             --dir ${LOOM_TEST_SCRATCH}/fault_inject_threads --steps 60 --save-every 20 --snapshot-every 2 --faults 3
             --recovery-fault --seed 3)

@@ -1,7 +1,7 @@
 // A process's heartbeat for a supervisor (loom-run): where LOOM_HEARTBEAT_DIR is set, a thread writes the file
-// DIR/beat-<pid> every LOOM_HEARTBEAT_INTERVAL_S seconds (default 1), holding "<pid> <step> <saved> <unix ms>": the
-// step the process is at (-1 while it starts) and the step of the newest complete state, a checkpoint or a snapshot
-// (-1: none). Each write goes to a
+// DIR/beat-<pid> every LOOM_HEARTBEAT_INTERVAL_S seconds (default 1), holding "<pid> <step> <saved> <unix ms> <ranks>":
+// the step the process is at (-1 while it starts), the step of the newest complete state, a checkpoint or a snapshot
+// (-1: none), and the world ranks it runs ("3", "0-3"; "-" before it knows them). Each write goes to a
 // temporary name and is renamed, so a reader sees a whole line. A process that is frozen (stopped by a signal, or
 // swapped out for good) stops beating; one that hangs in a collective is stopped by the communicators' timeout. Where
 // the variable is not set, nothing runs and the calls cost an atomic store. A process that ends normally removes
@@ -56,6 +56,13 @@ class Heartbeat {
   }
   //! A checkpoint of step `s` is complete.
   void saved(int s) { saved_.store(s, std::memory_order_relaxed); }
+  //! World rank `r` runs in this process (every rank of it says so).
+  void rank(int r) {
+    for (int lo = first_.load(); (lo < 0 || r < lo) && !first_.compare_exchange_weak(lo, r);) {
+    }
+    for (int hi = last_.load(); r > hi && !last_.compare_exchange_weak(hi, r);) {
+    }
+  }
   //! Whether a supervisor is listening.
   bool active() const { return thread_.joinable(); }
 
@@ -86,9 +93,12 @@ class Heartbeat {
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
     const std::string tmp = file_ + ".tmp";
+    const int lo = first_.load(), hi = last_.load();
+    char ranks[32] = "-";
+    if (lo >= 0) std::snprintf(ranks, sizeof ranks, lo == hi ? "%d" : "%d-%d", lo, hi);
     if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
-      std::fprintf(f, "%d %d %d %lld\n", static_cast<int>(::getpid()), step_.load(std::memory_order_relaxed),
-                   saved_.load(std::memory_order_relaxed), static_cast<long long>(ms));
+      std::fprintf(f, "%d %d %d %lld %s\n", static_cast<int>(::getpid()), step_.load(std::memory_order_relaxed),
+                   saved_.load(std::memory_order_relaxed), static_cast<long long>(ms), ranks);
       std::fclose(f);
       std::error_code ec;
       std::filesystem::rename(tmp, file_, ec);  // a supervisor that removed the folder has stopped listening
@@ -97,7 +107,7 @@ class Heartbeat {
 
   std::string file_;
   std::chrono::duration<double> period_{1.0};
-  std::atomic<int> step_{-1}, saved_{-1};
+  std::atomic<int> step_{-1}, saved_{-1}, first_{-1}, last_{-1};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false, now_ = false;
