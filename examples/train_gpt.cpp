@@ -63,7 +63,7 @@ const char* usage =
     "                 [--wsd-decay-fraction F] [--peak-flops F (for MFU)] [--vocab N | --tokenizer FILE]\n"
     "                 [--sample-every N] [--sample-tokens K] [--prompt TEXT] [--write-corpus FILE]\n"
     "                 [--save DIR] [--save-every N] [--keep N] [--async-save]\n"
-    "                 [--snapshot-every N (in host memory)] [--snapshot-dir DIR]\n"
+    "                 [--snapshot-every N (in host memory)] [--snapshot-dir DIR (%h: the host's name)]\n"
     "                 [--init-from DIR] [--resume DIR] [--auto-resume] [--allow-changed-run] [--no-progress]\n"
     "                 [--help]\n";
 
@@ -124,42 +124,31 @@ std::string default_snapshot_dir(const std::string& save) {
 
 //! --auto-resume: the newest complete state of --save DIR's checkpoints and, with --snapshot-every, of the in-memory
 //! snapshots; the run continues from it (as --resume, and --init-from no longer applies); where there is none, the
-//! run starts. State at --steps or beyond means the run is done: exit status 0 at once.
+//! run starts. A checkpoint at --steps or beyond means the run is done: exit status 0 at once. The snapshots are
+//! looked for once the ranks are up (checkpoint::gather_snapshot: each host may hold a part of them).
 std::optional<int> auto_resume(Args& a) {
   Heartbeat::process();  // a supervisor (loom-run) hears from the process from its start
   if (!a.auto_resume) return std::nullopt;
   std::string dir;
-  int next = -1;
   try {
     dir = checkpoint::resolve_checkpoint(a.save);
-    next = checkpoint::read_index(dir).next_step;
+    a.disk_step = checkpoint::read_index(dir).next_step;
   } catch (const Error&) {
   }
-  if (a.snapshot_every > 0) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const checkpoint::FoundSnapshot found = checkpoint::find_snapshot(a.snapshot_dir);
-    for (const auto& note : found.notes) std::printf("train_gpt: --auto-resume: %s\n", note.c_str());
-    if (found.step > next) {
-      next = found.step, dir = found.dir, a.resume_from_snapshot = true;
-      std::printf("train_gpt: --auto-resume: the in-memory snapshot of step %d (%s) is the newest state, found and "
-                  "verified in %.3f s\n", next, a.snapshot_dir.c_str(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    } else if (found.step >= 0) {
-      std::filesystem::remove_all(found.dir);
-    }
-  }
-  if (next < 0) {
-    std::printf("train_gpt: --auto-resume: %s holds no checkpoint yet; starting at step 0\n", a.save.c_str());
+  const char* snapshots = a.snapshot_every > 0 ? " unless an in-memory snapshot is newer" : "";
+  if (a.disk_step < 0) {
+    std::printf("train_gpt: --auto-resume: %s holds no checkpoint yet; starting at step 0%s\n", a.save.c_str(),
+                snapshots);
     return std::nullopt;
   }
-  Heartbeat::process().saved(next), Heartbeat::process().step(next);
-  if (next >= a.steps) {
-    std::printf("train_gpt: --auto-resume: %s is at step %d of %d: the run is done\n", dir.c_str(), next, a.steps);
-    if (a.resume_from_snapshot) std::filesystem::remove_all(dir);
+  Heartbeat::process().saved(a.disk_step), Heartbeat::process().step(a.disk_step);
+  if (a.disk_step >= a.steps) {
+    std::printf("train_gpt: --auto-resume: %s is at step %d of %d: the run is done\n", dir.c_str(), a.disk_step,
+                a.steps);
     return 0;
   }
-  std::printf("train_gpt: --auto-resume: continuing from %s at step %d\n", dir.c_str(), next);
-  a.resume = a.resume_from_snapshot ? dir : a.save, a.init_from.clear();
+  std::printf("train_gpt: --auto-resume: continuing from %s at step %d%s\n", dir.c_str(), a.disk_step, snapshots);
+  a.resume = a.save, a.init_from.clear();
   return std::nullopt;
 }
 
@@ -359,6 +348,7 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.snapshot_dir.empty() || a.snapshot_every > 0, "--snapshot-dir ", a.snapshot_dir,
              " says where in-memory snapshots go, but no --snapshot-every N is given");
   if (a.snapshot_every > 0 && a.snapshot_dir.empty()) a.snapshot_dir = default_snapshot_dir(a.save);
+  a.snapshot_dir = checkpoint::store_for_host(a.snapshot_dir);
   LOOM_CHECK(models::recompute_named(a.recompute), "--recompute must be none, selective or full, got '",
              a.recompute, "'");
   LOOM_CHECK(!a.auto_resume || !a.save.empty(), "--auto-resume continues from --save DIR's newest checkpoint, but "

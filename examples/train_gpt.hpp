@@ -77,7 +77,7 @@ struct Args {
   bool async_save = false;         //!< --async-save: checkpoints are written in the background
   int snapshot_every = 0;          //!< --snapshot-every N: an in-memory snapshot every N steps (0: none)
   std::string snapshot_dir;        //!< --snapshot-dir DIR: where they are kept (default: default_snapshot_dir)
-  bool resume_from_snapshot = false;  //!< --auto-resume chose an in-memory snapshot: `resume` is its directory
+  int disk_step = -1;              //!< --auto-resume: the step of --save DIR's newest checkpoint (-1: none)
   //! --sample-every N: a text generated greedily from the model every N steps and after the last (0: none): --prompt
   //! TEXT and the --sample-tokens K tokens after it, encoded by parse (with --tokenizer, else as bytes) into
   //! prompt_ids; detokenize gives a sample's text, and sample_stops the tokens that end one.
@@ -430,10 +430,28 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   }
   held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
   for (const auto& o : trainer.optimizers()) add_state_bytes(o, held);
-  const int start = a.resume.empty() ? 0 : checkpoint::load_sharded(a.resume, trainer);
-  if (a.resume_from_snapshot) {  // the directory find_snapshot made of it (every rank has loaded: a barrier ended it)
+  // --auto-resume --snapshot-every: an in-memory snapshot newer than the checkpoint on disk, from every host's store.
+  std::string resume = a.resume;
+  bool from_snapshot = false;
+  if (a.auto_resume && a.snapshot_every > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const checkpoint::FoundSnapshot found = checkpoint::gather_snapshot(a.snapshot_dir, world, a.disk_step);
+    for (const auto& note : found.notes) std::printf("train_gpt: --auto-resume: %s\n", note.c_str());
+    if (found.step >= 0) {
+      Args at = a;
+      at.resume = resume = found.dir, from_snapshot = true;
+      check_resume(at, run);
+      if (world.rank() == 0)
+        std::printf("train_gpt: --auto-resume: the in-memory snapshot of step %d (%s) is the newest state, found, "
+                    "verified and put together in %.3f s\n", found.step, a.snapshot_dir.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::fflush(stdout);
+  }
+  const int start = resume.empty() ? 0 : checkpoint::load_sharded(resume, trainer);
+  if (from_snapshot) {  // the directory gather_snapshot made of it (every rank has loaded: a barrier ended it)
     std::error_code ec;
-    std::filesystem::remove_all(a.resume, ec);
+    std::filesystem::remove_all(resume, ec);
   }
   // Every rank writes its own part (checkpoint::CheckpointWriter): every --save-every steps, and at the end.
   std::optional<checkpoint::CheckpointWriter> saver;
@@ -442,9 +460,10 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   // --snapshot-every: in host memory, a copy on a peer (checkpoint::SnapshotKeeper). The snapshot a restart loaded
   // stays until a newer one is complete.
   std::optional<checkpoint::SnapshotKeeper> keeper;
-  if (a.snapshot_every > 0) keeper.emplace(a.snapshot_dir, world, a.resume_from_snapshot ? start : -1);
-  int newest = start > 0 ? start : -1;  // the newest complete state, on disk or in memory (the heartbeat's)
+  if (a.snapshot_every > 0) keeper.emplace(a.snapshot_dir, world, from_snapshot ? start : -1);
+  int newest = -1;  // the newest complete state, on disk or in memory (the heartbeat's)
   auto complete = [&](int s) { Heartbeat::process().saved(newest = std::max(newest, s)); };
+  if (start > 0) complete(start);
   std::function<double()> validate;
   if (val)
     validate = [&] {

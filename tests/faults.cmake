@@ -24,13 +24,13 @@ if(TARGET loom-run AND TARGET train_gpt)
             --dir ${LOOM_TEST_SCRATCH}/fault_inject_snapshot_faults --steps 60 --save-every 20 --snapshot-every 2
             --snapshot-faults)
   if(LOOM_WITH_MPI)
-    # tp2.dp2 as four processes under mpirun, 60 steps: two killed (each losing its snapshots' host memory: the
-    # restarts take their peers' copies) and one frozen.
+    # tp2.dp2 as four processes under mpirun playing two hosts with a snapshot store each, 60 steps: two killed,
+    # each taking its host's store with it (the restart gathers the images from the other host's copies), one frozen.
     loom_command_test(fault_inject_mpi LABELS faults mpi
-      EXPECT_REGEX "state is taken from its peer's copy.*fault-inject: 3 fault\\(s\\) injected, 3 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
+      EXPECT_REGEX "image came from host host[01].*state is taken from its peer's copy.*fault-inject: 3 fault\\(s\\) injected, 3 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000060\\) equal"
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
-              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --steps 60 --save-every 20
-              --snapshot-every 2 --lose-memory --faults 3 --seed 5)
+              --dir ${LOOM_TEST_SCRATCH}/fault_inject_mpi --mpi 4 --parallel tp2,dp2 --hosts 2 --steps 60
+              --save-every 20 --snapshot-every 2 --lose-memory --faults 3 --seed 5)
     # Elastic: tp2.dp4 (eight processes) loses a rank for good and goes on as tp2.dp2, equal to a run that switched
     # layouts at the step the restart started from.
     loom_command_test(fault_inject_elastic LABELS faults mpi

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -98,9 +99,12 @@ inline SnapshotPeers snapshot_peers(const std::vector<Place>& places) {
 
 namespace detail {
 
+//! The host's name as failure domains go by it: LOOM_HOST_NAME where it is set (hosts whose names are alike, a test
+//! that makes one host many), else gethostname.
 inline std::string host_name() {
   char b[256] = {};
-  if (::gethostname(b, sizeof b - 1) != 0 || !b[0]) return "host";
+  if (const char* v = std::getenv("LOOM_HOST_NAME"); v && *v) std::snprintf(b, sizeof b, "%s", v);
+  else if (::gethostname(b, sizeof b - 1) != 0 || !b[0]) return "host";
   std::string s = b;
   for (char& c : s)
     if (c == '/' || c == ' ') c = '_';
@@ -150,6 +154,39 @@ inline std::vector<int> steps_in(const std::filesystem::path& dir) {
 
 }  // namespace detail
 
+//! A store's path with every "%h" replaced by the host's name (detail::host_name): a folder per host on a shared
+//! file system, or per simulated host.
+inline std::string store_for_host(std::string path) {
+  for (std::size_t at; (at = path.find("%h")) != std::string::npos;) path.replace(at, 2, detail::host_name());
+  return path;
+}
+
+//! Every rank's place (a collective over the world): its host name (up to 64 bytes) and its pid.
+template <class Comm>
+std::vector<Place> places_of(Comm& world) {
+  const std::string host = detail::host_name();
+  constexpr std::size_t words = 9;
+  std::vector<std::int64_t> mine(words, 0), all(words * std::size_t(world.size()));
+  std::memcpy(mine.data(), host.data(), std::min<std::size_t>(host.size(), 64));
+  mine[8] = static_cast<std::int64_t>(::getpid());
+  world.all_gather(mine, all);
+  std::vector<Place> places;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* h = reinterpret_cast<const char*>(all.data() + std::size_t(r) * words);
+    places.push_back({std::string(h, strnlen(h, 64)), static_cast<long>(all[std::size_t(r) * words + 8])});
+  }
+  return places;
+}
+
+//! Whether `rank` is the first rank of its host in `places` (process: of its process).
+inline bool first_of(const std::vector<Place>& places, int rank, bool process) {
+  for (int r = 0; r < rank; ++r)
+    if (places[std::size_t(r)].host == places[std::size_t(rank)].host &&
+        (!process || places[std::size_t(r)].pid == places[std::size_t(rank)].pid))
+      return false;
+  return true;
+}
+
 //! Takes a rank's in-memory snapshots into STORE (see the file's comment). A collective over the world: every rank
 //! makes one and calls take() at the same steps. Comm is the world's communicator.
 class SnapshotKeeper {
@@ -159,22 +196,9 @@ class SnapshotKeeper {
   template <class Comm>
   SnapshotKeeper(std::string store, Comm& world, int keep_step = -1) : store_(std::move(store)) {
     rank_ = world.rank(), size_ = world.size();
-    const std::string host = detail::host_name();
-    // Every rank's place: its host name and pid, as words (names up to 64 bytes).
-    constexpr std::size_t words = 9;
-    std::vector<std::int64_t> mine(words, 0), all(words * std::size_t(size_));
-    std::memcpy(mine.data(), host.data(), std::min<std::size_t>(host.size(), 64));
-    mine[8] = static_cast<std::int64_t>(::getpid());
-    world.all_gather(mine, all);
-    std::vector<Place> places;
-    for (int r = 0; r < size_; ++r) {
-      const char* h = reinterpret_cast<const char*>(all.data() + std::size_t(r) * words);
-      places.push_back({std::string(h, strnlen(h, 64)), static_cast<long>(all[std::size_t(r) * words + 8])});
-    }
+    const std::vector<Place> places = places_of(world);
     peers_ = snapshot_peers(places);
-    // The first rank of each host keeps its host's store tidy.
-    sweeper_ = true;
-    for (int r = 0; r < rank_; ++r) sweeper_ = sweeper_ && places[std::size_t(r)].host != host;
+    sweeper_ = first_of(places, rank_, /*process=*/false);  // the first rank of each host keeps its store tidy
     if (sweeper_) sweep([keep_step](int s) { return s != keep_step; });
     std::error_code ec;
     std::filesystem::create_directories(dir(rank_), ec);
@@ -405,8 +429,9 @@ inline std::optional<nlohmann::json> whole_image(const std::string& base, int st
 
 //! The newest snapshot in STORE whose every rank's image is found whole (see the file's comment), made into the
 //! checkpoint directory STORE/.restore-PID (index.json and links to the images) for load_sharded; step -1 where
-//! there is none. The notes name each damaged or missing copy and each step given up, with the rank.
-inline FoundSnapshot find_snapshot(const std::string& store) {
+//! there is none (only_step: that step or none). The notes name each damaged or missing copy and each step given up,
+//! with the rank.
+inline FoundSnapshot find_snapshot(const std::string& store, int only_step = -1) {
   namespace fs = std::filesystem;
   FoundSnapshot found;
   std::vector<fs::path> domains;
@@ -420,6 +445,7 @@ inline FoundSnapshot find_snapshot(const std::string& store) {
   std::sort(steps.begin(), steps.end(), std::greater<>());
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   for (int step : steps) {
+    if (only_step >= 0 && step != only_step) continue;
     // Every image of this step, own copies first.
     std::map<int, std::vector<std::string>> images;
     int world = -1;
@@ -491,6 +517,181 @@ inline FoundSnapshot find_snapshot(const std::string& store) {
     found.step = step, found.dir = dir;
     return found;
   }
+  return found;
+}
+
+namespace detail {
+
+//! The bytes of a file (empty where it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+//! A string's bytes as 8-byte words for the communicator, and back.
+inline std::vector<std::int64_t> to_words(const std::string& s) {
+  std::vector<std::int64_t> w((s.size() + 7) / 8, 0);
+  if (!s.empty()) std::memcpy(w.data(), s.data(), s.size());
+  return w;
+}
+
+}  // namespace detail
+
+//! find_snapshot for a job whose hosts keep stores of their own (each its /dev/shm, or --snapshot-dir naming a folder
+//! per host): a collective over the world, after which every rank has the newest snapshot that is whole over all the
+//! hosts' stores together and newer than `newer_than` (its checkpoint's step on disk), made into a checkpoint
+//! directory in its own host's store. The first rank of each host lists the images whole in its store (verified); the
+//! lists are gathered; each host that lacks an image of the chosen step receives it from a host that holds it, and
+//! keeps it in STORE/domain-HOST-recovered; then the first rank of each process makes the directory. The notes are the
+//! host's. On one host with one store, this is find_snapshot with a collective around it.
+template <class Comm>
+FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_than) {
+  namespace fs = std::filesystem;
+  const int me = world.rank();
+  const std::vector<Place> places = places_of(world);
+  const bool host_first = first_of(places, me, false), process_first = first_of(places, me, true);
+  FoundSnapshot found;
+  // This host's whole images: step, rank, world size, and where.
+  nlohmann::json mine = nlohmann::json::array();
+  std::vector<std::pair<int, std::string>> damaged;  // (step, what): those of the chosen step find_snapshot says again
+  std::error_code ec;
+  if (host_first)
+    for (const auto& d : fs::directory_iterator(store, ec)) {
+      if (!d.is_directory() || !d.path().filename().string().starts_with("domain-")) continue;
+      for (int step : detail::steps_in(d.path())) {
+        if (step <= newer_than) continue;
+        for (const auto& e : fs::directory_iterator(d.path() / detail::step_name(step), ec)) {
+          const std::string n = e.path().filename().string(), path = e.path().string();
+          if (!n.starts_with("rank-") || !n.ends_with(".json")) continue;
+          const std::string base = path.substr(0, path.size() - 5);
+          std::string why;
+          if (const auto m = detail::whole_image(base, step, why))
+            mine.push_back({{"step", step}, {"rank", m->value("rank", -1)}, {"world", m->value("world_size", -1)},
+                            {"base", base}});
+          else
+            damaged.emplace_back(step, loom::detail::cat("snapshot step ", step, ": the image ", base,
+                                                         ".safetensors is ", why));
+        }
+      }
+    }
+  // Every host's list, on every rank.
+  const std::string text = mine.dump();
+  std::vector<std::int64_t> size{static_cast<std::int64_t>(text.size())}, sizes(std::size_t(world.size()));
+  world.all_gather(size, sizes);
+  std::int64_t longest = 0;
+  for (auto n : sizes) longest = std::max(longest, n);
+  std::vector<std::int64_t> words = detail::to_words(text), all;
+  words.resize(std::size_t((longest + 7) / 8), 0);
+  all.resize(words.size() * std::size_t(world.size()));
+  world.all_gather(words, all);
+  std::vector<nlohmann::json> lists;  // by rank: the images its host holds (empty but for hosts' first ranks)
+  for (int r = 0; r < world.size(); ++r) {
+    const char* at = reinterpret_cast<const char*>(all.data() + std::size_t(r) * words.size());
+    const auto l = nlohmann::json::parse(at, at + sizes[std::size_t(r)], nullptr, false);
+    lists.push_back(l.is_array() ? l : nlohmann::json::array());
+  }
+  // The newest step whose every rank's image some host holds: every rank decides the same.
+  std::map<int, int> worlds;                      // step -> its world size
+  std::map<int, std::map<int, std::vector<std::pair<int, std::string>>>> held;  // step -> rank -> (host rank, base)
+  for (int r = 0; r < world.size(); ++r)
+    for (const auto& e : lists[std::size_t(r)]) {
+      const int step = e.at("step").get<int>(), q = e.at("rank").get<int>();
+      worlds[step] = e.at("world").get<int>();
+      held[step][q].emplace_back(r, e.at("base").get<std::string>());
+    }
+  int chosen = -1;
+  for (auto it = worlds.rbegin(); it != worlds.rend() && chosen < 0; ++it) {
+    bool whole = it->second > 0;
+    for (int q = 0; q < it->second && whole; ++q) whole = held[it->first].count(q) > 0;
+    if (whole) chosen = it->first;
+    else
+      found.notes.push_back(loom::detail::cat("snapshot step ", it->first, ": some rank's state is on no host"));
+  }
+  for (const auto& [step, note] : damaged)
+    if (step != chosen || !process_first) found.notes.push_back(note);
+  if (chosen < 0) {
+    world.barrier();
+    return found;
+  }
+  // Each host without an image of rank q gets one from the first host that has it.
+  struct Move {
+    int from, to, q;
+    std::string base;
+  };
+  std::vector<Move> moves;
+  for (int h = 0; h < world.size(); ++h) {
+    if (!first_of(places, h, false)) continue;
+    for (int q = 0; q < worlds[chosen]; ++q) {
+      const auto& holders = held[chosen][q];
+      if (std::none_of(holders.begin(), holders.end(), [&](const auto& x) { return x.first == h; }))
+        moves.push_back({holders.front().first, h, q, holders.front().second});
+    }
+  }
+  std::vector<std::array<std::int64_t, 2>> out_sizes, in_sizes;
+  std::vector<std::string> out_files, out_manifests;
+  std::vector<comm::P2P> ops;
+  for (const auto& m : moves) {
+    if (m.from == me) {
+      out_files.push_back(detail::read_all(m.base + ".safetensors"));
+      out_manifests.push_back(detail::read_all(m.base + ".json"));
+    }
+  }
+  out_sizes.reserve(moves.size()), in_sizes.reserve(moves.size());
+  std::size_t k = 0;
+  for (const auto& m : moves) {
+    if (m.from == me) {
+      out_sizes.push_back({std::int64_t(out_files[k].size()), std::int64_t(out_manifests[k].size())});
+      ops.push_back(comm::send_op(out_sizes.back(), m.to)), ++k;
+    }
+    if (m.to == me) in_sizes.push_back({0, 0}), ops.push_back(comm::recv_op(in_sizes.back(), m.from));
+  }
+  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+  ops.clear();
+  std::vector<std::vector<std::int64_t>> out_words, in_words;
+  out_words.reserve(2 * moves.size()), in_words.reserve(2 * moves.size());
+  std::vector<const Move*> received;
+  k = 0;
+  std::size_t i = 0;
+  for (const auto& m : moves) {
+    if (m.from == me) {
+      out_words.push_back(detail::to_words(out_files[k]));
+      ops.push_back(comm::send_op(out_words.back(), m.to));
+      out_words.push_back(detail::to_words(out_manifests[k]));
+      ops.push_back(comm::send_op(out_words.back(), m.to)), ++k;
+    }
+    if (m.to == me) {
+      for (int j = 0; j < 2; ++j) {
+        in_words.emplace_back(std::size_t((in_sizes[i][std::size_t(j)] + 7) / 8));
+        ops.push_back(comm::recv_op(in_words.back(), m.from));
+      }
+      received.push_back(&m), ++i;
+    }
+  }
+  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+  // What this host received: into STORE/domain-HOST-recovered, each image before its manifest.
+  const std::string at = store + "/domain-" + places[std::size_t(me)].host + "-recovered/" + detail::step_name(chosen);
+  for (std::size_t j = 0; j < received.size(); ++j) {
+    fs::create_directories(at, ec);
+    if (ec) throw Error("loom: cannot create " + at + ": " + ec.message());
+    const std::string base = at + "/" + detail::image_name(received[j]->q, true);
+    detail::write_file(base + ".safetensors", reinterpret_cast<const char*>(in_words[2 * j].data()),
+                       std::size_t(in_sizes[j][0]));
+    detail::write_file(base + ".json", reinterpret_cast<const char*>(in_words[2 * j + 1].data()),
+                       std::size_t(in_sizes[j][1]));
+    found.notes.push_back(loom::detail::cat("snapshot step ", chosen, ": rank ", received[j]->q, "'s image came from ",
+                                            "host ", places[std::size_t(received[j]->from)].host));
+  }
+  world.barrier();  // every host holds the step whole
+  if (process_first) {
+    FoundSnapshot local = find_snapshot(store, chosen);
+    for (auto& n : local.notes) found.notes.push_back(std::move(n));
+    if (local.step != chosen)
+      throw Error(loom::detail::cat("loom: rank ", me, " cannot put the snapshot of step ", chosen, " together from ",
+                                    store, " after the exchange"));
+  }
+  world.barrier();  // every process's directory made
+  found.step = chosen;
+  found.dir = store + "/.restore-" + std::to_string(::getpid());
   return found;
 }
 
