@@ -23,6 +23,13 @@ if(TARGET loom-run AND TARGET train_gpt)
     COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
             --dir ${LOOM_TEST_SCRATCH}/fault_inject_snapshot_faults --steps 60 --save-every 20 --snapshot-every 2
             --snapshot-faults)
+  # Every copy of the snapshots lost with the one process that held them (ranks as threads): the restart falls back to
+  # the checkpoint on disk.
+  loom_command_test(fault_inject_memory_lost LABELS faults
+    EXPECT_REGEX "its snapshot folder removed.*loom-run: attempt 1 starts at step (0|10|20), .*1 fault\\(s\\) injected, 1 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000030\\) equal"
+    COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
+            --dir ${LOOM_TEST_SCRATCH}/fault_inject_memory_lost --steps 30 --save-every 10 --snapshot-every 2
+            --lose-memory --faults 1 --seed 4)
   if(LOOM_WITH_MPI)
     # tp2.dp2 as four processes under mpirun playing two hosts with a snapshot store each, 60 steps: two killed,
     # each taking its host's store with it (the restart gathers the images from the other host's copies), one frozen.
@@ -34,10 +41,10 @@ if(TARGET loom-run AND TARGET train_gpt)
     # Elastic: tp2.dp4 (eight processes) loses a rank for good and goes on as tp2.dp2, equal to a run that switched
     # layouts at the step the restart started from.
     loom_command_test(fault_inject_elastic LABELS faults mpi
-      EXPECT_REGEX "loom-run: 7 ranks available, the job runs on 8: restarting on --parallel tp2,dp2 \\(4 ranks\\).*fault-inject: 2 fault\\(s\\) injected, 2 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000030\\) equal the run that switched to --parallel tp2,dp2 at step [0-9]+"
+      EXPECT_REGEX "loom-run: 7 ranks available, the job runs on 8: restarting on --parallel tp2,dp2 \\(4 ranks\\).*fault-inject: 1 fault\\(s\\) injected, 1 restart\\(s\\); every step's loss and the final checkpoint \\(step-00000024\\) equal the run that switched to --parallel tp2,dp2 at step [0-9]+"
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fault-inject --build ${CMAKE_BINARY_DIR}
               --dir ${LOOM_TEST_SCRATCH}/fault_inject_elastic --mpi 8 --parallel tp2,dp4 --elastic tp2,dp2
-              --steps 30 --save-every 10 --snapshot-every 2 --faults 2 --seed 7)
+              --steps 24 --save-every 12 --snapshot-every 2 --faults 1 --seed 7)
   endif()
   loom_command_test(loom_run_elastic_needs_all LABELS faults failure
     EXPECT "loom-run: an elastic job needs --min-ranks R (at least 1), --ranks-available CMD and --fallback-parallel SPEC"
