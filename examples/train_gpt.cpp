@@ -141,7 +141,9 @@ std::optional<int> auto_resume(Args& a) {
                 snapshots);
     return std::nullopt;
   }
-  Heartbeat::process().saved(a.disk_step), Heartbeat::process().step(a.disk_step);
+  // (With snapshots, the step it starts at is known once they are looked for: train_loop reports it.)
+  Heartbeat::process().saved(a.disk_step);
+  if (a.snapshot_every == 0) Heartbeat::process().step(a.disk_step);
   if (a.disk_step >= a.steps) {
     std::printf("train_gpt: --auto-resume: %s is at step %d of %d: the run is done\n", dir.c_str(), a.disk_step,
                 a.steps);

@@ -494,7 +494,9 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     if (!a.async_save) complete(i + 1);
     else if (previous >= 0) complete(previous);
   };
-  train_loop(a, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
+  Args shown = a;  // train_loop names what the run resumes
+  shown.resume = resume;
+  train_loop(shown, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
              [&](int i) { return trainer.step(i); }, save_after);
   if (!saver) return;
   const int end = std::max(a.steps, start);

@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -396,7 +397,8 @@ namespace detail {
 
 //! Whether the image at `base` (.safetensors and .json) is whole: its manifest, for `step`, and the file's size and
 //! every checksum block. Returns the manifest, or why not.
-inline std::optional<nlohmann::json> whole_image(const std::string& base, int step, std::string& why) {
+inline std::optional<nlohmann::json> whole_image(const std::string& base, int step, std::string& why,
+                                                bool checksums = true) {
   std::ifstream mf(base + ".json");
   if (!mf) {
     why = "missing";
@@ -407,12 +409,15 @@ inline std::optional<nlohmann::json> whole_image(const std::string& base, int st
     why = "its manifest is unreadable";
     return std::nullopt;
   }
-  std::ifstream f(base + ".safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (bytes.size() != m.value("bytes", std::uint64_t{0})) {
-    why = loom::detail::cat("it holds ", bytes.size(), " bytes of ", m.value("bytes", std::uint64_t{0}));
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(base + ".safetensors", ec);
+  if (ec || size != m.value("bytes", std::uint64_t{0})) {
+    why = loom::detail::cat("it holds ", ec ? 0 : size, " bytes of ", m.value("bytes", std::uint64_t{0}));
     return std::nullopt;
   }
+  if (!checksums) return m;
+  std::ifstream f(base + ".safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const std::int64_t block = m.value("block", checksum_block);
   for (const auto& c : m.at("chunks")) {
     const auto at = c.at("offset").get<std::uint64_t>(), n = c.at("bytes").get<std::uint64_t>();
@@ -430,8 +435,10 @@ inline std::optional<nlohmann::json> whole_image(const std::string& base, int st
 //! The newest snapshot in STORE whose every rank's image is found whole (see the file's comment), made into the
 //! checkpoint directory STORE/.restore-PID (index.json and links to the images) for load_sharded; step -1 where
 //! there is none (only_step: that step or none). The notes name each damaged or missing copy and each step given up,
-//! with the rank.
-inline FoundSnapshot find_snapshot(const std::string& store, int only_step = -1) {
+//! with the rank. `verified`: the images known whole (the others are passed over), whose checksums are not read
+//! again.
+inline FoundSnapshot find_snapshot(const std::string& store, int only_step = -1,
+                                   const std::set<std::string>* verified = nullptr) {
   namespace fs = std::filesystem;
   FoundSnapshot found;
   std::vector<fs::path> domains;
@@ -475,7 +482,10 @@ inline FoundSnapshot find_snapshot(const std::string& store, int only_step = -1)
       std::optional<nlohmann::json> m;
       for (const auto& base : images[q]) {
         std::string why;
-        m = detail::whole_image(base, step, why);
+        // Verified already (gather_snapshot's list, or received from a host that verified it): its size alone.
+        const bool known = verified && (verified->count(base) || base.find("-recovered/") != std::string::npos);
+        if (verified && !known) continue;  // not on the list: found damaged there
+        m = detail::whole_image(base, step, why, !known);
         if (m) {
           links.emplace_back(detail::rank_file(q, "safetensors"), base + ".safetensors");
           if (base.ends_with(".copy"))
@@ -553,7 +563,7 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
   FoundSnapshot found;
   // This host's whole images: step, rank, world size, and where.
   nlohmann::json mine = nlohmann::json::array();
-  std::vector<std::pair<int, std::string>> damaged;  // (step, what): those of the chosen step find_snapshot says again
+  std::vector<std::pair<int, std::string>> damaged;  // (step, what)
   std::error_code ec;
   if (host_first)
     for (const auto& d : fs::directory_iterator(store, ec)) {
@@ -569,8 +579,8 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
             mine.push_back({{"step", step}, {"rank", m->value("rank", -1)}, {"world", m->value("world_size", -1)},
                             {"base", base}});
           else
-            damaged.emplace_back(step, loom::detail::cat("snapshot step ", step, ": the image ", base,
-                                                         ".safetensors is ", why));
+            damaged.emplace_back(step, loom::detail::cat("snapshot step ", step, ": rank ", std::stoi(n.substr(5, 5)),
+                                                         "'s image ", base, ".safetensors is ", why));
         }
       }
     }
@@ -607,8 +617,7 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
     else
       found.notes.push_back(loom::detail::cat("snapshot step ", it->first, ": some rank's state is on no host"));
   }
-  for (const auto& [step, note] : damaged)
-    if (step != chosen || !process_first) found.notes.push_back(note);
+  for (const auto& [step, note] : damaged) found.notes.push_back(note);
   if (chosen < 0) {
     world.barrier();
     return found;
@@ -683,7 +692,12 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
   }
   world.barrier();  // every host holds the step whole
   if (process_first) {
-    FoundSnapshot local = find_snapshot(store, chosen);
+    std::set<std::string> verified;  // what my host's first rank found whole
+    for (int r = 0; r < world.size(); ++r)
+      if (places[std::size_t(r)].host == places[std::size_t(me)].host)
+        for (const auto& e : lists[std::size_t(r)])
+          if (e.at("step").get<int>() == chosen) verified.insert(e.at("base").get<std::string>());
+    FoundSnapshot local = find_snapshot(store, chosen, &verified);
     for (auto& n : local.notes) found.notes.push_back(std::move(n));
     if (local.step != chosen)
       throw Error(loom::detail::cat("loom: rank ", me, " cannot put the snapshot of step ", chosen, " together from ",
