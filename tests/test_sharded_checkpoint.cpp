@@ -317,13 +317,22 @@ TEST_CASE("a sharded checkpoint exports the Hugging Face file the whole model wr
                     Catch::Contains("rank-00003.safetensors: tensor '") && Catch::Contains("is corrupt"));
 }
 
-TEST_CASE("checkpoints written in the background resume bit for bit; latest moves once one is whole",
-          "[checkpoint][sharded]") {
-  test::TempDir dir("sharded");
+//! The layout the background saves and the snapshots are tested on: tp2 dp2 with ZeRO-1, f32, AdamW.
+struct Tp2Dp2Zero1 {
   using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
   using Model = models::Gpt<shape, float, models::ModelLayout<Cfg>>;
   using AdamW = optim::AdamW<float>;
-  const auto straight = train_on<Cfg, float>(0, 9, 1, "", "");
+  //! Nine steps straight: what a run that saves or snapshots and resumes must repeat.
+  static std::vector<double> straight() { return train_on<Cfg, float>(0, 9, 1, "", ""); }
+};
+
+TEST_CASE("checkpoints written in the background resume bit for bit; latest moves once one is whole",
+          "[checkpoint][sharded]") {
+  test::TempDir dir("sharded");
+  using Cfg = Tp2Dp2Zero1::Cfg;
+  using Model = Tp2Dp2Zero1::Model;
+  using AdamW = Tp2Dp2Zero1::AdamW;
+  const auto straight = Tp2Dp2Zero1::straight();
   const auto d = data();
   const std::string root = dir.path().string();
   auto latest = [&] {
@@ -386,16 +395,14 @@ TEST_CASE("snapshot peers are in another failure domain: another host, else anot
 TEST_CASE("in-memory snapshots resume bit for bit; a damaged or lost image is replaced by its peer's copy, else an "
           "older snapshot is taken", "[checkpoint][snapshot]") {
   test::TempDir dir("snapshots");
-  using Cfg = Parallel<TP<2>, DP<2, ZeRO<1>>>;
-  using Model = models::Gpt<shape, float, models::ModelLayout<Cfg>>;
-  using AdamW = optim::AdamW<float>;
-  const auto straight = train_on<Cfg, float>(0, 9, 1, "", "");
+  using L = Tp2Dp2Zero1;
+  const auto straight = L::straight();
   const auto d = data();
   const std::string store = (dir.path() / "store").string();
   std::vector<int> complete;  // after each snapshot, the newest complete one
-  run_local<Cfg>([&](auto& ctx) {
-    train::Trainer<Cfg, Model, AdamW> trainer(ctx, d, options(1), [](const auto& specs, auto n) {
-      return AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
+  run_local<L::Cfg>([&](auto& ctx) {
+    train::Trainer<L::Cfg, L::Model, L::AdamW> trainer(ctx, d, options(1), [](const auto& specs, auto n) {
+      return L::AdamW(specs, n, {0.9, 0.999, 1e-8, 0.1});
     });
     checkpoint::SnapshotKeeper keeper(store, ctx.world());
     CHECK(keeper.peers().peer[std::size_t(ctx.rank())] == (ctx.rank() + 1) % 4);
@@ -417,7 +424,7 @@ TEST_CASE("in-memory snapshots resume bit for bit; a damaged or lost image is re
   REQUIRE(fs::exists(domain / "step-00000006/rank-00001.copy.safetensors"));
   auto resumed_from = [&](const checkpoint::FoundSnapshot& found) {
     REQUIRE(found.step >= 0);
-    return train_on<Cfg, float>(found.step, 9, 1, found.dir, "");
+    return train_on<L::Cfg, float>(found.step, 9, 1, found.dir, "");
   };
   const auto newest = checkpoint::find_snapshot(store);
   CHECK(newest.step == 6);
