@@ -611,11 +611,14 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
     }
   int chosen = -1;
   for (auto it = worlds.rbegin(); it != worlds.rend() && chosen < 0; ++it) {
-    bool whole = it->second > 0;
-    for (int q = 0; q < it->second && whole; ++q) whole = held[it->first].count(q) > 0;
-    if (whole) chosen = it->first;
+    std::string lost;  // the ranks whose image no host holds whole
+    for (int q = 0; q < it->second; ++q)
+      if (!held[it->first].count(q)) lost += (lost.empty() ? "" : ", ") + std::to_string(q);
+    if (it->second > 0 && lost.empty()) chosen = it->first;
     else
-      found.notes.push_back(loom::detail::cat("snapshot step ", it->first, ": some rank's state is on no host"));
+      found.notes.push_back(loom::detail::cat("snapshot step ", it->first, ": the state of rank",
+                                              lost.find(',') != std::string::npos ? "s " : " ", lost,
+                                              " is lost (no host holds a whole copy)"));
   }
   for (const auto& [step, note] : damaged) found.notes.push_back(note);
   if (chosen < 0) {
