@@ -431,16 +431,15 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
   held.grads = double(rank_memory().in_use(MemoryUse::gradients));  // under ZeRO-2 and 3, the shard's
   for (const auto& o : trainer.optimizers()) add_state_bytes(o, held);
   // --auto-resume --snapshot-every: an in-memory snapshot newer than the checkpoint on disk, from every host's store.
-  std::string resume = a.resume;
+  Args resumed = a;  // its `resume`: what the run continues from (a snapshot's directory where one is newer)
   bool from_snapshot = false;
   if (a.auto_resume && a.snapshot_every > 0) {
     const auto t0 = std::chrono::steady_clock::now();
     const checkpoint::FoundSnapshot found = checkpoint::gather_snapshot(a.snapshot_dir, world, a.disk_step);
     for (const auto& note : found.notes) std::printf("train_gpt: --auto-resume: %s\n", note.c_str());
     if (found.step >= 0) {
-      Args at = a;
-      at.resume = resume = found.dir, from_snapshot = true;
-      check_resume(at, run);
+      resumed.resume = found.dir, from_snapshot = true;
+      check_resume(resumed, run);
       if (world.rank() == 0)
         std::printf("train_gpt: --auto-resume: the in-memory snapshot of step %d (%s) is the newest state, found, "
                     "verified and put together in %.3f s\n", found.step, a.snapshot_dir.c_str(),
@@ -448,10 +447,10 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     }
     std::fflush(stdout);
   }
-  const int start = resume.empty() ? 0 : checkpoint::load_sharded(resume, trainer);
+  const int start = resumed.resume.empty() ? 0 : checkpoint::load_sharded(resumed.resume, trainer);
   if (from_snapshot) {  // the directory gather_snapshot made of it (every rank has loaded: a barrier ended it)
     std::error_code ec;
-    std::filesystem::remove_all(resume, ec);
+    std::filesystem::remove_all(resumed.resume, ec);
   }
   // Every rank writes its own part (checkpoint::CheckpointWriter): every --save-every steps, and at the end.
   std::optional<checkpoint::CheckpointWriter> saver;
@@ -494,9 +493,7 @@ void run_trainer(const Args& a, train::TrainerOf<Model, Opt>& trainer, Comm& wor
     if (!a.async_save) complete(i + 1);
     else if (previous >= 0) complete(previous);
   };
-  Args shown = a;  // train_loop names what the run resumes
-  shown.resume = resume;
-  train_loop(shown, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
+  train_loop(resumed, trainer.shape(), world, layout, data_tokens, start, held, flops, validate, sample,
              [&](int i) { return trainer.step(i); }, save_after);
   if (!saver) return;
   const int end = std::max(a.steps, start);

@@ -43,6 +43,25 @@ inline void merge_manifest(nlohmann::ordered_json& tensors, const nlohmann::json
   }
 }
 
+//! The safetensors header of a rank file that holds `chunks` in order (each named TENSOR#INDEX); empty for none.
+inline std::string file_prefix(const std::vector<Written>& chunks) {
+  if (chunks.empty()) return {};
+  std::vector<SafetensorsEntry> entries;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const auto& w = chunks[i];
+    entries.push_back({w.tensor + "#" + std::to_string(i), w.dtype, w.box.sizes, w.bytes});
+  }
+  return safetensors_prefix(entries);
+}
+
+//! A chunk's entry in its rank's manifest, at byte `offset` of the rank file (the file and checksums are added by
+//! whoever writes it).
+inline nlohmann::json chunk_entry(const Written& w, std::uint64_t offset) {
+  return {{"tensor", w.tensor},      {"dtype", safetensors_dtype(w.dtype)}, {"shape", w.shape},
+          {"offsets", w.box.offsets}, {"sizes", w.box.sizes},                {"offset", offset},
+          {"bytes", w.bytes}};
+}
+
 }  // namespace detail
 
 //! How checkpoints are saved.
@@ -103,14 +122,10 @@ inline void write_snapshot(Snapshot& snap, bool keep_buffers = false) {
   nlohmann::json manifest = nlohmann::json::array();
   if (!snap.chunks.empty()) {
     const std::string file = detail::rank_file(snap.rank, "safetensors");
-    std::vector<SafetensorsEntry> entries;
     std::size_t largest = 0;
-    for (std::size_t i = 0; i < snap.chunks.size(); ++i) {
-      const auto& w = snap.chunks[i];
-      entries.push_back({w.tensor + "#" + std::to_string(i), w.dtype, w.box.sizes, w.bytes});
+    for (const auto& w : snap.chunks)
       if (w.fill) largest = std::max(largest, w.bytes);
-    }
-    const std::string prefix = safetensors_prefix(entries);
+    const std::string prefix = detail::file_prefix(snap.chunks);
     std::string buffer;  // the chunks copied as they are written
     buffer.reserve(largest);
     const ChargedBytes charge(MemoryUse::checkpoint, buffer.capacity());
@@ -125,15 +140,10 @@ inline void write_snapshot(Snapshot& snap, bool keep_buffers = false) {
         bytes = &buffer;
       }
       out.write(bytes->data(), bytes->size());
-      manifest.push_back({{"tensor", w.tensor},
-                          {"dtype", safetensors_dtype(w.dtype)},
-                          {"shape", w.shape},
-                          {"offsets", w.box.offsets},
-                          {"sizes", w.box.sizes},
-                          {"file", file},
-                          {"offset", offset},
-                          {"bytes", w.bytes},
-                          {"crc32", detail::block_crcs(bytes->data(), bytes->size(), snap.block)}});
+      nlohmann::json entry = detail::chunk_entry(w, offset);
+      entry["file"] = file;
+      entry["crc32"] = detail::block_crcs(bytes->data(), bytes->size(), snap.block);
+      manifest.push_back(std::move(entry));
       offset += w.bytes;
       if (!keep_buffers) std::string().swap(w.data);
     }

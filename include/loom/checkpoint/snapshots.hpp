@@ -122,16 +122,53 @@ struct SnapshotImage {
     file.resize(static_cast<std::size_t>((f + 7) / 8));
     manifest.resize(static_cast<std::size_t>((m + 7) / 8));
   }
+  //! Holds the bytes of a file and of its manifest.
+  void assign(const std::string& f, const std::string& m) {
+    resize(f.size(), m.size());
+    std::memcpy(file.data(), f.data(), f.size());
+    std::memcpy(manifest.data(), m.data(), m.size());
+  }
   char* file_data() { return reinterpret_cast<char*>(file.data()); }
   const char* file_data() const { return reinterpret_cast<const char*>(file.data()); }
   const char* manifest_data() const { return reinterpret_cast<const char*>(manifest.data()); }
 };
+
+//! Sends each image of `out` to its rank and receives an image from the rank of each entry of `in` (sizes first,
+//! then the bytes): a snapshot's copy to its peer, or a restart's images to the hosts that lack them. Images between
+//! two ranks are matched in the order both list them.
+template <class Comm>
+void exchange_images(Comm& world, const std::vector<std::pair<int, const SnapshotImage*>>& out,
+                     std::vector<std::pair<int, SnapshotImage>>& in) {
+  std::vector<std::array<std::int64_t, 2>> sizes_out(out.size()), sizes_in(in.size());
+  std::vector<comm::P2P> ops;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    sizes_out[k] = {std::int64_t(out[k].second->file_bytes), std::int64_t(out[k].second->manifest_bytes)};
+    ops.push_back(comm::send_op(sizes_out[k], out[k].first));
+  }
+  for (std::size_t k = 0; k < in.size(); ++k) ops.push_back(comm::recv_op(sizes_in[k], in[k].first));
+  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+  ops.clear();
+  for (const auto& [to, image] : out)
+    ops.push_back(comm::send_op(image->file, to)), ops.push_back(comm::send_op(image->manifest, to));
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    auto& [from, image] = in[k];
+    image.resize(std::uint64_t(sizes_in[k][0]), std::uint64_t(sizes_in[k][1]));
+    ops.push_back(comm::recv_op(image.file, from)), ops.push_back(comm::recv_op(image.manifest, from));
+  }
+  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+}
 
 //! The name of rank q's image in a step's folder, without its extension: rank-RRRRR, or rank-RRRRR.copy.
 inline std::string image_name(int q, bool copy) {
   char b[40];
   std::snprintf(b, sizeof b, copy ? "rank-%05d.copy" : "rank-%05d", q);
   return b;
+}
+
+//! The bytes of a file (empty where it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 //! Writes `n` bytes to `path` (no fsync: the store is host memory, lost with its host anyway).
@@ -226,12 +263,7 @@ class SnapshotKeeper {
     waited_ += since(t0);
     // The image: snapshot_into's chunks (on the host, read straight from the trainer) packed as the rank file.
     snapshot_into(snap_, store_, trainer, next_step, layout, run, checksum_block, /*copy=*/false);
-    std::vector<SafetensorsEntry> entries;
-    for (std::size_t i = 0; i < snap_.chunks.size(); ++i) {
-      const auto& w = snap_.chunks[i];
-      entries.push_back({w.tensor + "#" + std::to_string(i), w.dtype, w.box.sizes, w.bytes});
-    }
-    const std::string prefix = snap_.chunks.empty() ? std::string() : safetensors_prefix(entries);
+    const std::string prefix = detail::file_prefix(snap_.chunks);
     std::uint64_t file_bytes = prefix.size();
     for (const auto& w : snap_.chunks) file_bytes += w.bytes;
     own_.resize(file_bytes, 0);
@@ -243,13 +275,7 @@ class SnapshotKeeper {
       char* at = image + offset;
       if (w.fill) w.fill(at);
       else std::memcpy(at, w.data.data(), w.bytes);
-      chunks.push_back({{"tensor", w.tensor},
-                        {"dtype", safetensors_dtype(w.dtype)},
-                        {"shape", w.shape},
-                        {"offsets", w.box.offsets},
-                        {"sizes", w.box.sizes},
-                        {"offset", offset},
-                        {"bytes", w.bytes}});  // (its checksums: the writer's, in the background)
+      chunks.push_back(detail::chunk_entry(w, offset));  // (its checksums: the writer's, in the background)
       offset += w.bytes;
     }
     snap_.chunks.clear();
@@ -260,26 +286,14 @@ class SnapshotKeeper {
     std::memcpy(own_.manifest.data(), m.data(), m.size());
     copied_ += since(t1);
     const auto t2 = Clock::now();
-    // To the peer, from the ranks whose peer this is: sizes, then the images.
+    // To the peer, from the ranks whose peer this is.
     const int to = peers_.peer[std::size_t(rank_)];
+    std::vector<std::pair<int, const detail::SnapshotImage*>> out;
+    if (to >= 0) out.emplace_back(to, &own_);
     const auto from = peers_.senders(rank_);
-    std::vector<std::int64_t> size_out{static_cast<std::int64_t>(own_.file_bytes),
-                                       static_cast<std::int64_t>(own_.manifest_bytes)};
-    std::vector<std::vector<std::int64_t>> size_in(from.size(), std::vector<std::int64_t>(2));
-    std::vector<comm::P2P> ops;
-    if (to >= 0) ops.push_back(comm::send_op(size_out, to));
-    for (std::size_t k = 0; k < from.size(); ++k) ops.push_back(comm::recv_op(size_in[k], from[k]));
-    if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
     copies_.resize(from.size());
-    ops.clear();
-    if (to >= 0) ops.push_back(comm::send_op(own_.file, to)), ops.push_back(comm::send_op(own_.manifest, to));
-    for (std::size_t k = 0; k < from.size(); ++k) {
-      auto& [q, image] = copies_[k];
-      q = from[k];
-      image.resize(static_cast<std::uint64_t>(size_in[k][0]), static_cast<std::uint64_t>(size_in[k][1]));
-      ops.push_back(comm::recv_op(image.file, q)), ops.push_back(comm::recv_op(image.manifest, q));
-    }
-    if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+    for (std::size_t k = 0; k < from.size(); ++k) copies_[k].first = from[k];
+    detail::exchange_images(world, out, copies_);
     exchanged_ += since(t2);
     std::size_t held = (own_.file.capacity() + own_.manifest.capacity()) * 8;
     for (const auto& c : copies_) held += (c.second.file.capacity() + c.second.manifest.capacity()) * 8;
@@ -328,7 +342,6 @@ class SnapshotKeeper {
   double copied_seconds() const { return copied_; }
   double exchanged_seconds() const { return exchanged_; }
   const SnapshotPeers& peers() const { return peers_; }
-  const std::string& store() const { return store_; }
 
  private:
   std::string dir(int rank) const { return store_ + "/" + peers_.domain[std::size_t(rank)]; }
@@ -416,8 +429,7 @@ inline std::optional<nlohmann::json> whole_image(const std::string& base, int st
     return std::nullopt;
   }
   if (!checksums) return m;
-  std::ifstream f(base + ".safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_all(base + ".safetensors");
   const std::int64_t block = m.value("block", checksum_block);
   for (const auto& c : m.at("chunks")) {
     const auto at = c.at("offset").get<std::uint64_t>(), n = c.at("bytes").get<std::uint64_t>();
@@ -532,12 +544,6 @@ inline FoundSnapshot find_snapshot(const std::string& store, int only_step = -1,
 
 namespace detail {
 
-//! The bytes of a file (empty where it cannot be read).
-inline std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 //! A string's bytes as 8-byte words for the communicator, and back.
 inline std::vector<std::int64_t> to_words(const std::string& s) {
   std::vector<std::int64_t> w((s.size() + 7) / 8, 0);
@@ -639,57 +645,28 @@ FoundSnapshot gather_snapshot(const std::string& store, Comm& world, int newer_t
         moves.push_back({holders.front().first, h, q, holders.front().second});
     }
   }
-  std::vector<std::array<std::int64_t, 2>> out_sizes, in_sizes;
-  std::vector<std::string> out_files, out_manifests;
-  std::vector<comm::P2P> ops;
-  for (const auto& m : moves) {
-    if (m.from == me) {
-      out_files.push_back(detail::read_all(m.base + ".safetensors"));
-      out_manifests.push_back(detail::read_all(m.base + ".json"));
-    }
-  }
-  out_sizes.reserve(moves.size()), in_sizes.reserve(moves.size());
-  std::size_t k = 0;
-  for (const auto& m : moves) {
-    if (m.from == me) {
-      out_sizes.push_back({std::int64_t(out_files[k].size()), std::int64_t(out_manifests[k].size())});
-      ops.push_back(comm::send_op(out_sizes.back(), m.to)), ++k;
-    }
-    if (m.to == me) in_sizes.push_back({0, 0}), ops.push_back(comm::recv_op(in_sizes.back(), m.from));
-  }
-  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
-  ops.clear();
-  std::vector<std::vector<std::int64_t>> out_words, in_words;
-  out_words.reserve(2 * moves.size()), in_words.reserve(2 * moves.size());
+  std::vector<detail::SnapshotImage> sending;
+  sending.reserve(moves.size());
+  std::vector<std::pair<int, const detail::SnapshotImage*>> out;
+  std::vector<std::pair<int, detail::SnapshotImage>> in;
   std::vector<const Move*> received;
-  k = 0;
-  std::size_t i = 0;
   for (const auto& m : moves) {
     if (m.from == me) {
-      out_words.push_back(detail::to_words(out_files[k]));
-      ops.push_back(comm::send_op(out_words.back(), m.to));
-      out_words.push_back(detail::to_words(out_manifests[k]));
-      ops.push_back(comm::send_op(out_words.back(), m.to)), ++k;
+      sending.emplace_back().assign(detail::read_all(m.base + ".safetensors"), detail::read_all(m.base + ".json"));
+      out.emplace_back(m.to, &sending.back());
     }
-    if (m.to == me) {
-      for (int j = 0; j < 2; ++j) {
-        in_words.emplace_back(std::size_t((in_sizes[i][std::size_t(j)] + 7) / 8));
-        ops.push_back(comm::recv_op(in_words.back(), m.from));
-      }
-      received.push_back(&m), ++i;
-    }
+    if (m.to == me) in.emplace_back(m.from, detail::SnapshotImage()), received.push_back(&m);
   }
-  if (!ops.empty()) world.exchange(std::span<const comm::P2P>(ops));
+  detail::exchange_images(world, out, in);
   // What this host received: into STORE/domain-HOST-recovered, each image before its manifest.
   const std::string at = store + "/domain-" + places[std::size_t(me)].host + "-recovered/" + detail::step_name(chosen);
   for (std::size_t j = 0; j < received.size(); ++j) {
     fs::create_directories(at, ec);
     if (ec) throw Error("loom: cannot create " + at + ": " + ec.message());
     const std::string base = at + "/" + detail::image_name(received[j]->q, true);
-    detail::write_file(base + ".safetensors", reinterpret_cast<const char*>(in_words[2 * j].data()),
-                       std::size_t(in_sizes[j][0]));
-    detail::write_file(base + ".json", reinterpret_cast<const char*>(in_words[2 * j + 1].data()),
-                       std::size_t(in_sizes[j][1]));
+    const detail::SnapshotImage& image = in[j].second;
+    detail::write_file(base + ".safetensors", image.file_data(), image.file_bytes);
+    detail::write_file(base + ".json", image.manifest_data(), image.manifest_bytes);
     found.notes.push_back(loom::detail::cat("snapshot step ", chosen, ": rank ", received[j]->q, "'s image came from ",
                                             "host ", places[std::size_t(received[j]->from)].host));
   }

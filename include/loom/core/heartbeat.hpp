@@ -54,7 +54,7 @@ class Heartbeat {
       cv_.notify_all();
     }
   }
-  //! A checkpoint of step `s` is complete.
+  //! The newest complete state (a checkpoint, or a snapshot on every rank) is of step `s`.
   void saved(int s) { saved_.store(s, std::memory_order_relaxed); }
   //! World rank `r` runs in this process (every rank of it says so).
   void rank(int r) {
