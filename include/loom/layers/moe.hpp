@@ -116,6 +116,24 @@ class RoutedExperts {
     return std::int64_t{d_} * up() + std::int64_t{f_} * d_ + (bias_ ? up() + d_ : 0);
   }
 
+  //! The most rows this rank's experts receive and the most it sends in one forward, where a capacity bounds them
+  //! (-1 where the routing is dropless): each expert takes at most `capacity` assignments of each sequence, so every
+  //! source rank sends this rank's experts at most min(its rows x k, B x local experts x capacity). With a capacity
+  //! the routed rows' activations, gradients and all-to-all buffers are made at these sizes (make_acts, make_grads):
+  //! what a step holds does not depend on where the router sends the tokens, so a run that fits its first step fits
+  //! every step. Dropless, they grow to the most a forward has routed.
+  std::int64_t most_received() const {
+    const int cap = expert_capacity(Tg_, router_.top_k, E_, router_.capacity_factor);
+    if (cap < 0) return -1;
+    return std::int64_t{ep_.size()} *
+           std::min(std::int64_t{rows_} * router_.top_k, std::int64_t{B_} * local_ * cap);
+  }
+  std::int64_t most_sent() const {
+    const int cap = expert_capacity(Tg_, router_.top_k, E_, router_.capacity_factor);
+    if (cap < 0) return -1;
+    return std::min(std::int64_t{rows_} * router_.top_k, std::int64_t{B_} * E_ * cap);
+  }
+
   Acts make_acts() const;
   Grads make_grads() const;
 
@@ -223,6 +241,15 @@ class RoutedExperts {
   static void ensure(Tensor& t, std::size_t rows, int cols) {
     const std::int64_t want = std::max<std::int64_t>(1, static_cast<std::int64_t>(rows)) * cols;
     if (!t.defined() || t.data() == nullptr || t.numel() < want) t = Tensor({want});
+  }
+  //! The rows a forward's buffers are made for: the capacity's bound, or (dropless) what this forward routes.
+  std::size_t received_rows(const Plan& p) const {
+    const std::int64_t most = most_received();
+    return most >= 0 ? std::size_t(most) : p.received();
+  }
+  std::size_t sent_rows(const Plan& p) const {
+    const std::int64_t most = most_sent();
+    return most >= 0 ? std::size_t(most) : p.sent();
   }
   //! Memory for rows x cols that lives for one call (counted as communication: it is what the all-to-alls send
   //! and receive).
@@ -345,6 +372,10 @@ typename RoutedExperts<T>::Acts RoutedExperts<T>::make_acts() const {
   Acts a;
   a.logits = Tensor({rows(), std::int64_t{E_}});
   if (split()) a.whole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  if (const std::int64_t r = most_received(); r >= 0) {
+    ensure(a.xin, std::size_t(r), d_), ensure(a.h, std::size_t(r), up()), ensure(a.g, std::size_t(r), f_);
+    ensure(a.yret, std::size_t(most_sent()), d_);
+  }
   return a;
 }
 
@@ -353,6 +384,8 @@ typename RoutedExperts<T>::Grads RoutedExperts<T>::make_grads() const {
   Grads g;
   g.dlogits = Tensor({rows(), std::int64_t{E_}});
   if (split()) g.dwhole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  if (const std::int64_t r = most_received(); r >= 0)
+    ensure(g.dyin, std::size_t(r), d_), ensure(g.dh, std::size_t(r), up());
   return g;
 }
 
@@ -388,9 +421,9 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
     ensure(a.xin, p.received(), d_), ensure(a.h, p.received(), up()), ensure(a.g, p.received(), f_);
     ensure(a.yret, p.sent(), d_);
   }
-  Tensor out = scratch(p.received(), d_);
+  Tensor out = scratch(received_rows(p), d_);
   {
-    Tensor send = scratch(p.sent(), d_);
+    Tensor send = scratch(sent_rows(p), d_);
     for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
       ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
     comm::Handle h = exchange(send.data(), p.send, out.data(), p.recv, clock, true);
@@ -401,7 +434,7 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
       ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
   }
   // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
-  Tensor y_grouped = scratch(p.received(), d_);
+  Tensor y_grouped = scratch(received_rows(p), d_);
   each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
     T* h = a.h.data() + std::size_t(o) * up();
     T* gi = a.g.data() + std::size_t(o) * f_;
@@ -436,9 +469,9 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
   Clock clock(stats);
   // The combine: d(weight) = dy · the expert's output; the expert's output gradient = weight · dy.
   g.dweight.assign(std::size_t(B_) * Tg_ * k, 0.0);
-  Tensor dout = scratch(p.received(), d_);
+  Tensor dout = scratch(received_rows(p), d_);
   {
-    Tensor send = scratch(p.sent(), d_);
+    Tensor send = scratch(sent_rows(p), d_);
     for (std::size_t s = 0; s < p.sent(); ++s) {
       const int at = p.order[s], n = at / k;
       const T* dyn = dy + std::size_t(n) * d_;
@@ -461,8 +494,8 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
   for (std::size_t i = 0; i < p.received(); ++i)
     ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
   // The experts' input gradients, expert-major, then back by source rank.
-  Tensor dx_grouped = scratch(p.received(), d_);
-  Tensor dact = gated_ ? scratch(p.received(), f_) : Tensor();  // gated: the gradient of silu(gate) up
+  Tensor dx_grouped = scratch(received_rows(p), d_);
+  Tensor dact = gated_ ? scratch(received_rows(p), f_) : Tensor();  // gated: the gradient of silu(gate) up
   each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
     T* dh = g.dh.data() + std::size_t(o) * up();
     const T* h = a.h.data() + std::size_t(o) * up();
@@ -478,7 +511,7 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
   });
   for (std::size_t i = 0; i < p.received(); ++i)
     ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
-  Tensor dret = scratch(p.sent(), d_);
+  Tensor dret = scratch(sent_rows(p), d_);
   clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
   for (std::size_t s = 0; s < p.sent(); ++s)
     ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));

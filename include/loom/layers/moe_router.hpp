@@ -67,10 +67,12 @@ struct Routing {
 
 //! The capacity of each of `experts` experts for `tokens` tokens choosing top_k each: ceil(tokens × top_k / experts
 //! × factor), or -1 (dropless) for factor 0.
-inline int expert_capacity(int tokens, int top_k, int experts, double factor) {
+constexpr int expert_capacity(int tokens, int top_k, int experts, double factor) {
   LOOM_CHECK(factor >= 0, "the capacity factor must not be negative, got ", factor);
   if (factor == 0) return -1;
-  return static_cast<int>(std::ceil(static_cast<double>(tokens) * top_k / experts * factor - 1e-12));
+  const double x = static_cast<double>(tokens) * top_k / experts * factor - 1e-12;
+  const int floor = static_cast<int>(x);
+  return floor < x ? floor + 1 : floor;
 }
 
 //! Routes T tokens from their logits (T x E, row-major).

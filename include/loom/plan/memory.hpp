@@ -7,6 +7,7 @@
 // arithmetic answers loom-plan at run time and plan::fits at compile time.
 #pragma once
 
+#include <loom/layers/moe_router.hpp>
 #include <loom/plan/layout.hpp>
 #include <loom/plan/model.hpp>
 #include <loom/tensor/placement.hpp>
@@ -196,6 +197,56 @@ constexpr PartState part_state(const GptShape& s, const Layout& l, int first, in
   return st;
 }
 
+//! ZeRO-2 and ZeRO-3 over several ranks with one micro-batch and no pipeline (train::ZeroBase): the most gradient
+//! elements a rank holds during backward besides its shard. Backward runs in chunks (the head and the final norm,
+//! the blocks last first, the embedding); before chunk c the buckets chunk c writes are held whole, and those whose
+//! reduce-scatter the chunks up to c - 2 started are released, once read, to their chunk. A bucket starts when it
+//! and every bucket before it are complete (the order every rank issues them in). Buckets as the trainer cuts them:
+//! ZeRO-2 by bucket_bytes from the last parameter back (train::make_buckets), ZeRO-3 by unit, the last first (a
+//! block's experts a bucket of their own); an expert bucket is sharded over the expert-data-parallel ranks.
+constexpr std::int64_t backward_held(const GptShape& s, const Layout& l, std::int64_t elem, std::int64_t bucket_bytes) {
+  const int L = s.layers, last_chunk = L + 1;
+  std::vector<ParamDecl> ps;
+  each_param(s, l.tp, 0, 0, L, l.ep, [&](ParamDecl p) { ps.push_back(p); });
+  // The chunk that completes each unit: the head's (unit L + 1) first, block u - 1's chunk L + 1 - u, the
+  // embedding's (unit 0) last; the tied table is written by the head's chunk as well.
+  auto chunk_of = [&](int unit) { return unit == L + 1 ? 0 : unit == 0 ? last_chunk : L + 1 - unit; };
+  struct B {
+    std::int64_t released;
+    int first_write, complete;
+  };
+  std::vector<B> buckets;
+  const int n = l.zero_ranks(), ne = l.ep > 1 ? l.edp() : n;
+  auto close = [&](std::size_t lo, std::size_t hi) {  // parameters [lo, hi)
+    std::int64_t len = 0;
+    int first = last_chunk, complete = 0;
+    for (std::size_t i = lo; i < hi; ++i) {
+      len += ps[i].numel;
+      const int c = chunk_of(ps[i].unit);
+      first = std::min(first, (s.tied && i == 0) ? 0 : c), complete = std::max(complete, c);
+    }
+    buckets.push_back({len - own_of(len, ps[lo].expert ? ne : n), first, complete});
+  };
+  std::size_t end = ps.size();
+  std::int64_t acc = 0;
+  for (std::size_t i = ps.size(); i-- > 0;) {
+    acc += ps[i].numel * elem;
+    const bool edge = i == 0 || ps[i - 1].expert != ps[i].expert;
+    if (l.zero == 3 ? edge || ps[i - 1].unit != ps[i].unit : acc >= bucket_bytes || edge) close(i, end), end = i, acc = 0;
+  }
+  std::int64_t most = 0;
+  for (int c = 0; c <= last_chunk; ++c) {
+    std::int64_t held = 0;
+    int started = 0;  // the chunk that starts bucket b: when it and every bucket before it are complete
+    for (const B& b : buckets) {
+      started = std::max(started, b.complete);
+      if (b.first_write <= c && started + 2 > c) held += b.released;
+    }
+    most = std::max(most, held);
+  }
+  return most;
+}
+
 //! A micro-batch on one rank, and the widths its tensors have there.
 struct Act {
   std::int64_t N, rows, B, Tl;  //!< tokens of a micro-batch on the rank, its rows (N / tp with sp), sequences, tokens of each
@@ -204,10 +255,31 @@ struct Act {
   bool sp, ulysses;
   double T, A;  //!< element and accumulation bytes
   const GptShape* s;
+  int ep = 1;         //!< the expert-parallel degree
+  int capacity = -1;  //!< assignments an expert takes from each sequence (layers::expert_capacity); -1: dropless
 
   constexpr std::int64_t up(std::int64_t width) const { return (s->gated() ? 2 : 1) * width / tp; }
   //! A mixture of experts' tokens routed on this rank: rows x top_k.
   constexpr std::int64_t routed() const { return rows * s->top_k; }
+  //! The rows this rank sends its experts' ranks and the rows its experts receive (layers::RoutedExperts'
+  //! most_sent and most_received): with a capacity, its bound, for which loom makes the buffers; dropless, where
+  //! the rows go depends on the router, and a balanced one, each rank receiving what it sends, is assumed.
+  constexpr std::int64_t sent() const {
+    return capacity < 0 ? routed() : std::min(routed(), B * s->experts * std::int64_t{capacity});
+  }
+  constexpr std::int64_t received() const {
+    return capacity < 0 ? routed() : ep * std::min(routed(), B * (s->experts / ep) * std::int64_t{capacity});
+  }
+  //! A routed layer's rows that forward keeps (the experts' input, hidden and activated rows, the returned rows)
+  //! and backward's (their output and hidden gradients): made with the activations under a capacity, at first use
+  //! dropless.
+  constexpr double routed_acts() const {
+    const std::int64_t w = s->expert_width();
+    return T * double(received() * (d + (s->gated() ? 2 : 1) * w + w) + sent() * d);
+  }
+  constexpr double routed_grads() const {
+    return T * double(received() * (d + (s->gated() ? 2 : 1) * s->expert_width()));
+  }
   constexpr bool any_dense() const {
     for (int l = 0; l < s->layers; ++l)
       if (!s->moe_block(l)) return true;
@@ -233,12 +305,11 @@ struct Act {
     if (l < 0 ? any_moe() : s->moe_block(l)) b += moe_grads();
     return b;
   }
-  //! A mixture of experts' forward: the router's logits (and all of them with sp), each routed token's input,
-  //! hidden, activated and returned rows, and the shared experts' MLP; tokens dropped past the capacity are not
-  //! counted off (an upper bound).
+  //! A mixture of experts' forward: the router's logits (and all of them with sp), the routed rows (routed_acts),
+  //! and the shared experts' MLP.
   constexpr double moe_acts() const {
-    const std::int64_t w = s->expert_width(), E = s->experts, R = routed();
-    double b = T * double(rows * E + (sp ? N * E : 0)) + T * double(R * (2 * d + (s->gated() ? 2 : 1) * w + w));
+    const std::int64_t w = s->expert_width(), E = s->experts;
+    double b = T * double(rows * E + (sp ? N * E : 0)) + routed_acts();
     if (s->shared_experts > 0) {
       const std::int64_t sw = std::int64_t{s->shared_experts} * w;
       b += T * double(N * up(sw) + N * sw / tp) + (sp ? T * double(N * d) : 0);
@@ -246,16 +317,21 @@ struct Act {
     return b;
   }
   constexpr double moe_grads() const {
-    const std::int64_t w = s->expert_width(), E = s->experts, R = routed();
-    double b = T * double(rows * E + (sp ? N * E : 0)) + T * double(R * (d + (s->gated() ? 2 : 1) * w));
+    const std::int64_t w = s->expert_width(), E = s->experts;
+    double b = T * double(rows * E + (sp ? N * E : 0)) + routed_grads();
     if (s->shared_experts > 0) {
       const std::int64_t sw = std::int64_t{s->shared_experts} * w;
       b += T * double(N * up(sw)) + (s->gated() ? T * double(N * sw / tp) : 0) + (sp ? 2 * T * double(N * d) : 0);
     }
     return b;
   }
-  //! The all-to-alls' send and receive rows (layers::RoutedExperts' scratch, kept at their largest).
-  constexpr double moe_buffers() const { return any_moe() ? 2.75 * T * double(routed() * d) : 0; }
+  //! The all-to-alls' send and receive rows (layers::RoutedExperts' scratch) at their most, in backward_input: the
+  //! received output gradients, the input gradients computed for them (and, gated, the activation's gradient), the
+  //! input gradients returned.
+  constexpr double moe_buffers() const {
+    if (!any_moe()) return 0;
+    return T * double((2 * received() + sent()) * d + (s->gated() ? received() * s->expert_width() : 0));
+  }
   //! The transient workspace of ring or Ulysses attention (the larger of forward's and backward's).
   constexpr double cp_workspace() const {
     if (cp == 1) return 0;
@@ -273,27 +349,35 @@ struct Act {
 
 //! One chunk's activations in loom (models::GptActivations::allocate and split): `slots` slots of blocks
 //! [first, last), the scratch the calls share, and with a split backward (zb-h1, zb-v) the branch gradients of the
-//! `split_slots` slots the chunk's micro-batches use.
-constexpr double loom_chunk_activations(const Act& a, int first, int last, bool head, int slots, Recompute rc,
-                                        int split_slots) {
+//! `used` slots the chunk's micro-batches use. A dropless mixture of experts makes its routed rows at first use:
+//! those of the used slots alone.
+constexpr double loom_chunk_activations(const Act& a, int first, int last, bool head, int slots, int used,
+                                        Recompute rc, bool split) {
+  const int split_slots = split ? used : 0;
   const double T = a.T, A = a.A;
   const std::int64_t rows = a.rows, N = a.N, d = a.d;
   const bool full = rc == Recompute::full, selective = rc == Recompute::selective;
   double slot = 0;
+  double unused = 0;  // of a slot no micro-batch takes: a dropless mixture's routed rows, never made
   if (full) slot += T * double(rows * d * (last - first));
   else
-    for (int l = first; l < last; ++l) slot += a.block_acts(true, rc == Recompute::none, l);
+    for (int l = first; l < last; ++l) {
+      slot += a.block_acts(true, rc == Recompute::none, l);
+      if (a.capacity < 0 && a.s->moe_block(l)) unused += a.routed_acts();
+    }
   slot += 2 * T * double(rows * d);
   if (head) slot += T * double(rows * d) + 2 * A * double(rows) + (a.sp ? T * double(N * d) : 0) +
                     T * double(N * a.vocab_rows + N) + 2 * A * double(N);
   double shared = full ? a.block_acts(false, true, -1) + T * double(rows * d) : 0;
   shared += T * double(rows * d) + (a.sp ? 3 * T * double(N * d) : 0) + T * double(N) + a.block_grads(selective, -1);
+  // A split backward computes in each slot's gradients: the shared ones never receive a dropless mixture's rows.
+  if (split && a.capacity < 0 && a.any_moe()) shared -= a.routed_grads();
   double splits = 0;  // each slot's, made the first time a split backward uses it
   if (split_slots > 0) {
     for (int l = first; l < last; ++l) splits += a.block_grads(selective, l);
     if (head) splits += T * double(rows * d);
   }
-  return slots * slot + split_slots * splits + shared;
+  return slots * slot - (slots - std::min(slots, used)) * unused + split_slots * splits + shared;
 }
 
 //! Korthikanti et al. 2022's activation bytes of one transformer layer for one micro-batch (16-bit activations):
@@ -380,6 +464,8 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
                 units_of(s.kv_heads, l.tp, 0).count, units_of(s.vocab, l.tp, 0).count, l.tp, l.cp, l.sp, l.ulysses,
                 T,     A,                 &s};
   a.qkv = (a.hq + 2 * a.kv) * a.hd;
+  a.ep = l.ep;
+  if (s.experts > 0) a.capacity = layers::expert_capacity(int(Tl * l.cp), s.top_k, s.experts, r.capacity_factor);
   const bool split = l.pp > 1 && (l.schedule == Schedule::zero_bubble_h1 || l.schedule == Schedule::zero_bubble_v);
   if (r.recipe == Recipe::megatron) {
     // bf16 parameters, fp32 gradients, fp32 moments and master weights: 18 bytes per parameter, 6 + 12 / dp with the
@@ -410,7 +496,10 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     const detail::PartState st = detail::part_state(s, l, first, last, std::int64_t(T), r.bucket_bytes);
     const double shard = double(st.shard);
     m.bytes.parameters += T * double(l.zero == 3 ? st.shard + st.gathered : st.params);
-    m.bytes.gradients += T * double(st.params);
+    // With one micro-batch ZeRO-2 and 3 hold the buckets backward is writing or reducing, else the whole part.
+    const bool by_chunks = l.zero >= 2 && l.zero_ranks() > 1 && l.pp == 1 && r.micro_batches == 1;
+    m.bytes.gradients += T * double(by_chunks ? st.shard + detail::backward_held(s, l, std::int64_t(T), r.bucket_bytes)
+                                              : st.params);
     m.bytes.optimizer += A * shard * ((r.sgd ? 1 : 2) + (r.dtype == Dtype::bf16 ? 1 : 0));
     m.held.parameters += T * double(l.zero == 3 ? st.shard : st.params);
     m.held.gradients += T * double(l.zero >= 2 ? st.shard : st.params);
@@ -420,9 +509,8 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
       m.bytes.buffers += std::max(R * (shard + double(st.padded_stage)), T * double(st.max_chunk + st.padded_stage));
     else if (r.dtype == Dtype::bf16 && l.dp > 1)
       m.bytes.buffers += A * double(st.params);
-    m.bytes.activations +=
-        detail::loom_chunk_activations(a, first, last, last == s.layers, slots, r.recompute,
-                                       split ? chunk_held[std::size_t(c)] : 0);
+    m.bytes.activations += detail::loom_chunk_activations(a, first, last, last == s.layers, slots,
+                                                          chunk_held[std::size_t(c)], r.recompute, split);
     if (s.rope()) m.bytes.other += 2 * A * double(s.max_seq) * double(s.head_dim() / 2);
   }
   m.held.optimizer = m.bytes.optimizer;

@@ -84,9 +84,16 @@ struct BackwardChunk {
 };
 //! Records the parameters r a backward chunk completed (r.also too) in `complete`, and calls start(b) for every
 //! bucket from `next` on that is now complete, in bucket order, so that every rank issues the same collectives.
+//! Then (even when a start fails) start.chunk_done(), where Start has one: the chunk's starts are issued.
 template <class Model, class Range, class Start>
 comm::Handles start_completed(const Range& r, const std::vector<Bucket>& buckets, std::vector<char>& complete,
                               std::size_t& next, Start& start) {
+  struct Done {
+    Start& start;
+    ~Done() {
+      if constexpr (requires { start.chunk_done(); }) start.chunk_done();
+    }
+  } done{start};
   for (std::size_t p = r.first; p < r.last; ++p) complete[p] = 1;
   if (r.also != Model::no_param) complete[r.also] = 1;
   comm::Handles started;

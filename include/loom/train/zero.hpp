@@ -40,6 +40,7 @@
 #include <loom/train/sharded_params.hpp>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -260,13 +261,17 @@ class ZeroBase {
     static constexpr const char* name = "reduce_scatter buckets";
     ZeroBase* self;
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
+    void chunk_done() const { self->chunk_started(); }
   };
-  //! Before backward chunk c: the buckets whose reduce-scatter is done are released, and the ones it writes held
-  //! (for a model that does not say what a chunk writes, backward_chunk_writes(c), every bucket before chunk 0).
+  //! Before backward chunk c: the buckets released whose reduce-scatter has read them (on the host, those the
+  //! chunks up to c - 2 completed, once read: what a rank holds does not depend on how fast its collectives
+  //! run), and the ones chunk c writes held (for a model that does not say what a chunk writes,
+  //! backward_chunk_writes(c), every bucket before chunk 0).
   struct HoldWritten {
     ZeroBase* self;
     void operator()(std::size_t c) const {
-      self->release_reduced();
+      if constexpr (kernels::is_host_v<Dev>) self->release_started_before(c);
+      else self->release_reduced();
       if constexpr (requires { self->model_.backward_chunk_writes(0); }) {
         const auto r = self->model_.backward_chunk_writes(static_cast<int>(c));
         for (std::size_t p = r.first; p < r.last; ++p) self->hold(self->bucket_of_[p]);
@@ -305,6 +310,34 @@ class ZeroBase {
     std::lock_guard lock(mu_);
     for (std::size_t b = 0; b < reading_.size(); ++b)
       if (started_[b] && reading_[b].test()) release(b);
+  }
+  //! Under ZeRO-2, before backward chunk c (on the host): releases, once their reduce-scatter has read them, the
+  //! buckets chunks 0 .. c - 2 started, and no other. So a rank holds, besides its chunks, the buckets of the two
+  //! chunks backward computes last, however fast or slow the collectives are (plan::memory counts the same), and
+  //! chunk c waits, if it must, for the collectives of chunk c - 2: the reductions keep pace with backward.
+  void release_started_before(std::size_t c) {
+    if (!shard_grads_ || c < 2) return;
+    std::vector<std::size_t> ready;
+    std::vector<comm::Handle> reading;
+    {
+      std::unique_lock lock(mu_);
+      const auto timeout = comm::default_timeout();
+      LOOM_CHECK(started_cv_.wait_for(lock, timeout, [&] { return chunks_started_ + 1 >= c; }),
+                 "ZeRO: backward chunk ", c, " waited ", timeout.count(), " ms for the reduce-scatters of chunk ",
+                 c - 2, " to start");
+      for (std::size_t b = 0; b < started_.size(); ++b)
+        if (held_[b] && started_[b] && started_at_[b] + 2 <= c) ready.push_back(b), reading.push_back(reading_[b].share());
+    }
+    for (auto& h : reading) h.wait();
+    for (std::size_t b : ready) release(b);
+  }
+  //! On Comm, once a backward chunk's reduce-scatters are issued (or failed to be).
+  void chunk_started() {
+    {
+      std::lock_guard lock(mu_);
+      ++chunks_started_;
+    }
+    started_cv_.notify_all();
   }
   //! Bucket b's storage but this rank's chunk: credited to the ledger, and on the host its whole pages offered.
   void release(std::size_t b) {
@@ -360,6 +393,8 @@ class ZeroBase {
     if (shard_grads_) {
       std::lock_guard lock(mu_);
       started_.assign(plan_.pieces.size(), 0);
+      started_at_.assign(plan_.pieces.size(), 0);
+      chunks_started_ = 0;
       reading_.clear();
       reading_.resize(plan_.pieces.size());
     }
@@ -390,7 +425,7 @@ class ZeroBase {
         if (shard_grads_) {  // ZeRO-2 releases the bucket once the collective has read it
           std::lock_guard lock(mu_);
           static_cast<void>(reading_[b] = h.share());
-          started_[b] = 1;
+          started_[b] = 1, started_at_[b] = chunks_started_;
         }
         return h;
       }
@@ -401,7 +436,7 @@ class ZeroBase {
     model_.ops().synchronize();
     if (shard_grads_) {
       std::lock_guard lock(mu_);
-      started_[b] = 1;  // the copy is read, not the bucket
+      started_[b] = 1, started_at_[b] = chunks_started_;  // the copy is read, not the bucket
     }
     // The rank's average lands in the chunk after the copy.
     const std::size_t all = chunk * static_cast<std::size_t>(n);
@@ -457,8 +492,11 @@ class ZeroBase {
   std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
   std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)
   std::vector<std::size_t> bucket_of_;         //!< per parameter: its bucket
-  std::mutex mu_;                      //!< guards started_ and reading_ (set on Comm, read on Compute)
+  std::mutex mu_;                      //!< guards started_, started_at_, chunks_started_ and reading_ (set on Comm)
+  std::condition_variable started_cv_;  //!< chunks_started_ grew
   std::vector<char> started_;          //!< during a reduction, per bucket: its reduce-scatter has started
+  std::vector<std::size_t> started_at_;  //!< ... by the start stage of which backward chunk
+  std::size_t chunks_started_ = 0;     //!< backward chunks whose reduce-scatters are issued
   std::vector<comm::Handle> reading_;  //!< during a reduction, per bucket: its reduce-scatter, while it reads it
   bool widen_;           //!< gradients are reduce-scattered in R (wider than T), not in T (ReduceIn<bf16>)
   Reduction<R> wide_;    //!< during a reduction in R
@@ -653,7 +691,7 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
     std::vector<char>* complete;
     std::size_t* next;
     comm::Handles operator()(std::size_t c) const {
-      auto start = [this](std::size_t b) { return self->start(b); };
+      typename Base::ReduceScatterBucket start{self};
       return detail::start_completed<Model>((*done)[c], self->buckets_, *complete, *next, start);
     }
   };
