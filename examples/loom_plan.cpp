@@ -255,6 +255,7 @@ void search(const GptShape& s, const Args& a, const Cluster& c) {
   int tried = 0;
   SearchOptions o;
   o.micro_batch_size = a.micro_given ? 0 : 1;
+  o.even_parts = a.run.recipe == Recipe::megatron;
   const std::vector<Candidate> ok = plan::search(s, a.run, c, a.gpus, o, tried, [&](const std::string& why,
                                                                                       const plan::Layout& l) {
     auto& [n, example] = rejected[why];
@@ -323,7 +324,7 @@ bool validate(const std::string& json) {
     const Run r = run_of(p, pl);
     const Cluster c = *cluster_named(p.cluster);
     SearchOptions o;
-    o.every_recompute = false, o.micro_batch_size = p.micro_batch_size, o.max_cp = pl.cp;
+    o.every_recompute = false, o.micro_batch_size = p.micro_batch_size, o.max_cp = pl.cp, o.even_parts = true;
     o.schedules = {Schedule::one_f_one_b, Schedule::interleaved};
     const bool llama = p.source.starts_with("Llama");
     o.zero_stages = llama ? std::vector<int>{1} : std::vector<int>{0};

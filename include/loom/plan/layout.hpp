@@ -26,8 +26,9 @@ struct Layout {
   constexpr int world() const { return tp * cp * pp * dp; }
   //! Model chunks per pipeline stage.
   constexpr int chunks() const { return pp > 1 ? pipeline::chunks_per_stage(schedule, v) : 1; }
-  //! Ranks a ZeRO shard is spread over (the data-parallel group, or a hybrid-sharding group).
-  constexpr int zero_ranks() const { return zero == 0 ? 1 : shard > 0 ? shard : dp; }
+  //! Ranks a ZeRO shard is spread over: the data-parallel group, dp x cp (the context-parallel ranks average their
+  //! gradients as data-parallel ones do), or a hybrid-sharding group.
+  constexpr int zero_ranks() const { return zero == 0 ? 1 : shard > 0 ? shard : dp * cp; }
   //! The expert-data-parallel degree: the ranks of dp x cp that hold the same experts.
   constexpr int edp() const { return dp * cp / ep; }
 

@@ -38,6 +38,8 @@ struct SearchOptions {
   int max_cp = 1 << 30;
   std::vector<int> zero_stages{0, 1, 2, 3};
   bool sequence_parallel = true;  //!< try tensor parallelism with sequence parallelism as well
+  //! Only layouts whose pipeline parts hold the same number of layers (Megatron-LM asserts it; loom splits unevenly).
+  bool even_parts = false;
 };
 
 namespace detail {
@@ -82,6 +84,11 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
                   Run r = run;
                   r.recompute = rc;
                   ++tried;
+                  if (o.even_parts && s.layers % (pp * l.chunks()) != 0) {
+                    reject(loom::detail::cat(s.layers, " layers do not split evenly into ", pp * l.chunks(),
+                                             " pipeline parts"), l);
+                    continue;
+                  }
                   if (r.batch % dp != 0 ||
                       (o.micro_batch_size > 0 && (r.batch / dp) % o.micro_batch_size != 0)) {
                     reject(loom::detail::cat("the batch of ", r.batch, " does not split over dp"), l);

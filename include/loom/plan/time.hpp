@@ -47,11 +47,12 @@ inline double all_to_all_time(double bytes, int n, const Link& k, double base) {
   return base + (n - 1) * k.latency + double(n - 1) / n * bytes / k.bandwidth;
 }
 
-//! The link a group of n ranks, `stride` apart in rank order, spans: inside a node while stride * n fits in one.
-//! Across nodes, a group with g members in each node crosses between nodes on g devices' network links at once
-//! (NCCL's rings and trees use every NIC of a node), up to what the links inside the node carry.
+//! The link a group of n ranks, `stride` apart in rank order, spans: inside a node while stride * n divides a node's
+//! devices (else some group straddles two nodes: tp6 on nodes of 8). Across nodes, a group with g members in each
+//! node crosses between nodes on g devices' network links at once (NCCL's rings and trees use every NIC of a
+//! node), up to what the links inside the node carry.
 inline Link link_of(const Cluster& c, int stride, int n) {
-  if (stride * n <= c.devices_per_node) return c.intra;
+  if (c.devices_per_node % (stride * n) == 0) return c.intra;
   const int g = std::clamp(c.devices_per_node / std::max(1, stride), 1, n);
   return {std::min(c.intra.bandwidth, c.inter.bandwidth * g), c.inter.latency};
 }
