@@ -26,6 +26,7 @@ if(TARGET loom-plan AND TARGET train_gpt)
   loom_plan_ledger(mixtral_pp2_zb_h1_dropless --model;mixtral-small;--parallel;pp2;--schedule;zb-h1;--capacity-factor;0;${_run})
   # One micro-batch: ZeRO-3 holds the units of backward's last two chunks besides its shard.
   loom_plan_ledger(llama_dp4_zero3_one_micro_batch --model;llama-small;--parallel;dp4,zero3;--batch;8;--seq;64;--micro-batches;1)
+  loom_plan_ledger(small_dp2_zero2_one_micro_batch --model;small;--parallel;dp2,zero2;--bucket-mb;1;--batch;8;--seq;64;--micro-batches;1)
   # bench/plan_check.py, the step time against train_gpt's, on three layouts of a calibrated cluster after its
   # one-rank calibration run (its figures over 24 are docs/planner.md's).
   find_program(LOOM_PYTHON3 NAMES python3)
