@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,7 @@ const char* const usage =
     "                 [--batch B] [--seq T] [--micro-batches M] [--dtype f64|f32|bf16]\n"
     "                 [--recompute none|selective|full] [--optimizer adamw|sgd] [--capacity-factor F]\n"
     "                 [--bucket-mb MB] [--recipe loom|megatron] [--flash] [--cluster NAME|FILE] [--top K]\n"
-    "                 [--json FILE] | --validate [--json FILE] | --calibrate FILE\n";
+    "                 [--json FILE] | --validate [--cluster FILE] [--json FILE] | --calibrate FILE\n";
 
 struct Args {
   std::string model, parallel, schedule, cluster = "h100-80gb", json, recipe = "loom", calibrate, calibrate_mpi;
@@ -283,7 +284,8 @@ void search(const GptShape& s, const Args& a, const Cluster& c) {
 //! The planner against every published row: each row's error, then per kind (step time or throughput; memory) the
 //! mean and worst, and Korthikanti et al.'s iteration times beside Calculon's errors on the same runs. Fails (exit
 //! status 1) where a time row is more than 10% off, their mean more than 5%, or a memory row more than 5%.
-bool validate(const std::string& json) {
+bool validate(const std::string& json, const std::optional<Cluster>& instead) {
+  const Cluster* other = instead ? &*instead : nullptr;
   struct Errors {
     double sum = 0, worst = 0;
     int n = 0;
@@ -294,7 +296,7 @@ bool validate(const std::string& json) {
   std::printf("%-20s %-14s %-30s %-10s %10s %10s %8s\n", "source", "model", "parallel", "recompute", "published",
               "predicted", "error");
   for (const PublishedRun& p : published_runs()) {
-    const double pred = predicted_figure(p), err = pred / p.value - 1;
+    const double pred = predicted_figure(p, other), err = pred / p.value - 1;
     const bool mem = p.figure == PublishedRun::Figure::state_gib || p.figure == PublishedRun::Figure::activations_gib;
     (mem ? mem_err : time).add(err);
     if (p.source == "Korthikanti 2022 T5") t5.add(err);
@@ -322,9 +324,10 @@ bool validate(const std::string& json) {
     const GptShape s = *model_named(p.model);
     const plan::Layout pl = layout_named(p.layout);
     const Run r = run_of(p, pl);
-    const Cluster c = *cluster_named(p.cluster);
+    const Cluster c = cluster_of_run(p, other);
     SearchOptions o;
     o.every_recompute = false, o.micro_batch_size = p.micro_batch_size, o.max_cp = pl.cp, o.even_parts = true;
+    o.overlap_without_pipeline = r.fp16_grads;  // 2021: PyTorch's DDP without a pipeline, Megatron's with one
     o.schedules = {Schedule::one_f_one_b, Schedule::interleaved};
     const bool llama = p.source.starts_with("Llama");
     o.zero_stages = llama ? std::vector<int>{1} : std::vector<int>{0};
@@ -374,7 +377,12 @@ int main(int argc, char** argv) {
       std::printf("loom-plan: wrote %s (use it as --cluster %s)\n", a.calibrate.c_str(), a.calibrate.c_str());
       return 0;
     }
-    if (a.validate) return validate(a.json) ? 0 : 1;
+    if (a.validate) {
+      // --cluster FILE: a cluster file whose name is a built-in cluster's stands for it in the rows run there.
+      std::optional<Cluster> instead;
+      if (!a.cluster.empty() && !cluster_named(a.cluster)) instead = cluster_of(a.cluster);
+      return validate(a.json, instead) ? 0 : 1;
+    }
     LOOM_CHECK(!a.model.empty(), "loom-plan: --model is required\n", usage);
     const GptShape s = model_of(a.model);
     const Cluster c = cluster_of(a.cluster);

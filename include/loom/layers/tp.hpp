@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -97,10 +98,15 @@ class TpGroup {
 
   int rank() const { return rank_; }
 
+  //! f runs before each collective the group issues: on a device, what makes the buffers it is handed ready (the
+  //! model's stream synchronised; the communicators take buffers whose writes are done).
+  void before_collectives(std::function<void()> f) { ready_ = std::move(f); }
+
   //! x = sum over the group of x.
   void all_reduce(T* x, std::size_t n) {
     if constexpr (Tp::size > 1) {
       note(n).all_reduce++;
+      ready();
       link_->all_reduce({x, n});
     }
   }
@@ -108,6 +114,7 @@ class TpGroup {
   void all_reduce_acc(acc* x, std::size_t n, comm::Reduce op) {
     if constexpr (Tp::size > 1) {
       note(n).all_reduce++;
+      ready();
       link_->all_reduce_acc({x, n}, op);
     }
   }
@@ -125,6 +132,7 @@ class TpGroup {
       copy(in, out, n);
     } else {
       note(n * Tp::size, 1).reduce_scatter++;
+      ready();
       link_->reduce_scatter({in, n * Tp::size}, {out, n});
     }
   }
@@ -155,12 +163,16 @@ class TpGroup {
       copy(in, out, n);
     } else {
       note(n * Tp::size, 1).all_gather++;
+      ready();
       issue();
     }
   }
   template <class U>
   static void copy(const U* in, U* out, std::size_t n) {
     if (in != out) std::copy_n(in, n, out);
+  }
+  void ready() const {
+    if (ready_) ready_();
   }
   //! Records a collective over a tensor of n elements; an all-reduce sends its data twice.
   CollectiveCounts& note(std::size_t n, int passes = 2) {
@@ -171,14 +183,15 @@ class TpGroup {
 
   int rank_ = 0;
   std::unique_ptr<detail::TpLink<T>> link_;
+  std::function<void()> ready_;  //!< before_collectives
   Phase phase_ = Phase::other;  // the phase counts are recorded under (PhaseScope)
   std::array<CollectiveCounts, 4> counts_{};
 };
 
 //! The edges of a tensor-parallel region over N tokens of C features. Outside the region a rank holds rows()
 //! tokens: all N, or with sequence parallelism (Tp::sequence_parallel) its N / t consecutive ones, starting at
-//! first_row(). The layers of the region compute on Dev through ops; on a device the model allows only a group of
-//! one, which issues no collective (models::DeviceRules).
+//! first_row(). The layers of the region compute on Dev through ops; on a device the group's collectives take device
+//! memory, and the model synchronises its stream before each (TpGroup::before_collectives).
 template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct Region {
   static constexpr bool sequence_parallel = Tp::sequence_parallel;

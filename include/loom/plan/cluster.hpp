@@ -66,7 +66,7 @@ inline std::optional<Cluster> cluster_named(std::string_view name) {
     Cluster c;
     c.name = "a100-80gb", c.memory_bytes = 80.0 * (1 << 30), c.peak_flops = {19.5e12, 156e12, 312e12};
     c.memory_bandwidth = 2.0e12;
-    c.matmul_efficiency = 0.80, c.attention_efficiency = 0.45, c.memory_efficiency = 0.75, c.launch = 4e-6;
+    c.matmul_efficiency = 0.74, c.attention_efficiency = 0.45, c.memory_efficiency = 0.75, c.launch = 4e-6;
     c.intra = {235e9, 3.4e-6};  // NVLink 3: 300 GB/s per direction, about 235 GB/s of bus bandwidth in NCCL
     c.inter = {23e9, 9.6e-6};   // 8 x HDR 200 Gb/s per node: 25 GB/s per GPU, about 23 measured
     c.collective_base = 8.4e-6, c.usable = 0.9;

@@ -477,7 +477,7 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
                          l.ep, [&](detail::ParamDecl p) { params += p.numel; });
     }
     const double opt = 12.0 / (l.zero >= 1 ? l.zero_ranks() : 1);
-    m.bytes.parameters = 2.0 * double(params), m.bytes.gradients = 4.0 * double(params);
+    m.bytes.parameters = 2.0 * double(params), m.bytes.gradients = (r.fp16_grads ? 6.0 : 4.0) * double(params);
     m.bytes.optimizer = opt * double(params);
     m.held = {m.bytes.parameters, m.bytes.gradients, m.bytes.optimizer, 0, 0, 0};
     const double held = l.pp == 1 ? 1
@@ -485,8 +485,12 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
                         : l.schedule == Schedule::interleaved ? (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v))
                                                               : double(std::min(l.pp - stage, r.micro_batches));
     (void)slots;
-    m.bytes.activations = held * detail::part_first(s, parts, 1) * chunks * detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute,
-                                                                                  r.flash);
+    m.bytes.activations = held * detail::part_first(s, parts, 1) * chunks *
+                          detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute, r.flash);
+    // Full recomputation keeps each layer's input, and while backward reaches a layer, that layer's activations
+    // recomputed whole.
+    if (r.recompute == Recompute::full)
+      m.bytes.activations += detail::megatron_layer_activations(s, l, double(B), double(Tl), Recompute::none, r.flash);
     m.peak = m.bytes.total();
     return m;
   }

@@ -52,6 +52,13 @@ struct Run {
   //! Under Megatron-LM's recipe: attention as a fused flash kernel (causal work, no s x s scores kept) instead of
   //! the 2021-22 papers' square scores and softmax. loom's attention is always of the first kind.
   bool flash = false;
+  //! Under Megatron-LM's recipe: fp16 training as Megatron-LM ran it in 2021, the gradient buffer in fp16 (all-reduced
+  //! so) and copied to an fp32 gradient of the master weights for the step (20 bytes per parameter there); without
+  //! it, bf16's fp32 gradient buffer (18 bytes).
+  bool fp16_grads = false;
+  //! Under Megatron-LM's recipe: the gradient all-reduce overlaps the last micro-batch's backward (PyTorch's
+  //! DistributedDataParallel, or Megatron-Core's --overlap-grad-reduce); without it, it follows backward.
+  bool overlap_grad_reduce = false;
 
   //! Sequences per micro-batch on a data-parallel rank (of dp).
   constexpr int micro_batch_size(int dp) const { return batch / (dp * micro_batches); }

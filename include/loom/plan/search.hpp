@@ -40,6 +40,9 @@ struct SearchOptions {
   bool sequence_parallel = true;  //!< try tensor parallelism with sequence parallelism as well
   //! Only layouts whose pipeline parts hold the same number of layers (Megatron-LM asserts it; loom splits unevenly).
   bool even_parts = false;
+  //! Megatron-LM's recipe, as its 2021 runs used it: the gradient all-reduce overlaps backward (PyTorch's DDP)
+  //! without a pipeline, and follows it (Megatron's own DDP) with one.
+  bool overlap_without_pipeline = false;
 };
 
 namespace detail {
@@ -83,6 +86,7 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
                   if (s.experts > 0) l.ep = std::gcd(s.experts, dp * cp);
                   Run r = run;
                   r.recompute = rc;
+                  if (o.overlap_without_pipeline) r.overlap_grad_reduce = pp == 1;
                   ++tried;
                   if (o.even_parts && s.layers % (pp * l.chunks()) != 0) {
                     reject(loom::detail::cat(s.layers, " layers do not split evenly into ", pp * l.chunks(),

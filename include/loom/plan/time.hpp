@@ -212,13 +212,15 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   }
   const int dpn = l.dp * cp;
   const Link dl = detail::link_of(c, tp, dpn);
-  const double gbytes = double(params) * (megatron ? 4 : T);
+  const double gbytes = double(params) * (megatron ? (r.fp16_grads ? 2 : 4) : T);
   double dp = 0;
   if (l.zero == 0) dp = detail::all_reduce_time(gbytes, dpn, dl, c.collective_base);
   else dp = detail::gather_time(gbytes, dpn, dl, c.collective_base) +
             detail::gather_time(double(params) * T, dpn, dl, c.collective_base) * (l.zero == 3 ? 3 : 1);
-  // loom starts each bucket's reduction as backward completes it: what the last micro-batch's backward hides.
-  const double hidden = megatron ? 0 : c.overlap_efficiency * (Bw + W) * (l.zero == 3 ? m : 1);
+  // loom starts each bucket's reduction as backward completes it: what the last micro-batch's backward hides (under
+  // Megatron-LM's recipe where its run overlapped them).
+  const double hidden =
+      megatron && !r.overlap_grad_reduce ? 0 : c.overlap_efficiency * (Bw + W) * (l.zero == 3 ? m : 1);
   t.dp_comm = std::max(0.0, dp - hidden);
   const double shard = double(params) / (l.zero >= 1 ? l.zero_ranks() : 1);
   // The update's passes over the shard (and, in loom, the gradients zeroed and their norm taken: two passes more).
