@@ -35,27 +35,20 @@ struct PublishedRun {
 inline const std::vector<PublishedRun>& published_runs() {
   using F = PublishedRun::Figure;
   constexpr auto full = Recompute::full, sel = Recompute::selective, none = Recompute::none;
+  // A row of Narayanan et al.'s Table 1: sequences of 2048, full recomputation, TFLOP/s per GPU on A100s.
+  auto table1 = [](std::string_view model, std::string_view layout, int batch, int micro_batch_size, double tflops) {
+    return PublishedRun{"Narayanan 2021 T1", model, layout, batch, 2048, micro_batch_size, Recompute::full,
+                        "a100-80gb",         F::tflops_narayanan, tflops, ""};
+  };
   static const std::vector<PublishedRun> runs = {
       // Micro-batch sizes and interleaving as Megatron-LM's examples/sc21/run_table_1.sh sets them (the paper gives
       // neither); fp16 gradients, all-reduced by PyTorch's DDP during backward without a pipeline, after it with one.
-      {"Narayanan 2021 T1", "megatron-1.7b", "dp32", 512, 2048, 16, full, "a100-80gb", F::tflops_narayanan, 137, ""},
-      {"Narayanan 2021 T1", "megatron-3.6b", "tp2.dp32", 512, 2048, 16, full, "a100-80gb", F::tflops_narayanan, 138,
-       ""},
-      {"Narayanan 2021 T1", "megatron-7.5b", "tp4.dp32", 512, 2048, 16, full, "a100-80gb", F::tflops_narayanan, 142,
-       ""},
-      {"Narayanan 2021 T1", "megatron-18b", "tp8.dp32", 1024, 2048, 8, full, "a100-80gb", F::tflops_narayanan, 135, ""},
-      {"Narayanan 2021 T1", "megatron-39b", "tp8.pp2.dp32", 1536, 2048, 4, full, "a100-80gb", F::tflops_narayanan, 138,
-       ""},
-      {"Narayanan 2021 T1", "megatron-76b", "tp8.pp4.v3.dp32", 1792, 2048, 2, full, "a100-80gb", F::tflops_narayanan,
-       140, ""},
-      {"Narayanan 2021 T1", "megatron-146b", "tp8.pp8.v2.dp24", 2304, 2048, 2, full, "a100-80gb", F::tflops_narayanan,
-       148, ""},
-      {"Narayanan 2021 T1", "megatron-310b", "tp8.pp16.v2.dp15", 2160, 2048, 1, full, "a100-80gb",
-       F::tflops_narayanan, 155, ""},
-      {"Narayanan 2021 T1", "megatron-530b", "tp8.pp35.v3.dp9", 2520, 2048, 1, full, "a100-80gb", F::tflops_narayanan,
-       163, ""},
-      {"Narayanan 2021 T1", "megatron-1t", "tp8.pp64.dp6", 3072, 2048, 1, full, "a100-80gb", F::tflops_narayanan, 163,
-       ""},
+      table1("megatron-1.7b", "dp32", 512, 16, 137),      table1("megatron-3.6b", "tp2.dp32", 512, 16, 138),
+      table1("megatron-7.5b", "tp4.dp32", 512, 16, 142),  table1("megatron-18b", "tp8.dp32", 1024, 8, 135),
+      table1("megatron-39b", "tp8.pp2.dp32", 1536, 4, 138), table1("megatron-76b", "tp8.pp4.v3.dp32", 1792, 2, 140),
+      table1("megatron-146b", "tp8.pp8.v2.dp24", 2304, 2, 148),
+      table1("megatron-310b", "tp8.pp16.v2.dp15", 2160, 1, 155),
+      table1("megatron-530b", "tp8.pp35.v3.dp9", 2520, 1, 163), table1("megatron-1t", "tp8.pp64.dp6", 3072, 1, 163),
       {"Korthikanti 2022 T5", "megatron-22b", "tp8", 4, 2048, 4, full, "a100-80gb", F::seconds, 1.42, ""},
       {"Korthikanti 2022 T5", "megatron-22b", "tp8.sp", 4, 2048, 4, sel, "a100-80gb", F::seconds, 1.10, ""},
       {"Korthikanti 2022 T5", "gpt3-175b", "tp8.pp8.v3", 64, 2048, 1, full, "a100-80gb", F::seconds, 18.13,
