@@ -31,7 +31,7 @@ namespace {
 const char* const usage =
     "usage: loom-plan --model NAME|config.json [--parallel SPEC | --search --gpus N] [--schedule NAME]\n"
     "                 [--batch B] [--seq T] [--micro-batches M] [--dtype f64|f32|bf16]\n"
-    "                 [--recompute none|selective|full] [--optimizer adamw|sgd] [--capacity-factor F]\n"
+    "                 [--recompute none|selective|full] [--optimizer adamw|sgd] [--capacity-factor F] [--dropout P]\n"
     "                 [--bucket-mb MB] [--recipe loom|megatron] [--flash] [--cluster NAME|FILE] [--top K]\n"
     "                 [--json FILE] | --validate [--cluster FILE] [--json FILE] | --calibrate FILE\n";
 
@@ -76,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--seq") a.run.seq = int(number(f, v));
     else if (f == "--micro-batches") a.run.micro_batches = int(number(f, v)), a.micro_given = true;
     else if (f == "--capacity-factor") a.run.capacity_factor = number(f, v);
+    else if (f == "--dropout") a.run.dropout = number(f, v) > 0;
     else if (f == "--bucket-mb") a.run.bucket_bytes = std::int64_t(number(f, v) * (1 << 20));
     else if (f == "--dtype") {
       const auto d = dtype_named(v);
@@ -330,7 +331,8 @@ bool validate(const std::string& json, const std::optional<Cluster>& instead) {
     o.overlap_without_pipeline = r.fp16_grads;  // 2021: PyTorch's DDP without a pipeline, Megatron's with one
     o.schedules = {Schedule::one_f_one_b, Schedule::interleaved};
     const bool llama = p.source.starts_with("Llama");
-    o.zero_stages = llama ? std::vector<int>{1} : std::vector<int>{0};
+    o.zero_stages = llama ? std::vector<int>{2} : std::vector<int>{0};  // Llama 3's FSDP: ZeRO-2's sharding
+    if (llama) o.chunks = {2, 4, 8};  // a stage's chunks of one block each, or of 2 or 4
     // Sequence parallelism came in 2022, and a run that did without it (Korthikanti et al.'s baselines) is searched
     // among the layouts without it: the question is whether the planner finds the run's layout for its techniques.
     o.sequence_parallel = pl.sp;

@@ -120,7 +120,10 @@ inline std::string violation(const GptShape& s, const Layout& l, const Run& r) {
   if (l.zero == 3 && l.pp > 1 && !l.keep) return "zero3 under pipeline parallelism needs keep";
   if (l.schedule == Schedule::interleaved && l.pp > 1 && l.v < 2) return "the interleaved schedule needs v >= 2";
   const int parts = l.pp * l.chunks();
-  if (s.layers < parts) return cat(s.layers, " layers cannot fill ", parts, " pipeline parts (pp x chunks)");
+  if (r.ends_alone && (r.recipe != Recipe::megatron || parts < 3))
+    return "a part for the embedding alone and one for the output layer alone: Megatron-LM's recipe, 3 parts or more";
+  if (s.layers < parts - (r.ends_alone ? 2 : 0))
+    return cat(s.layers, " layers cannot fill ", parts, " pipeline parts (pp x chunks)");
   if (r.batch < 1 || r.micro_batches < 1 || r.batch % (l.dp * r.micro_batches) != 0)
     return cat("the batch of ", r.batch, " sequences does not split into dp ", l.dp, " x ", r.micro_batches,
                " micro-batches");

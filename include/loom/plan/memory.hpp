@@ -66,12 +66,14 @@ struct ParamDecl {
   int unit;
 };
 
-//! f(ParamDecl) for each parameter of blocks [first, last) of shape s on tensor-parallel rank tp_rank of tp and
-//! expert-parallel rank 0 of ep, in models::gpt_param_specs' order, with the sizes its placements give that rank.
+//! f(ParamDecl) for each parameter of blocks [first, last) of shape s, with the embedding and the output layer where
+//! the part holds them, on tensor-parallel rank tp_rank of tp and expert-parallel rank 0 of ep, in
+//! models::gpt_param_specs' order, with the sizes its placements give that rank.
 template <class F>
-constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int last, int ep, F&& f) {
+constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int last, bool embedding, bool head,
+                          int ep, F&& f) {
   const std::int64_t d = s.d_model, hd = s.head_dim();
-  const int L = s.layers, head_unit = 1 + (last - first);
+  const int head_unit = 1 + (last - first);
   auto split = [&](std::int64_t n) { return units_of(n, tp, tp_rank).count; };
   const std::int64_t vocab_rows = split(s.vocab);
   const bool rms = s.norm == models::NormKind::rms;
@@ -88,8 +90,8 @@ constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int
     linear(d, up, s.bias, true, unit);
     linear(split(width), d, s.bias, false, unit);
   };
-  if (first == 0 || (s.tied && last == L)) f(ParamDecl{vocab_rows * d, false, first == 0 ? 0 : head_unit});
-  if (first == 0 && !s.rope()) f(ParamDecl{std::int64_t{s.max_seq} * d, false, 0});
+  if (embedding || (s.tied && head)) f(ParamDecl{vocab_rows * d, false, embedding ? 0 : head_unit});
+  if (embedding && !s.rope()) f(ParamDecl{std::int64_t{s.max_seq} * d, false, 0});
   for (int l = first; l < last; ++l) {
     const int u = 1 + (l - first);
     norm(u);
@@ -111,10 +113,16 @@ constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int
       if (s.bias) f(ParamDecl{d, true, u});
     }
   }
-  if (last == L) {
+  if (head) {
     norm(head_unit);
     if (!s.tied) f(ParamDecl{vocab_rows * d, false, head_unit});
   }
+}
+//! The same for blocks [first, last) of a part that holds the embedding with block 0 and the output layer with the
+//! last block (loom's parts).
+template <class F>
+constexpr void each_param(const GptShape& s, int tp, int tp_rank, int first, int last, int ep, F&& f) {
+  each_param(s, tp, tp_rank, first, last, first == 0, last == s.layers, ep, static_cast<F&&>(f));
 }
 
 //! Elements of a piece of len elements that rank 0 of n owns (ShardPlan: chunks of ceil(len / n)).
@@ -384,12 +392,19 @@ constexpr double loom_chunk_activations(const Act& a, int first, int last, bool 
 //! without recomputation sbh(10 + 24/t + 5as/(ht)), with sequence parallelism (sbh/t)(34 + 5as/h); selective
 //! recomputation drops the attention core's 5as/h terms; full recomputation keeps the layer's input, 2sbh (/t
 //! with sp). s is the rank's share of the sequence under context parallelism. A flash attention keeps no scores.
+//! The same count for any block: outside the tensor-parallel region the two norms' inputs, the attention's and the
+//! MLP's inputs (8) and, with dropout, its two masks (2); inside, q and the output (4), k and v (4 kv/a), the MLP's
+//! hidden rows before and after the activation (4f/h; gated, the gate's and up's and their product's, 6f/h), and the
+//! core's softmax (2as/h) and its dropout mask and output (3as/h). GPT's 4h MLP with dropout gives the paper's 10
+//! and 24.
 constexpr double megatron_layer_activations(const GptShape& g, const Layout& l, double b, double s, Recompute rc,
-                                            bool flash) {
-  const double h = g.d_model, a = g.heads, t = l.tp;
+                                            bool flash, bool dropout = true) {
+  const double h = g.d_model, a = g.heads, t = l.tp, f = g.ffn();
   if (rc == Recompute::full) return 2 * s * b * h / (l.sp ? t : 1);
-  const double core = rc == Recompute::selective || flash ? 0 : 5 * a * s / h;
-  return l.sp ? s * b * h / t * (34 + core) : s * b * h * (10 + 24 / t + core / t);
+  const double outside = 8 + (dropout ? 2 : 0);
+  const double inside = 4 + 4.0 * g.kv_heads / a + (g.gated() ? 6 : 4) * f / h;
+  const double core = rc == Recompute::selective || flash ? 0 : (dropout ? 5 : 2) * a * s / h;
+  return l.sp ? s * b * h / t * (outside + inside + core) : s * b * h * (outside + (inside + core) / t);
 }
 
 //! The first block of pipeline part k of `parts` (k = parts: the end): an even split, the first parts a block more
@@ -397,6 +412,23 @@ constexpr double megatron_layer_activations(const GptShape& g, const Layout& l, 
 constexpr int part_first(const GptShape& s, int parts, int k) {
   const int per = s.layers / parts, extra = s.layers % parts;
   return k * per + std::min(k, extra);
+}
+
+//! Pipeline part k of `parts`: its blocks [first, last), and whether it holds the embedding and the output layer.
+//! part_first's split; with ends_alone (Llama 3's pipeline, under Megatron-LM's recipe), the first part holds the
+//! embedding alone and the last the output layer alone, the blocks split over the others.
+struct PartSpan {
+  int first, last;
+  bool embedding, head;
+};
+constexpr PartSpan part_span(const GptShape& s, int parts, int k, bool ends_alone = false) {
+  if (!ends_alone || parts < 3) return {part_first(s, parts, k), part_first(s, parts, k + 1), k == 0, k == parts - 1};
+  const int inner = parts - 2, per = s.layers / inner, extra = s.layers % inner;
+  auto first = [&](int j) {
+    j = std::clamp(j, 0, inner);
+    return j * per + std::min(j, extra);
+  };
+  return {first(k - 1), first(k), k == 0, k == parts - 1};
 }
 
 //! Which part chunk `chunk` of pipeline stage `stage` holds.
@@ -471,13 +503,17 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     // bf16 parameters, fp32 gradients, fp32 moments and master weights: 18 bytes per parameter, 6 + 12 / dp with the
     // distributed optimizer; activations by the per-layer formula, the stage's in-flight micro-batches of its layers.
     std::int64_t params = 0;
+    int layers = 0;  // the stage's blocks
     for (int c = 0; c < chunks; ++c) {
-      const int part = detail::part_of(l, stage, c);
-      detail::each_param(s, l.tp, 0, detail::part_first(s, parts, part), detail::part_first(s, parts, part + 1),
-                         l.ep, [&](detail::ParamDecl p) { params += p.numel; });
+      const detail::PartSpan p = detail::part_span(s, parts, detail::part_of(l, stage, c), r.ends_alone);
+      detail::each_param(s, l.tp, 0, p.first, p.last, p.embedding, p.head, l.ep,
+                         [&](detail::ParamDecl d) { params += d.numel; });
+      layers += p.last - p.first;
     }
+    // ZeRO-2 (Llama 3's FSDP, which reduce-scatters the gradients in fp32) keeps a shard of the fp32 gradients.
     const double opt = 12.0 / (l.zero >= 1 ? l.zero_ranks() : 1);
-    m.bytes.parameters = 2.0 * double(params), m.bytes.gradients = (r.fp16_grads ? 6.0 : 4.0) * double(params);
+    m.bytes.parameters = 2.0 * double(params);
+    m.bytes.gradients = (l.zero >= 2 ? 4.0 / l.zero_ranks() : r.fp16_grads ? 6.0 : 4.0) * double(params);
     m.bytes.optimizer = opt * double(params);
     m.held = {m.bytes.parameters, m.bytes.gradients, m.bytes.optimizer, 0, 0, 0};
     const double held = l.pp == 1 ? 1
@@ -485,12 +521,14 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
                         : l.schedule == Schedule::interleaved ? (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v))
                                                               : double(std::min(l.pp - stage, r.micro_batches));
     (void)slots;
-    m.bytes.activations = held * detail::part_first(s, parts, 1) * chunks *
-                          detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute, r.flash);
+    m.bytes.activations = held * layers *
+                          detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute, r.flash,
+                                                             r.dropout);
     // Full recomputation keeps each layer's input, and while backward reaches a layer, that layer's activations
     // recomputed whole.
     if (r.recompute == Recompute::full)
-      m.bytes.activations += detail::megatron_layer_activations(s, l, double(B), double(Tl), Recompute::none, r.flash);
+      m.bytes.activations +=
+          detail::megatron_layer_activations(s, l, double(B), double(Tl), Recompute::none, r.flash, r.dropout);
     m.peak = m.bytes.total();
     return m;
   }

@@ -59,6 +59,14 @@ struct Run {
   //! Under Megatron-LM's recipe: the gradient all-reduce overlaps the last micro-batch's backward (PyTorch's
   //! DistributedDataParallel, or Megatron-Core's --overlap-grad-reduce); without it, it follows backward.
   bool overlap_grad_reduce = false;
+  //! Under Megatron-LM's recipe: dropout, whose masks the activations keep (GPT-3's runs; Llama 3 trains without).
+  bool dropout = true;
+  //! Under Megatron-LM's recipe: Llama 3's pipeline, whose first part holds the embedding alone and last part the
+  //! output layer alone, the blocks split over the parts between (a stage's first chunk then has no block).
+  bool ends_alone = false;
+  //! Under Megatron-LM's recipe: context parallelism as Llama 3 ran it, each layer's keys and values all-gathered over
+  //! the group before attention (and their gradients reduce-scattered), not passed around a ring under it.
+  bool cp_all_gather = false;
 
   //! Sequences per micro-batch on a data-parallel rank (of dp).
   constexpr int micro_batch_size(int dp) const { return batch / (dp * micro_batches); }

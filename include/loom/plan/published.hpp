@@ -85,12 +85,12 @@ inline const std::vector<PublishedRun>& published_runs() {
        ""},
       {"Korthikanti 2022 F1", "megatron-1t", "tp8.sp.pp64", 512, 2048, 1, sel, "a100-80gb", F::activations_gib, 26.5625,
        ""},
-      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp64.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
-       F::tflops_palm, 430, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
-      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v4.dp128.zero1", 2048, 8192, 1, Recompute::none, "h100-80gb",
-       F::tflops_palm, 400, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
-      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.cp16.pp16.v4.dp8.zero1", 128, 131072, 1, Recompute::none, "h100-80gb",
-       F::tflops_palm, 380, "interleaved with 4 chunks, flash attention, no recomputation, distributed optimizer assumed"},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v8.dp64.zero2", 2048, 8192, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 430, "8 chunks a stage of one block each, the embedding and the output layer alone; FSDP; no dropout"},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.pp16.v8.dp128.zero2", 2048, 8192, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 400, "8 chunks a stage of one block each, the embedding and the output layer alone; FSDP; no dropout"},
+      {"Llama 3 2024 T4", "llama3-405b", "tp8.sp.cp16.pp16.v8.dp8.zero2", 128, 131072, 1, Recompute::none, "h100-80gb",
+       F::tflops_palm, 380, "8 chunks a stage of one block each, the embedding and the output layer alone; FSDP; no dropout"},
   };
   return runs;
 }
@@ -104,6 +104,10 @@ inline Run run_of(const PublishedRun& p, const Layout& l) {
   // Narayanan et al.'s 2021 runs: fp16, PyTorch's DDP without a pipeline (Megatron's own, after backward, with one).
   r.fp16_grads = p.figure == PublishedRun::Figure::tflops_narayanan;
   r.overlap_grad_reduce = r.fp16_grads && l.pp == 1;
+  // Llama 3: no dropout; its pipeline's first and last parts hold the embedding and the output layer alone; its
+  // context parallelism all-gathers keys and values.
+  const bool llama = p.figure == PublishedRun::Figure::tflops_palm;
+  r.dropout = !llama, r.ends_alone = r.cp_all_gather = llama;
   return r;
 }
 
@@ -127,10 +131,9 @@ inline double predicted_figure(const PublishedRun& p, const Cluster* instead = n
     std::int64_t params = 0;
     const int parts = l.pp * l.chunks();
     for (int c = 0; c < l.chunks(); ++c) {
-      const int part = detail::part_of(l, 0, c), first = detail::part_first(s, parts, part),
-                last = detail::part_first(s, parts, part + 1);
-      detail::each_param(s, l.tp, 0, first, last, l.ep, [&](detail::ParamDecl d) {
-        if (d.unit >= 1 && d.unit <= last - first) params += d.numel;
+      const detail::PartSpan p = detail::part_span(s, parts, detail::part_of(l, 0, c), r.ends_alone);
+      detail::each_param(s, l.tp, 0, p.first, p.last, p.embedding, p.head, l.ep, [&](detail::ParamDecl d) {
+        if (d.unit >= 1 && d.unit <= p.last - p.first) params += d.numel;
       });
     }
     return 18.0 * double(params) / gib;

@@ -32,8 +32,10 @@ struct SearchOptions {
   //! Sequences per micro-batch on a rank; the micro-batches per step follow from the data-parallel degree. 0: the
   //! run's micro_batches, unchanged.
   int micro_batch_size = 1;
-  //! The pipeline schedules to try (a published run's own era may not have had them all).
+  //! The pipeline schedules to try (a published run's own era may not have had them all), and the interleaved
+  //! schedule's chunks per stage.
   std::vector<Schedule> schedules{Schedule::one_f_one_b, Schedule::interleaved, Schedule::zero_bubble_v};
+  std::vector<int> chunks{2, 3, 4};
   //! The largest context-parallel degree (1: none), and the ZeRO stages to try.
   int max_cp = 1 << 30;
   std::vector<int> zero_stages{0, 1, 2, 3};
@@ -73,8 +75,9 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
         const int dp = gpus / tp / cp / pp;
         for (int zero : o.zero_stages)
           for (int sp = 0; sp <= (tp > 1 && o.sequence_parallel ? 1 : 0); ++sp)
-            for (int v : {1, 2, 3, 4})
+            for (std::size_t vi = 0; vi <= o.chunks.size(); ++vi)
               for (Schedule sched : o.schedules) {
+                const int v = vi == 0 ? 1 : o.chunks[vi - 1];
                 if ((dp == 1 && zero > 0) || (pp == 1 && sched != Schedule::one_f_one_b) ||
                     ((sched == Schedule::interleaved) != (v > 1)))
                   continue;
@@ -87,8 +90,9 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
                   Run r = run;
                   r.recompute = rc;
                   if (o.overlap_without_pipeline) r.overlap_grad_reduce = pp == 1;
+                  r.ends_alone = run.ends_alone && pp * l.chunks() >= 3;  // a run's pipeline recipe, where it has one
                   ++tried;
-                  if (o.even_parts && s.layers % (pp * l.chunks()) != 0) {
+                  if (o.even_parts && !r.ends_alone && s.layers % (pp * l.chunks()) != 0) {
                     reject(loom::detail::cat(s.layers, " layers do not split evenly into ", pp * l.chunks(),
                                              " pipeline parts"), l);
                     continue;

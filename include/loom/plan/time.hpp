@@ -131,10 +131,9 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
     double gemm = 0, attn = 0, mem = 0, mem_bwd = 0, tpc = 0, epc = 0;
     bool has_head = false;
     for (int k = 0; k < l.chunks(); ++k) {
-      const int part = detail::part_of(l, stage, k);
-      for (int layer = detail::part_first(s, parts, part); layer < detail::part_first(s, parts, part + 1); ++layer)
-        block_forward(layer, gemm, attn, mem, mem_bwd, tpc, epc);
-      has_head = has_head || part == parts - 1;
+      const detail::PartSpan p = detail::part_span(s, parts, detail::part_of(l, stage, k), r.ends_alone);
+      for (int layer = p.first; layer < p.last; ++layer) block_forward(layer, gemm, attn, mem, mem_bwd, tpc, epc);
+      has_head = has_head || p.head;
     }
     double hd_time = 0;
     if (has_head) {
@@ -148,13 +147,15 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
     // attention; Ulysses four all-to-alls of the layer's q, k, v and output.
     int blocks = 0;
     for (int k = 0; k < l.chunks(); ++k) {
-      const int part = detail::part_of(l, stage, k);
-      blocks += detail::part_first(s, parts, part + 1) - detail::part_first(s, parts, part);
+      const detail::PartSpan p = detail::part_span(s, parts, detail::part_of(l, stage, k), r.ends_alone);
+      blocks += p.last - p.first;
     }
     double cpc = 0;
     if (cp > 1) {
       const Link lk = detail::link_of(c, tp, cp);
-      if (l.ulysses) {
+      if (r.cp_all_gather) {  // Llama 3's: k and v all-gathered before attention (their gradients reduce-scattered)
+        cpc = blocks * detail::gather_time(2 * B * Tl * cp * kv * hd * T, cp, lk, c.collective_base);
+      } else if (l.ulysses) {
         cpc = blocks * 4 * detail::all_to_all_time(N * d / tp * T, cp, lk, c.collective_base);
       } else {
         const double pass = (cp - 1) * (lk.latency + c.collective_base + 2 * B * Tl * kv * hd * T / lk.bandwidth);
@@ -206,9 +207,9 @@ inline StepTime step_time(const GptShape& s, const Layout& l, const Run& r, cons
   // before forward and backward as well).
   std::int64_t params = 0;
   for (int k = 0; k < l.chunks(); ++k) {
-    const int part = detail::part_of(l, 0, k);
-    detail::each_param(s, tp, 0, detail::part_first(s, parts, part), detail::part_first(s, parts, part + 1), l.ep,
-                       [&](detail::ParamDecl p) { params += p.numel; });
+    const detail::PartSpan p = detail::part_span(s, parts, detail::part_of(l, 0, k), r.ends_alone);
+    detail::each_param(s, tp, 0, p.first, p.last, p.embedding, p.head, l.ep,
+                       [&](detail::ParamDecl d) { params += d.numel; });
   }
   const int dpn = l.dp * cp;
   const Link dl = detail::link_of(c, tp, dpn);
