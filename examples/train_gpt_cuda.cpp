@@ -1,6 +1,6 @@
-// train_gpt's layouts on a CUDA device: one rank, and data and tensor parallelism over ranks that share the GPU
-// (threads of this process, through the Local backend's device memory). Compiled by nvcc where loom is built with
-// CUDA.
+// train_gpt's layouts on a CUDA device: one rank, and data and tensor parallelism (with sequence parallelism or
+// without) over ranks that share the GPU (threads of this process, through the Local backend's device memory).
+// Compiled where loom is built with CUDA.
 #include <loom/core/cuda_device.hpp>
 #include <loom/comm/local_cuda.hpp>
 #include <loom/kernels/cuda/device_ops.hpp>
@@ -9,7 +9,8 @@
 
 namespace train_gpt {
 
-using CudaLayouts = DeviceFamily<Cuda, Parallel<>, Parallel<DP<2>>, Parallel<TP<2>>, Parallel<TP<2>, DP<2>>>;
+using CudaLayouts = DeviceFamily<Cuda, Parallel<>, Parallel<DP<2>>, Parallel<TP<2>>, Parallel<TP<2>, DP<2>>,
+                                 Parallel<TP<2, SequenceParallel>>>;
 
 std::optional<int> run_cuda(const std::string& layout, const Args& a, int& argc, char**& argv) {
   const auto gpu = cuda_availability();

@@ -360,7 +360,7 @@ if(TARGET train_gpt)
     # --device cuda: one rank, and two ranks sharing the GPU, log the CPU's losses (f64, dropout) to 9 digits.
     add_test(NAME train_gpt_cuda_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
-              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
     # ... and sample the text the CPU's run samples.
     add_test(NAME train_gpt_cuda_samples
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DRUNS=--device cuda;--parallel dp2 --device cuda"

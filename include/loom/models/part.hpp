@@ -41,15 +41,12 @@ struct MicroBatch {
 
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.
 //!
-//! On a device, tensor parallelism runs its collectives on device memory (Local with <loom/comm/local_cuda.hpp>,
-//! ranks sharing one GPU), the model's stream synchronised before each; sequence parallelism, whose replicated
-//! parameters' gradients are summed over the group in host memory, does not run there yet.
+//! On a device, tensor parallelism (with sequence parallelism or without) runs its collectives on device memory
+//! (Local with <loom/comm/local_cuda.hpp>, ranks sharing one GPU), the model's stream synchronised before each, and
+//! sums its ranks' shared gradients there (SharedGradients).
 template <class Dev, class Cfg>
 struct DeviceRules {
   static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
-  static_assert(std::is_same_v<Dev, Host> || !Cfg::sequence_parallel,
-                "loom: a model on a CUDA device supports tensor parallelism without sequence parallelism only (the "
-                "replicated parameters' gradients are summed in host memory)");
   static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1,
                 "loom: a model on a CUDA device supports cp = 1 only (ring and Ulysses attention run on the host)");
   static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,

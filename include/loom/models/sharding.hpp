@@ -3,8 +3,10 @@
 // per step.
 #pragma once
 
+#include <loom/kernels/ops.hpp>
 #include <loom/layers/param.hpp>
 #include <loom/layers/tp.hpp>
+#include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -61,9 +63,14 @@ void scatter_params(const std::vector<layers::ParamSpec>& specs, const std::vect
 //! The gradients that several ranks of a tensor-parallel group Tp hold, of the parameters of one part: with sequence
 //! parallelism the replicated ones (each rank saw its own tokens), and the key/value heads that ranks share when
 //! kv_heads < TP. A backward keeps them (keep) before it adds to them, and sums what it added over the group once
-//! it is done (sum), in one all-reduce for all: gradients accumulated over micro-batches are summed once.
-template <class T, class Tp>
+//! it is done (sum), in one all-reduce for all: gradients accumulated over micro-batches are summed once. The
+//! gradients are in Dev's memory, and so is what it packs them into (on the host a std::vector, which the memory
+//! ledger does not count; on a device a tensor, moved by the model's ops).
+template <class T, class Tp, class Dev = Host>
 class SharedGradients {
+  static constexpr bool on_host = kernels::is_host_v<Dev>;
+  using Buf = std::conditional_t<on_host, std::vector<T>, Tensor<T, Dev>>;
+
  public:
   explicit SharedGradients(const std::vector<layers::ParamSpec>& specs) : specs_(specs) {}
 
@@ -74,41 +81,68 @@ class SharedGradients {
     return false;
   }
   //! Remembers the shared gradients of parameters [first, last) before a backward adds to them.
-  void keep(const T* grads, std::size_t first, std::size_t last) { pack(grads, first, last, before_); }
+  void keep(const T* grads, std::size_t first, std::size_t last, const kernels::Ops<Dev>& ops) {
+    pack(grads, first, last, before_, ops);
+  }
 
   //! Sums over tp what the backward added to the shared gradients of [first, last) since keep(first, last).
-  void sum(layers::TpGroup<T, Tp>& tp, T* grads, std::size_t first, std::size_t last) {
+  void sum(layers::TpGroup<T, Tp>& tp, T* grads, std::size_t first, std::size_t last, const kernels::Ops<Dev>& ops) {
     if constexpr (Tp::size == 1) return;
-    std::vector<T> buf;
-    if (!pack(grads, first, last, buf)) return;
-    LOOM_CHECK(buf.size() == before_.size(), "the shared gradients were summed without being kept");
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] -= before_[i];
+    Buf buf;
+    if (!pack(grads, first, last, buf, ops)) return;
+    const std::size_t n = size(buf);
+    LOOM_CHECK(n == size(before_), "the shared gradients were summed without being kept");
+    if constexpr (on_host) {
+      for (std::size_t i = 0; i < n; ++i) buf[i] -= before_[i];
+    } else {  // buf += -before, before left as it was
+      ops.scale(before_.data(), n, -1), ops.accumulate(before_.data(), buf.data(), n), ops.scale(before_.data(), n, -1);
+    }
     {
       auto counted = tp.counting(layers::Phase::grads);
-      tp.all_reduce(buf.data(), buf.size());
+      tp.all_reduce(buf.data(), n);
     }
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += before_[i];
-    each(grads, first, last, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(b, len, g); });
+    if constexpr (on_host) {
+      for (std::size_t i = 0; i < n; ++i) buf[i] += before_[i];
+    } else {
+      ops.accumulate(before_.data(), buf.data(), n);
+    }
+    each(grads, first, last, buf, [&](T* g, T* b, std::int64_t len) { copy(ops, b, g, len); });
   }
 
  private:
   bool shared(const layers::ParamSpec& s) const {
     return s.layout.shared_numel() > 0 && (!s.replicated || Tp::sequence_parallel);
   }
+  static std::size_t size(const Buf& b) {
+    if constexpr (on_host) return b.size();
+    else return b.defined() ? static_cast<std::size_t>(b.numel()) : 0;
+  }
+  static void copy(const kernels::Ops<Dev>& ops, const T* from, T* to, std::int64_t len) {
+    if constexpr (on_host) std::copy_n(from, len, to);
+    else ops.copy(from, to, static_cast<std::size_t>(len));
+  }
   //! The shared gradients of [first, last) in one buffer laid out alike on every rank (zero where this rank holds
   //! nothing); false when there are none.
-  bool pack(const T* grads, std::size_t first, std::size_t last, std::vector<T>& buf) const {
+  bool pack(const T* grads, std::size_t first, std::size_t last, Buf& buf, const kernels::Ops<Dev>& ops) const {
     std::int64_t n = 0;
     for (std::size_t p = first; p < last; ++p)
       if (shared(specs_[p])) n += specs_[p].layout.shared_numel();
-    buf.assign(static_cast<std::size_t>(n), T(0));
-    if (n == 0) return false;
-    each(const_cast<T*>(grads), first, last, buf, [](T* g, T* b, std::int64_t len) { std::copy_n(g, len, b); });
+    if (n == 0) {
+      buf = Buf();
+      return false;
+    }
+    if constexpr (on_host) {
+      buf.assign(static_cast<std::size_t>(n), T(0));
+    } else {
+      buf = Buf({n});
+      ops.fill(buf.data(), static_cast<std::size_t>(n), T(0));
+    }
+    each(const_cast<T*>(grads), first, last, buf, [&](T* g, T* b, std::int64_t len) { copy(ops, g, b, len); });
     return true;
   }
   //! f(gradient piece, its place in the packed buffer, length) over the shared pieces of [first, last).
   template <class F>
-  void each(T* grads, std::size_t first, std::size_t last, std::vector<T>& buf, F&& f) const {
+  void each(T* grads, std::size_t first, std::size_t last, Buf& buf, F&& f) const {
     std::int64_t at = 0;
     for (std::size_t p = first; p < last; ++p) {
       const auto& s = specs_[p];
@@ -121,7 +155,7 @@ class SharedGradients {
   }
 
   const std::vector<layers::ParamSpec>& specs_;
-  std::vector<T> before_;
+  Buf before_;
 };
 
 }  // namespace loom::models

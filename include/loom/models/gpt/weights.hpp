@@ -197,12 +197,8 @@ class GptWeights {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
     // On a device the tensor-parallel collectives read what the model's stream wrote: it is synchronised first.
-    if constexpr (!on_host) {
+    if constexpr (!on_host)
       if (tensor_parallel::size > 1) tp_.before_collectives([ops = ops_] { ops.synchronize(); });
-      LOOM_CHECK(!shared_.any(), "a model on a CUDA device cannot yet hold parameters that several of its tp = ",
-                 tensor_parallel::size, " ranks share (", s.kv_heads, " key/value heads): their gradients are summed "
-                 "in host memory");
-    }
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
     {
       MemoryUseScope use(MemoryUse::parameters);
@@ -228,10 +224,10 @@ class GptWeights {
   //! A backward keeps the gradients that tensor-parallel ranks share before it adds to those of r, and sums them
   //! over the group after.
   void keep_shared(ParamRange r) {
-    if constexpr (tp_size > 1) shared_.keep(grads_.data(), r.first, r.last);
+    if constexpr (tp_size > 1) shared_.keep(grads_.data(), r.first, r.last, ops_);
   }
   void sum_shared(ParamRange r) {
-    if constexpr (tp_size > 1) shared_.sum(tp_, grads_.data(), r.first, r.last);
+    if constexpr (tp_size > 1) shared_.sum(tp_, grads_.data(), r.first, r.last, ops_);
   }
 
   //! s, if a model of that shape can be split over the layout's tensor- and context-parallel groups and ep
@@ -256,7 +252,7 @@ class GptWeights {
   layers::TpGroup<T, tensor_parallel> tp_;
   std::vector<ParamSpec> specs_;
   GptParamIndex ix_;
-  SharedGradients<T, tensor_parallel> shared_;  //!< refers to specs_
+  SharedGradients<T, tensor_parallel, Dev> shared_;  //!< refers to specs_
   Buf params_, grads_;
 };
 
