@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -84,14 +85,15 @@ struct BackwardChunk {
 };
 //! Records the parameters r a backward chunk completed (r.also too) in `complete`, and calls start(b) for every
 //! bucket from `next` on that is now complete, in bucket order, so that every rank issues the same collectives.
-//! Then (even when a start fails) start.chunk_done(), where Start has one: the chunk's starts are issued.
+//! Then start.chunk_done(failed), where Start has one: the chunk's starts are issued, or one of them failed.
 template <class Model, class Range, class Start>
 comm::Handles start_completed(const Range& r, const std::vector<Bucket>& buckets, std::vector<char>& complete,
                               std::size_t& next, Start& start) {
   struct Done {
     Start& start;
+    int unwinding = std::uncaught_exceptions();
     ~Done() {
-      if constexpr (requires { start.chunk_done(); }) start.chunk_done();
+      if constexpr (requires { start.chunk_done(false); }) start.chunk_done(std::uncaught_exceptions() > unwinding);
     }
   } done{start};
   for (std::size_t p = r.first; p < r.last; ++p) complete[p] = 1;

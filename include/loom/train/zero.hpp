@@ -261,7 +261,7 @@ class ZeroBase {
     static constexpr const char* name = "reduce_scatter buckets";
     ZeroBase* self;
     comm::Handle operator()(std::size_t b) const { return self->start(b); }
-    void chunk_done() const { self->chunk_started(); }
+    void chunk_done(bool failed) const { self->chunk_started(failed); }
   };
   //! Before backward chunk c: the buckets released whose reduce-scatter has read them (on the host, those the
   //! chunks up to c - 2 completed, once read: what a rank holds does not depend on how fast its collectives
@@ -322,20 +322,23 @@ class ZeroBase {
     {
       std::unique_lock lock(mu_);
       const auto timeout = comm::default_timeout();
-      LOOM_CHECK(started_cv_.wait_for(lock, timeout, [&] { return chunks_started_ + 1 >= c; }),
+      LOOM_CHECK(started_cv_.wait_for(lock, timeout, [&] { return chunks_started_ + 1 >= c || start_failed_; }),
                  "ZeRO: backward chunk ", c, " waited ", timeout.count(), " ms for the reduce-scatters of chunk ",
                  c - 2, " to start");
+      if (start_failed_) return;  // the step fails with the start's error once backward's tasks are done
       for (std::size_t b = 0; b < started_.size(); ++b)
         if (held_[b] && started_[b] && started_at_[b] + 2 <= c) ready.push_back(b), reading.push_back(reading_[b].share());
     }
     for (auto& h : reading) h.wait();
     for (std::size_t b : ready) release(b);
   }
-  //! On Comm, once a backward chunk's reduce-scatters are issued (or failed to be).
-  void chunk_started() {
+  //! On Comm, once a backward chunk's reduce-scatters are issued, or one failed to be (then no later chunk's will:
+  //! a chunk waiting for them goes on).
+  void chunk_started(bool failed) {
     {
       std::lock_guard lock(mu_);
       ++chunks_started_;
+      start_failed_ = start_failed_ || failed;
     }
     started_cv_.notify_all();
   }
@@ -394,7 +397,7 @@ class ZeroBase {
       std::lock_guard lock(mu_);
       started_.assign(plan_.pieces.size(), 0);
       started_at_.assign(plan_.pieces.size(), 0);
-      chunks_started_ = 0;
+      chunks_started_ = 0, start_failed_ = false;
       reading_.clear();
       reading_.resize(plan_.pieces.size());
     }
@@ -497,6 +500,7 @@ class ZeroBase {
   std::vector<char> started_;          //!< during a reduction, per bucket: its reduce-scatter has started
   std::vector<std::size_t> started_at_;  //!< ... by the start stage of which backward chunk
   std::size_t chunks_started_ = 0;     //!< backward chunks whose reduce-scatters are issued
+  bool start_failed_ = false;          //!< a chunk's reduce-scatters failed to start
   std::vector<comm::Handle> reading_;  //!< during a reduction, per bucket: its reduce-scatter, while it reads it
   bool widen_;           //!< gradients are reduce-scattered in R (wider than T), not in T (ReduceIn<bf16>)
   Reduction<R> wide_;    //!< during a reduction in R
