@@ -123,16 +123,16 @@ class RoutedExperts {
   //! what a step holds does not depend on where the router sends the tokens, so a run that fits its first step fits
   //! every step. Dropless, they grow to the most a forward has routed.
   std::int64_t most_received() const {
-    const int cap = expert_capacity(Tg_, router_.top_k, E_, router_.capacity_factor);
-    if (cap < 0) return -1;
-    return std::int64_t{ep_.size()} *
-           std::min(std::int64_t{rows_} * router_.top_k, std::int64_t{B_} * local_ * cap);
+    const int cap = capacity();
+    return cap < 0 ? -1 : std::int64_t{ep_.size()} * std::min(std::int64_t{rows_} * router_.top_k,
+                                                                std::int64_t{B_} * local_ * cap);
   }
   std::int64_t most_sent() const {
-    const int cap = expert_capacity(Tg_, router_.top_k, E_, router_.capacity_factor);
-    if (cap < 0) return -1;
-    return std::min(std::int64_t{rows_} * router_.top_k, std::int64_t{B_} * E_ * cap);
+    const int cap = capacity();
+    return cap < 0 ? -1 : std::min(std::int64_t{rows_} * router_.top_k, std::int64_t{B_} * E_ * cap);
   }
+  //! Assignments an expert takes from each sequence (-1: dropless), as route() counts them.
+  int capacity() const { return expert_capacity(Tg_, router_.top_k, E_, router_.capacity_factor); }
 
   Acts make_acts() const;
   Grads make_grads() const;

@@ -74,12 +74,6 @@ class SharedGradients {
  public:
   explicit SharedGradients(const std::vector<layers::ParamSpec>& specs) : specs_(specs) {}
 
-  //! Whether any parameter has pieces that several tensor-parallel ranks hold (whose gradients sum() adds up).
-  bool any() const {
-    for (const auto& s : specs_)
-      if (shared(s)) return true;
-    return false;
-  }
   //! Remembers the shared gradients of parameters [first, last) before a backward adds to them.
   void keep(const T* grads, std::size_t first, std::size_t last, const kernels::Ops<Dev>& ops) {
     pack(grads, first, last, before_, ops);

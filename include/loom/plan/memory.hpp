@@ -139,6 +139,27 @@ struct PartState {
   std::int64_t sending = 0;       //!< ZeRO-3: the copies of its own chunks two gathers in flight send
 };
 
+//! A gradient bucket of a part: its parameters [first, last) of the part's table.
+struct BucketRange {
+  std::size_t first, last;
+};
+//! The buckets the trainer cuts a part's parameters ps into, from the last parameter back: ZeRO-3's by unit
+//! (train::unit_buckets_of), the others' of bucket_bytes or more (train::make_buckets); a bucket also ends at the
+//! first parameter and where the experts' parameters start or end.
+constexpr std::vector<BucketRange> cut_buckets(const std::vector<ParamDecl>& ps, bool by_unit, std::int64_t elem,
+                                               std::int64_t bucket_bytes) {
+  std::vector<BucketRange> out;
+  std::size_t end = ps.size();
+  std::int64_t acc = 0;
+  for (std::size_t i = ps.size(); i-- > 0;) {
+    acc += ps[i].numel * elem;
+    const bool edge = i == 0 || ps[i - 1].expert != ps[i].expert;
+    if (edge || (by_unit ? ps[i - 1].unit != ps[i].unit : acc >= bucket_bytes))
+      out.push_back({i, end}), end = i, acc = 0;
+  }
+  return out;
+}
+
 //! The part's parameters and its pieces under ZeRO: stages 1 and 2 cut the gradient buckets (train::make_buckets:
 //! from the last parameter back, a bucket closed when it reaches bucket_bytes, at the first parameter, or where
 //! the experts' parameters start or end), stage 3 the units (the embedding, each block, the head; a block's experts
@@ -160,19 +181,10 @@ constexpr PartState part_state(const GptShape& s, const Layout& l, int first, in
     int unit;
   };
   std::vector<Piece> pieces;
-  if (l.zero < 3) {
-    std::int64_t acc = 0, len = 0;
-    for (std::size_t i = ps.size(); i-- > 0;) {
-      acc += ps[i].numel * elem, len += ps[i].numel;
-      if (acc >= bucket_bytes || i == 0 || ps[i - 1].expert != ps[i].expert)
-        pieces.push_back({len, ps[i].expert, 0}), acc = 0, len = 0;
-    }
-  } else {
-    for (const ParamDecl& p : ps)
-      if (!pieces.empty() && pieces.back().unit == p.unit && pieces.back().expert == p.expert)
-        pieces.back().len += p.numel;
-      else
-        pieces.push_back({p.numel, p.expert, p.unit});
+  for (const BucketRange& b : cut_buckets(ps, l.zero == 3, elem, bucket_bytes)) {
+    std::int64_t len = 0;
+    for (std::size_t i = b.first; i < b.last; ++i) len += ps[i].numel;
+    pieces.push_back({len, ps[b.first].expert, l.zero == 3 ? ps[b.first].unit : 0});
   }
   const int units = 2 + (last - first);
   std::vector<std::int64_t> others(static_cast<std::size_t>(units), 0), chunks(static_cast<std::size_t>(units), 0);
@@ -225,22 +237,15 @@ constexpr std::int64_t backward_held(const GptShape& s, const Layout& l, std::in
   };
   std::vector<B> buckets;
   const int n = l.zero_ranks(), ne = l.ep > 1 ? l.edp() : n;
-  auto close = [&](std::size_t lo, std::size_t hi) {  // parameters [lo, hi)
+  for (const BucketRange& r : cut_buckets(ps, l.zero == 3, elem, bucket_bytes)) {
     std::int64_t len = 0;
     int first = last_chunk, complete = 0;
-    for (std::size_t i = lo; i < hi; ++i) {
+    for (std::size_t i = r.first; i < r.last; ++i) {
       len += ps[i].numel;
       const int c = chunk_of(ps[i].unit);
       first = std::min(first, (s.tied && i == 0) ? 0 : c), complete = std::max(complete, c);
     }
-    buckets.push_back({len - own_of(len, ps[lo].expert ? ne : n), first, complete});
-  };
-  std::size_t end = ps.size();
-  std::int64_t acc = 0;
-  for (std::size_t i = ps.size(); i-- > 0;) {
-    acc += ps[i].numel * elem;
-    const bool edge = i == 0 || ps[i - 1].expert != ps[i].expert;
-    if (l.zero == 3 ? edge || ps[i - 1].unit != ps[i].unit : acc >= bucket_bytes || edge) close(i, end), end = i, acc = 0;
+    buckets.push_back({len - own_of(len, ps[r.first].expert ? ne : n), first, complete});
   }
   std::int64_t most = 0;
   for (int c = 0; c <= last_chunk; ++c) {
@@ -423,11 +428,8 @@ struct PartSpan {
 };
 constexpr PartSpan part_span(const GptShape& s, int parts, int k, bool ends_alone = false) {
   if (!ends_alone || parts < 3) return {part_first(s, parts, k), part_first(s, parts, k + 1), k == 0, k == parts - 1};
-  const int inner = parts - 2, per = s.layers / inner, extra = s.layers % inner;
-  auto first = [&](int j) {
-    j = std::clamp(j, 0, inner);
-    return j * per + std::min(j, extra);
-  };
+  const int inner = parts - 2;
+  auto first = [&](int j) { return part_first(s, inner, std::clamp(j, 0, inner)); };
   return {first(k - 1), first(k), k == 0, k == parts - 1};
 }
 
