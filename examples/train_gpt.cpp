@@ -50,7 +50,7 @@ const char* usage =
     "                          mixtral-tiny|mixtral-small|HF_DIR] [--steps N] [--batch B]\n"
     "                 [--micro-batches M] [--seq T] [--lr LR]\n"
     "                 [--seed S] [--optimizer adamw|sgd] [--weight-decay W] [--grad-clip C (0: off)] [--warmup N]\n"
-    "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi]\n"
+    "                 [--dropout P] [--dtype f64|f32|bf16] [--device cpu|cuda] [--backend local|mpi|nccl]\n"
     "                 [--parallel SPEC (tpN,sp,cpN,ulysses,ppN,vN,dpN,zeroK,keep,shardS,epN)] [--bucket-mb MB]\n"
     "                 [--max-bytes B (per rank)] [--recompute none|selective|full]\n"
     "                 [--capacity-factor F (0: dropless)] [--aux-loss-coeff C] [--z-loss-coeff C]\n"
@@ -322,7 +322,8 @@ Args parse(int argc, char** argv) {
              a.optimizer, "'");
   LOOM_CHECK(a.batch_order == "sequential" || a.batch_order == "shuffle",
              "--batch-order must be sequential or shuffle, got '", a.batch_order, "'");
-  LOOM_CHECK(a.backend == "local" || a.backend == "mpi", "--backend must be local or mpi, got '", a.backend, "'");
+  LOOM_CHECK(a.backend == "local" || a.backend == "mpi" || a.backend == "nccl",
+             "--backend must be local, mpi or nccl, got '", a.backend, "'");
   if (a.backend == "local") {
     const comm::Launch l = comm::launch();
     if (l.several())
@@ -334,6 +335,8 @@ Args parse(int argc, char** argv) {
   LOOM_CHECK(a.bucket_mb > 0, "--bucket-mb must be positive, got ", show(a.bucket_mb));
   if (a.max_bytes > 0) set_memory_cap(static_cast<std::size_t>(a.max_bytes));  // else LOOM_MAX_BYTES, if set
   LOOM_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device, "'");
+  LOOM_CHECK(a.backend != "nccl" || a.device == "cuda",
+             "--backend nccl runs one process per GPU: it needs --device cuda (the CPU's ranks use local or mpi)");
   if (a.device == "cpu")
     LOOM_CHECK(a.dtype == "f32" || a.dtype == "f64", "--dtype ", a.dtype,
                ": the CPU trains in f32 or f64 (bf16 training needs --device cuda)");

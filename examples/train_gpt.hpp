@@ -163,7 +163,13 @@ struct LayoutRun {
   LayoutFacts facts;
   void (*local)(const RankFn<Pipelined, Zero>&);
   int (*mpi)(int&, char**&, const RankFn<Pipelined, Zero>&);
+  int (*nccl)(int&, char**&, const RankFn<Pipelined, Zero>&) = nullptr;  //!< on CUDA: a process per GPU
 };
+
+//! --backend nccl's launch of layout Cfg (Launch<Cfg>::nccl): one process per GPU under mpirun or srun, the NCCL
+//! communicators of every group built from the layout. Defined in train_gpt_cuda.cpp, where CUDA is.
+template <class Cfg, bool Pipelined, int Zero>
+int run_nccl_layout(int& argc, char**& argv, const RankFn<Pipelined, Zero>& f);
 
 template <class Cfg>
 struct Launch {
@@ -180,7 +186,15 @@ struct Launch {
     throw Error("loom: --backend mpi: this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
   }
-  static LayoutRun<pipelined, zero> run() { return {layout_facts<Cfg>(), &local, &mpi}; }
+  static int nccl(int& argc, char**& argv, const RankFn<pipelined, zero>& f) {
+    return run_nccl_layout<Cfg>(argc, argv, f);
+  }
+  //! How the layout runs on device Dev: on CUDA, with the Nccl backend too.
+  template <class Dev>
+  static LayoutRun<pipelined, zero> run() {
+    if constexpr (std::is_same_v<Dev, Host>) return {layout_facts<Cfg>(), &local, &mpi};
+    else return {layout_facts<Cfg>(), &local, &mpi, &nccl};
+  }
 };
 
 //! The training loop every layout shares: steps from `start`, progress, --log-json, validation, samples, the summary.
@@ -532,7 +546,6 @@ void train_rank(const Args& a, const models::GptShape& shape, const train::RankI
                 const LayoutFacts& layout, const DataSet& data, const train::DataSource* val,
                 const nlohmann::json& run) {
   using Model = models::GptModel<T, ML, Dev>;
-  static_assert(std::is_same_v<Dev, Host> || !Pipelined, "loom: train_gpt runs pipeline parallelism on the host");
   const train::TrainerOptions<models::GptOptions> options = trainer_options(a);
   auto go = [&](auto make) {
     using Opt = decltype(make(std::vector<layers::ParamSpec>{}, 0));
@@ -596,7 +609,11 @@ int train(const Args& a, const models::GptShape& S, int& argc, char**& argv, con
   if (a.backend == "mpi") {
     if constexpr (std::is_same_v<Dev, Host>)
       return layout.mpi(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, data, val.get(), run); });
-    throw Error("loom: --device cuda trains with --backend local (ranks share the GPU)");
+    throw Error("loom: --device cuda trains with --backend local (ranks share the GPU) or nccl (a process per GPU)");
+  }
+  if (a.backend == "nccl") {
+    LOOM_CHECK(layout.nccl != nullptr, "--backend nccl needs --device cuda");
+    return layout.nccl(argc, argv, [&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, data, val.get(), run); });
   }
   layout.local([&](const auto& at) { train_rank<T, ML, Dev>(a, S, at, f, data, val.get(), run); });
   return 0;
@@ -654,7 +671,7 @@ int train_model_layout(const Args& a, int& argc, char**& argv, const LayoutRun<P
 //! Layout Cfg on device Dev: what its type decides (Launch<Cfg>), then the model layout's program.
 template <class Cfg, class Dev = Host>
 int train_model(const Args& a, int& argc, char**& argv) {
-  return train_model_layout<models::ModelLayout<Cfg>, Dev>(a, argc, argv, Launch<Cfg>::run());
+  return train_model_layout<models::ModelLayout<Cfg>, Dev>(a, argc, argv, Launch<Cfg>::template run<Dev>());
 }
 
 //! Whether train_gpt compiles layout Cfg of its lists on device Dev: every one; with -DLOOM_TRAIN_GPT_ONLY="name"

@@ -91,7 +91,8 @@ if(TARGET train_gpt)
       "dropout_inf|--dropout^inf|loom: --dropout needs a finite number, got inf"
       "bucket_mb_nan|--bucket-mb^nan|loom: --bucket-mb needs a finite number, got nan"
       "negative_seed|--seed^-1|loom: --seed must not be negative, got -1"
-      "backend_nccl|--backend^nccl|loom: --backend must be local or mpi, got 'nccl'"
+      "backend_gloo|--backend^gloo|loom: --backend must be local, mpi or nccl, got 'gloo'"
+      "backend_nccl_on_cpu|--backend^nccl|loom: --backend nccl runs one process per GPU: it needs --device cuda (the CPU's ranks use local or mpi)"
       "too_many_ranks|--parallel^tp8,dp2|loom: --parallel tp8,dp2 needs 16 ranks in a layout this build does not have (compiled layouts: ${_layouts})"
       "repeated_axis|--parallel^tp2,tp4|loom: --parallel tp2,tp4: tp is given twice (tp2 and tp4)"
       "repeated_chunks|--parallel^pp2,v2,v4|loom: --parallel pp2,v2,v4: vN is given twice (v2 and v4)"
@@ -357,10 +358,21 @@ if(TARGET train_gpt)
             "-DEXTRA=--model;small;--micro-batches;2" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
   set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
   if(LOOM_WITH_CUDA)
-    # --device cuda: one rank, and two ranks sharing the GPU, log the CPU's losses (f64, dropout) to 9 digits.
+    # --device cuda: one rank, and two ranks sharing the GPU (data, tensor, sequence and pipeline parallelism under
+    # every schedule, ZeRO 1-3, ring attention), log the CPU's losses (f64, dropout) to 9 digits.
     add_test(NAME train_gpt_cuda_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
-              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda"
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    if(LOOM_WITH_MPI)
+      # --backend nccl: a process per GPU, where the machine has two.
+      add_test(NAME train_gpt_cuda_nccl_layouts
+        COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda_nccl
+                "-DLAYOUTS=dp2;tp2" -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DBACKEND=nccl
+                -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+      set_tests_properties(train_gpt_cuda_nccl_layouts PROPERTIES LABELS "gpu;model;nccl"
+                           SKIP_REGULAR_EXPRESSION "SKIPPED|no CUDA device here")
+    endif()
     # ... and sample the text the CPU's run samples.
     add_test(NAME train_gpt_cuda_samples
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DRUNS=--device cuda;--parallel dp2 --device cuda"

@@ -1,6 +1,7 @@
-// The Nccl backend on GPUs: the collective cases every backend runs (tests/comm_cases.hpp) through an adapter that
-// mirrors the cases' host vectors in device memory, plus what only a device communicator has (its stream, error
-// codes, the timeout). Without a CUDA device it prints "SKIPPED: no CUDA device here" and exits with 77.
+// The Nccl backend on GPUs: the collective cases every backend runs (tests/comm_cases.hpp) on host vectors given to
+// it directly (it stages them) and through an adapter that mirrors them in device memory, plus what only a device
+// communicator has (its stream, error codes, the timeout). Without a CUDA device it prints "SKIPPED: no CUDA device
+// here" and exits with 77.
 //   mpirun -np 1 test_comm_nccl cases | timeout      (-np 2, 4, 8 on as many GPUs: every group of a layout)
 #include "comm_cases.hpp"
 #include "gpu_skip.hpp"
@@ -212,6 +213,9 @@ void on_device(comm::NcclComm& c) {
 }
 
 void all_cases(comm::NcclComm& c) {
+  // Host vectors handed to the communicator itself: it stages them through device memory (a trainer's scalars).
+  test::collective_cases<float>(c);
+  test::collective_cases<std::int64_t>(c);
   on_device<float>(c);
   on_device<double>(c);
   on_device<bf16>(c);

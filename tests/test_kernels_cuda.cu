@@ -580,14 +580,17 @@ namespace {
 
 struct AttnCase {
   int B, T, Hq, Hkv, D;
-  bool fused;  // q, k, v (and dq, dk, dv) in one buffer, rows of (Hq + 2 Hkv) D
+  bool fused;           // q, k, v (and dq, dk, dv) in one buffer, rows of (Hq + 2 Hkv) D
+  int Tk = -1;          // keys per sequence (-1: T), for a block that every query sees
+  bool causal = true;   // false: every query sees every key of the block (ring attention's other ranks' blocks)
 };
 
 template <class T>
 void attention_case(const AttnCase& c, Rng& rng) {
   using A = gpu::acc_t<T>;
-  loom::kernels::AttentionShape s{c.B, c.T, c.Hq, c.Hkv, c.D, 0, 0, 0, float(1.0 / std::sqrt(double(c.D)))};
-  const std::size_t rows = std::size_t(c.B) * c.T;
+  loom::kernels::AttentionShape s{c.B, c.T, c.Hq, c.Hkv, c.D, 0, 0, 0, float(1.0 / std::sqrt(double(c.D))),
+                                  c.Tk, c.causal};
+  const std::size_t rows = std::size_t(c.B) * c.T, key_rows = std::size_t(c.B) * s.keys();
   std::size_t q_at = 0, k_at = 0, v_at = 0, size = 0;
   if (c.fused) {
     s.ldq = s.ldkv = std::ptrdiff_t(c.Hq + 2 * c.Hkv) * c.D;
@@ -598,13 +601,14 @@ void attention_case(const AttnCase& c, Rng& rng) {
     s.ldq = std::ptrdiff_t(c.Hq) * c.D;
     s.ldkv = std::ptrdiff_t(c.Hkv) * c.D;
     k_at = rows * s.ldq;
-    v_at = k_at + rows * s.ldkv;
-    size = v_at + rows * s.ldkv;
+    v_at = k_at + key_rows * s.ldkv;
+    size = v_at + key_rows * s.ldkv;
   }
   s.ldo = std::ptrdiff_t(c.Hq) * c.D + 8;  // 8 spare elements per row: they must stay as they are
   const std::size_t out_size = rows * s.ldo, lse_size = std::size_t(c.B) * c.Hq * c.T;
   const std::string what = " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Hq=" + std::to_string(c.Hq) +
                            " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
+                           " Tk=" + std::to_string(s.keys()) + (c.causal ? " causal" : " full") +
                            (c.fused ? " fused" : "");
 
   const auto in = rng.values<T>(size, -2.0, 2.0);
@@ -637,7 +641,8 @@ void attention_case(const AttnCase& c, Rng& rng) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads, GQA/MQA, head sizes, fused qkv",
+TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads, GQA/MQA, head sizes, fused qkv, "
+                   "blocks of keys of their own count, full or causal",
                    "[cuda][attention]", LOOM_TYPES) {
   using T = TestType;
   Rng rng(8);
@@ -645,6 +650,9 @@ TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads
       {2, 1, 2, 2, 16, false},   {2, 17, 4, 2, 16, false},  {2, 64, 4, 1, 64, false}, {1, 100, 4, 4, 64, true},
       {2, 130, 6, 2, 32, true},  {1, 130, 2, 1, 24, false}, {1, 70, 2, 2, 128, false}, {1, 200, 8, 1, 64, true},
       {3, 33, 3, 1, 48, false},  {1, 65, 2, 2, 40, true},
+      // Ring attention's blocks: every query over another rank's keys, fewer, more or as many as the queries.
+      {2, 33, 4, 2, 16, false, 17, false}, {1, 64, 2, 1, 64, false, 130, false}, {2, 70, 4, 4, 32, false, 70, false},
+      {1, 1, 2, 2, 16, false, 65, false},  {2, 96, 4, 2, 64, false, 32, false},
   };
   for (const AttnCase& c : cases) attention_case<T>(c, rng);
 }

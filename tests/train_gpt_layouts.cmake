@@ -1,9 +1,36 @@
 # train_gpt on tensor- and pipeline-parallel layouts trains the single-rank model: in double, with dropout, the losses of 5 steps
 # agree with the single-rank run's to 9 significant digits for each layout in LAYOUTS.
 #   cmake -DTG=<train_gpt> -DDIR=<scratch> "-DLAYOUTS=tp2;tp2,sp,dp2;..." ["-DEXTRA=--micro-batches;4"]
-#         [-DMPIEXEC=<mpiexec>] -P this
+#         [-DMPIEXEC=<mpiexec> [-DBACKEND=nccl]] -P this
 # A layout may carry flags of its own after a space: "pp2 --layer-split 1,3". With MPIEXEC, each layout runs as MPI
-# processes (--backend mpi, as many as the layout has ranks) and the single-rank reference as one process.
+# processes (--backend mpi, as many as the layout has ranks) and the single-rank reference as one process. With
+# BACKEND=nccl they run on the GPUs, a process on each (--device cuda --backend nccl): where the machine has fewer
+# GPUs than a layout has ranks, the check prints "SKIPPED" and why, and stops.
+if(NOT DEFINED BACKEND)
+  set(BACKEND mpi)
+endif()
+if(BACKEND STREQUAL "nccl")
+  execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE smi OUTPUT_VARIABLE gpus ERROR_QUIET)
+  set(count 0)
+  if(smi STREQUAL "0")
+    string(REGEX MATCHALL "GPU [0-9]+:" listed "${gpus}")
+    list(LENGTH listed count)
+  endif()
+  foreach(layout ${LAYOUTS})
+    separate_arguments(own UNIX_COMMAND "${layout}")
+    list(POP_FRONT own name)
+    string(REGEX MATCHALL "[0-9]+" degrees "${name}")
+    set(np 1)
+    foreach(d ${degrees})
+      math(EXPR np "${np} * ${d}")
+    endforeach()
+    if(count LESS np)
+      message(STATUS "SKIPPED: --backend nccl runs a process on each GPU; --parallel ${name} needs ${np}, and this "
+                     "machine has ${count}")
+      return()
+    endif()
+  endforeach()
+endif()
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(common --no-progress --dtype f64 --dropout 0.1 --batch-order shuffle --batch 8 --seq 32 --steps 5 ${EXTRA})
@@ -22,8 +49,11 @@ function(losses layout out)
       endif()
     endforeach()
     set(launch ${MPIEXEC} --oversubscribe --bind-to none -np ${np})
-    set(backend mpi)
-    list(APPEND own --backend mpi)
+    set(backend ${BACKEND})
+    list(APPEND own --backend ${BACKEND})
+    if(BACKEND STREQUAL "nccl")
+      list(APPEND own --device cuda)
+    endif()
   endif()
   execute_process(COMMAND ${launch} ${TG} ${common} --parallel ${layout} ${own} --log-json ${DIR}/${log}.jsonl
                   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE err)

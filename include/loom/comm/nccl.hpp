@@ -1,5 +1,6 @@
 // The Nccl backend: one process and one GPU per rank, one NCCL communicator and one CUDA stream per group; buffers
-// are device memory (std::span<T> over it). Every operation is bounded by the timeout: on expiry the communicator
+// are device memory (std::span<T> over it), or host memory, which an operation stages through device memory on its
+// stream (a trainer's scalars: a loss, a norm, a flag). Every operation is bounded by the timeout: on expiry the communicator
 // is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and rank. NCCL and
 // CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with mpirun, one rank per GPU.
 #pragma once
@@ -17,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +26,8 @@
 #include <exception>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace loom::comm {
 
@@ -185,12 +189,14 @@ class NcclComm : public Frontend<NcclComm> {
   using Clock = std::chrono::steady_clock;
 
   void run(Op& op) {
+    Staged staged;  // what it stages is freed however it ends
     if (!comm_)
       throw Error(loom::detail::cat("loom: ", name_of(op.kind), " on group ", info_.describe(), ", global rank ",
                                     global_rank(), ": the NCCL communicator was aborted by an earlier failure"));
     LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
     const std::uint64_t seq = ++seq_;
     try {
+      staged = stage(op);
       enqueue(op);
       LOOM_CUDA(cudaEventRecord(done_, stream_));
     } catch (...) {
@@ -198,6 +204,7 @@ class NcclComm : public Frontend<NcclComm> {
       throw;
     }
     wait(op, seq);
+    staged.back();  // once the operation is done: a copy to pageable memory blocks the thread
   }
 
   void enqueue(Op& op) {
@@ -268,6 +275,97 @@ class NcclComm : public Frontend<NcclComm> {
         });
         return;
     }
+  }
+
+  //! The host buffers of an operation, each in device memory of its own for the operation: copied there before it
+  //! (what it reads), copied back after it (what it writes), and freed, all on the stream.
+  struct Staged {
+    struct Buffer {
+      void* host;
+      void* device = nullptr;
+      std::size_t bytes = 0;
+      bool in = false, out = false;
+    };
+    std::vector<Buffer> all;
+    cudaStream_t stream = nullptr;
+    Staged() = default;
+    Staged(Staged&& o) noexcept : all(std::exchange(o.all, {})), stream(o.stream) {}
+    Staged& operator=(Staged&& o) noexcept {
+      std::swap(all, o.all), std::swap(stream, o.stream);
+      return *this;
+    }
+    ~Staged() {
+      for (const Buffer& b : all)
+        if (b.device) cudaFreeAsync(b.device, stream);
+    }
+    //! What the operation wrote, into host memory.
+    void back() {
+      for (const Buffer& b : all)
+        if (b.out) LOOM_CUDA(cudaMemcpyAsync(b.host, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
+      LOOM_CUDA(cudaStreamSynchronize(stream));
+    }
+  };
+  //! Whether p is memory the device reads (its own, or managed); else host memory, which NCCL does not take.
+  static bool device_memory(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());  // an unknown pointer is host memory
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+  //! Replaces op's host buffers by staged device copies (Staged), the bytes each is read or written over.
+  Staged stage(Op& op) {
+    Staged s;
+    s.stream = stream_;
+    if (op.kind == Collective::barrier) return s;
+    const std::size_t es = size_of(op.dtype), c = op.count, n = static_cast<std::size_t>(size_);
+    auto extent = [&](const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs) {
+      std::size_t e = 0;
+      for (std::size_t q = 0; q < counts.size(); ++q) e = std::max(e, displs[q] + counts[q]);
+      return e * es;
+    };
+    std::vector<std::pair<void**, Staged::Buffer>> wants;  // where the pointer is, and what it holds
+    auto want = [&](void** at, std::size_t bytes, bool in, bool out) {
+      if (*at && bytes) wants.push_back({at, Staged::Buffer{*at, nullptr, bytes, in, out}});
+    };
+    void* send = const_cast<void*>(op.send);
+    switch (op.kind) {
+      case Collective::all_reduce:
+      case Collective::reduce: want(&send, c * es, true, false), want(&op.recv, c * es, false, true); break;
+      case Collective::reduce_scatter: want(&send, c * n * es, true, false), want(&op.recv, c * es, false, true); break;
+      case Collective::all_gather: want(&send, c * es, true, false), want(&op.recv, c * n * es, false, true); break;
+      case Collective::broadcast: want(&op.recv, c * es, true, true); break;
+      case Collective::all_to_all: want(&send, c * n * es, true, false), want(&op.recv, c * n * es, false, true); break;
+      case Collective::all_to_all_v:
+        want(&send, extent(op.send_counts, op.send_displs), true, false);
+        want(&op.recv, extent(op.recv_counts, op.recv_displs), false, true);
+        break;
+      case Collective::send_recv:
+        for (auto& p : op.p2p)
+          want(&p.data, p.count * size_of(p.dtype), p.kind == P2P::Kind::send, p.kind == P2P::Kind::recv);
+        break;
+      case Collective::barrier: break;
+    }
+    for (auto& [at, b] : wants) {
+      if (device_memory(b.host)) continue;
+      auto same = std::find_if(s.all.begin(), s.all.end(), [&](const Staged::Buffer& x) { return x.host == b.host; });
+      if (same == s.all.end()) {
+        s.all.push_back(b);
+        same = s.all.end() - 1;
+      } else {  // an operation in place: one copy, read and written
+        same->bytes = std::max(same->bytes, b.bytes), same->in = same->in || b.in, same->out = same->out || b.out;
+      }
+    }
+    for (auto& b : s.all) {
+      LOOM_CUDA(cudaMallocAsync(&b.device, b.bytes, stream_));
+      if (b.in) LOOM_CUDA(cudaMemcpyAsync(b.device, b.host, b.bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    for (auto& [at, b] : wants)
+      for (const auto& x : s.all)
+        if (x.host == b.host) *at = x.device;
+    op.send = send;
+    return s;
   }
 
   //! Issues fn's sends and receives as one NCCL group; the group is closed even when one of them fails.

@@ -5,6 +5,7 @@
 #include <loom/core/memory.hpp>
 #include <loom/core/trace.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -13,8 +14,21 @@
 
 namespace loom {
 
-//! Starts its thread with the first job, working for the rank of the thread that posts it (its memory ledger); its
-//! destructor runs the jobs still queued, then joins. Jobs must not throw.
+//! The device a thread works on, which the workers it starts inherit: installed by a device's code (the CUDA
+//! device current on the thread, <loom/kernels/cuda/device_ops.hpp>), so that a process with a GPU of its own
+//! launches every rank's kernels there. Null on the host.
+struct ThreadDevice {
+  int (*current)() = nullptr;
+  void (*make_current)(int) = nullptr;
+};
+inline std::atomic<const ThreadDevice*>& thread_device() {
+  static std::atomic<const ThreadDevice*> d{nullptr};
+  return d;
+}
+
+//! Starts its thread with the first job, working for the rank of the thread that posts it (its memory ledger, and its
+//! device where one is installed, ThreadDevice); its destructor runs the jobs still queued, then joins. Jobs must
+//! not throw.
 class Worker {
  public:
   Worker() = default;
@@ -34,12 +48,16 @@ class Worker {
   bool started() const { return thread_.joinable(); }
 
   void post(std::function<void()> job) {
-    if (!thread_.joinable())  // it works (memory, trace) for the rank of the thread that starts it
-      thread_ = std::thread([this, ledger = rank_memory_ledger(), rank = trace::rank()] {
+    if (!thread_.joinable()) {  // it works (memory, trace, device) for the rank of the thread that starts it
+      const ThreadDevice* dev = thread_device().load(std::memory_order_acquire);
+      thread_ = std::thread([this, ledger = rank_memory_ledger(), rank = trace::rank(), dev,
+                             device = dev ? dev->current() : -1] {
         bind_rank_memory(ledger);
         trace::set_rank(rank);
+        if (dev) dev->make_current(device);
         loop();
       });
+    }
     {
       std::lock_guard lk(m_);
       queue_.push_back(std::move(job));

@@ -13,6 +13,7 @@
 #include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -203,6 +204,47 @@ struct Ops<Host> {
   void scale(T* x, std::size_t n, acc_t<T> s) const {
     for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<acc_t<T>>(x[i]) * s);
   }
+  //! dst = src in acc_t<T> (a widened copy that gradients are reduced in), and back, rounded.
+  template <class T>
+  void widen(const T* src, acc_t<T>* dst, std::size_t n) const {
+    std::transform(src, src + n, dst, [](T x) { return static_cast<acc_t<T>>(x); });
+  }
+  template <class T>
+  void narrow(const acc_t<T>* src, T* dst, std::size_t n) const {
+    std::transform(src, src + n, dst, [](acc_t<T> x) { return static_cast<T>(x); });
+  }
+  //! y += x, widened to acc_t<T> (sums of a block's gradients kept wider than the blocks).
+  template <class T>
+  void accumulate_wide(const T* x, acc_t<T>* y, std::size_t n) const {
+    for (std::size_t i = 0; i < n; ++i) y[i] += static_cast<acc_t<T>>(x[i]);
+  }
+  //! dst[r * ldd + e] = src[r * lds + e], converted, for r < rows and e < w: a block of rows from one layout to
+  //! another (S and D: the same type, or acc_t<D> rounded to D).
+  template <class S, class D>
+  void copy_rows(const S* src, std::ptrdiff_t lds, D* dst, std::ptrdiff_t ldd, int rows, int w) const {
+    for (int r = 0; r < rows; ++r)
+      for (int e = 0; e < w; ++e) dst[r * ldd + e] = static_cast<D>(src[r * lds + e]);
+  }
+  //! Merges a block's attention result into a running one by their log-sum-exp (ring attention), for each row (b, t)
+  //! and head h: l = log(exp(L) + exp(Lb)), O = O exp(L - l) + Ob exp(Lb - l), L = l. O and Ob: B x c rows of ld
+  //! elements, head h at h * D; L and Lb: B x H x c.
+  template <class T>
+  void lse_merge(acc_t<T>* O, acc_t<T>* L, const T* Ob, const acc_t<T>* Lb, int B, int H, int c, int D,
+                 std::ptrdiff_t ld) const {
+    using A = acc_t<T>;
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < c; ++t) {
+          const std::size_t li = (std::size_t(b) * H + h) * c + t;
+          const A la = L[li], lb = Lb[li], m = std::max(la, lb);
+          const A l = m + std::log(std::exp(la - m) + std::exp(lb - m));
+          const A wa = std::exp(la - l), wb = std::exp(lb - l);
+          A* o = O + (std::ptrdiff_t(b) * c + t) * ld + std::ptrdiff_t(h) * D;
+          const T* ob = Ob + (std::ptrdiff_t(b) * c + t) * ld + std::ptrdiff_t(h) * D;
+          for (int d = 0; d < D; ++d) o[d] = o[d] * wa + static_cast<A>(ob[d]) * wb;
+          L[li] = l;
+        }
+  }
   //! Host memory from this device's, and back; on the host, copies.
   template <class T>
   void to_host(const T* src, T* host_dst, std::size_t n) const {
@@ -242,7 +284,7 @@ struct Ops<Host> {
 template <class O, class T>
 concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const acc_t<T>* ca,
                                 const std::int32_t* ids, std::size_t n, int i, float f, double d, bool b,
-                                std::uint64_t u, const AttentionShape& s) {
+                                std::uint64_t u, const AttentionShape& s, std::ptrdiff_t ld) {
   typename O::device;
   { o.template scratch<T>(n).data() } -> std::convertible_to<T*>;
   o.matmul(c, c, p, i, i, i, b, b, f, f);
@@ -281,6 +323,13 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.copy(c, p, n);
   o.fill(p, n, T{});
   o.scale(p, n, acc_t<T>{});
+  o.widen(c, a, n);
+  o.narrow(ca, p, n);
+  o.accumulate_wide(c, a, n);
+  o.copy_rows(c, ld, p, ld, i, i);
+  o.copy_rows(ca, ld, p, ld, i, i);
+  o.copy_rows(ca, ld, a, ld, i, i);
+  o.lse_merge(a, a, c, ca, i, i, i, i, ld);
   o.to_host(c, p, n);
   o.from_host(c, p, n);
   { o.sum_squares(c, n) } -> std::convertible_to<double>;

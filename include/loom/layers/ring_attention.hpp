@@ -18,8 +18,9 @@
 #include <loom/comm/types.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
-#include <loom/kernels/cpu/ops.hpp>
+#include <loom/kernels/ops.hpp>
 #include <loom/kernels/shape.hpp>
+#include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
 #include <array>
@@ -27,6 +28,8 @@
 #include <cstddef>
 #include <limits>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::layers {
@@ -56,26 +59,51 @@ inline void check_zigzag(int T, int n) {
 
 namespace detail {
 
-//! Chunk j (0 or 1) of each of B sequences of 2c rows (stride ld, w elements used) into dst: B x c x w.
-template <class S, class D>
-void gather_chunk(const S* src, std::ptrdiff_t ld, int B, int c, int w, int j, D* dst) {
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < c; ++t) {
-      const S* row = src + (std::ptrdiff_t(b) * 2 * c + std::ptrdiff_t(j) * c + t) * ld;
-      D* out = dst + (std::ptrdiff_t(b) * c + t) * w;
-      for (int e = 0; e < w; ++e) out[e] = static_cast<D>(row[e]);
-    }
+//! A buffer of ring attention: host memory, or the device's.
+template <class U, class Dev>
+using RingBuf = std::conditional_t<std::is_same_v<Dev, Host>, std::vector<U>, Tensor<U, Dev>>;
+template <class U, class Dev>
+RingBuf<U, Dev> ring_buf(std::size_t n) {
+  if constexpr (std::is_same_v<Dev, Host>) return std::vector<U>(n);
+  else return Tensor<U, Dev>({static_cast<std::int64_t>(n)});
+}
+template <class U>
+std::span<U> whole(std::vector<U>& b) {
+  return b;
+}
+template <class U, class Dev>
+std::span<U> whole(Tensor<U, Dev>& b) {
+  return b.span();
 }
 
-//! The inverse: dst's chunk j of each sequence (stride ld) from src: B x c x w.
-template <class S, class D>
-void scatter_chunk(const S* src, int B, int c, int w, int j, D* dst, std::ptrdiff_t ld) {
+//! Chunk j (0 or 1) of each of B sequences of 2c rows (stride ld, w elements used) into dst: B x c x w.
+template <class Ops, class S, class D>
+void gather_chunk(const Ops& ops, const S* src, std::ptrdiff_t ld, int B, int c, int w, int j, D* dst) {
   for (int b = 0; b < B; ++b)
-    for (int t = 0; t < c; ++t) {
-      const S* row = src + (std::ptrdiff_t(b) * c + t) * w;
-      D* out = dst + (std::ptrdiff_t(b) * 2 * c + std::ptrdiff_t(j) * c + t) * ld;
-      for (int e = 0; e < w; ++e) out[e] = static_cast<D>(row[e]);
-    }
+    ops.copy_rows(src + (std::ptrdiff_t(b) * 2 * c + std::ptrdiff_t(j) * c) * ld, ld,
+                  dst + std::ptrdiff_t(b) * c * w, std::ptrdiff_t(w), c, w);
+}
+
+//! The inverse: src (B x c x w) into chunk j of each sequence of dst (stride ld).
+template <class Ops, class S, class D>
+void scatter_chunk(const Ops& ops, const S* src, int B, int c, int w, int j, D* dst, std::ptrdiff_t ld) {
+  for (int b = 0; b < B; ++b)
+    ops.copy_rows(src + std::ptrdiff_t(b) * c * w, std::ptrdiff_t(w),
+                  dst + (std::ptrdiff_t(b) * 2 * c + std::ptrdiff_t(j) * c) * ld, ld, c, w);
+}
+
+//! Chunk j of a log-sum-exp laid out as B x H x 2c rows, into one of B x H x c; and back.
+template <class Ops, class A>
+void lse_of_chunk(const Ops& ops, const A* whole, A* chunk, int B, int H, int c, int j) {
+  for (int b = 0; b < B; ++b)
+    ops.copy_rows(whole + std::ptrdiff_t(b) * H * 2 * c + std::ptrdiff_t(j) * c, std::ptrdiff_t(2) * c,
+                  chunk + std::ptrdiff_t(b) * H * c, std::ptrdiff_t(c), H, c);
+}
+template <class Ops, class A>
+void lse_to_chunk(const Ops& ops, const A* chunk, A* whole, int B, int H, int c, int j) {
+  for (int b = 0; b < B; ++b)
+    ops.copy_rows(chunk + std::ptrdiff_t(b) * H * c, std::ptrdiff_t(c),
+                  whole + std::ptrdiff_t(b) * H * 2 * c + std::ptrdiff_t(j) * c, std::ptrdiff_t(2) * c, H, c);
 }
 
 //! What a ring step computes: for each of this rank's query chunks (0, 1) and the held key chunks (0, 1), whether
@@ -104,18 +132,19 @@ ChunkSizes chunk_sizes(const Comm& cp, const kernels::AttentionShape& s, const c
 }
 
 //! k and v's chunks into kv: [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
-template <class T>
-void gather_kv(const T* k, const T* v, const kernels::AttentionShape& s, const ChunkSizes& z, T* kv) {
+template <class Ops, class T>
+void gather_kv(const Ops& ops, const T* k, const T* v, const kernels::AttentionShape& s, const ChunkSizes& z, T* kv) {
   for (int j = 0; j < 2; ++j) {
-    gather_chunk(k, s.ldkv, z.B, z.c, z.wkv, j, kv + j * z.kvn);
-    gather_chunk(v, s.ldkv, z.B, z.c, z.wkv, j, kv + (2 + j) * z.kvn);
+    gather_chunk(ops, k, s.ldkv, z.B, z.c, z.wkv, j, kv + j * z.kvn);
+    gather_chunk(ops, v, s.ldkv, z.B, z.c, z.wkv, j, kv + (2 + j) * z.kvn);
   }
 }
 
 //! Sends `out` to rank `to` and receives `in` from rank `from`, in one exchange: a hop around the ring.
-template <class Comm, class U>
-comm::Handle rotate(Comm& cp, const std::vector<U>& out, std::vector<U>& in, int to, int from) {
-  return cp.exchange_async({comm::send_op(std::span<const U>(out), to), comm::recv_op(std::span<U>(in), from)});
+template <class Comm, class Buf>
+comm::Handle rotate(Comm& cp, Buf& out, Buf& in, int to, int from) {
+  using U = std::remove_pointer_t<decltype(out.data())>;
+  return cp.exchange_async({comm::send_op(std::span<const U>(whole(out)), to), comm::recv_op(whole(in), from)});
 }
 
 //! The kernel's shape of a block: a chunk of queries over a chunk of keys, contiguous.
@@ -125,26 +154,33 @@ inline kernels::AttentionShape block_shape(const kernels::AttentionShape& s, con
 
 }  // namespace detail
 
-//! Ring attention forward over the cp group `cp` (a communicator: rank(), size(), exchange_async). q, k, v, out and
-//! lse are this rank's (s.T = 2c local rows per sequence, in zigzag order, or as `split` says; lse: B x Hq x 2c) and
-//! s is the local causal self-attention's shape; the result equals causal attention over the whole sequence at these
-//! rows.
-template <class T, class Comm>
-void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+//! Ring attention forward over the cp group `cp` (a communicator: rank(), size(), exchange_async), on the device of
+//! `ops` (kernels::Ops<Dev>: q, k, v, out and lse in its memory). q, k, v, out and lse are this rank's (s.T = 2c
+//! local rows per sequence, in zigzag order, or as `split` says; lse: B x Hq x 2c) and s is the local causal
+//! self-attention's shape; the result equals causal attention over the whole sequence at these rows. On a device a
+//! block is sent once the kernels that wrote it are done, and a buffer is received into once the kernels that read
+//! it are.
+template <class T, class Comm, class Ops>
+void ring_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
                             const kernels::AttentionShape& s, SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
+  using Dev = typename Ops::device;
   const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
   const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq;
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
   // This rank's query chunks; the held key/value block as [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
   const std::size_t blocks = n > 1 ? 8 * kvn : 4 * kvn;
   const ChargedBytes workspace(MemoryUse::activations, (3 * qn + blocks) * sizeof(T) + (2 * qn + 3 * ln) * sizeof(A));
-  std::vector<T> Q(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0), Ob(qn);
-  std::vector<A> O(2 * qn, A(0)), L(2 * ln, -std::numeric_limits<A>::infinity()), Lb(ln);
-  for (int j = 0; j < 2; ++j) detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
-  detail::gather_kv(k, v, s, z, kv.data());
+  auto Q = detail::ring_buf<T, Dev>(2 * qn), kv = detail::ring_buf<T, Dev>(4 * kvn),
+       next = detail::ring_buf<T, Dev>(n > 1 ? 4 * kvn : 0), Ob = detail::ring_buf<T, Dev>(qn);
+  auto O = detail::ring_buf<A, Dev>(2 * qn), L = detail::ring_buf<A, Dev>(2 * ln), Lb = detail::ring_buf<A, Dev>(ln);
+  ops.fill(O.data(), 2 * qn, A(0));
+  ops.fill(L.data(), 2 * ln, -std::numeric_limits<A>::infinity());
+  for (int j = 0; j < 2; ++j) detail::gather_chunk(ops, q, s.ldq, B, c, wq, j, Q.data() + j * qn);
+  detail::gather_kv(ops, k, v, s, z, kv.data());
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   for (int step = 0; step < n; ++step) {
+    ops.synchronize();  // on a device: the block sent is written, the one received into no longer read
     // The next block, while this one is computed.
     comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
@@ -153,109 +189,110 @@ void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out
         const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
         const kernels::AttentionShape bs = detail::block_shape(s, z, block);
-        kernels::cpu::attention_forward(Q.data() + qi * qn, kv.data() + kj * kvn, kv.data() + (2 + kj) * kvn,
-                                        Ob.data(), Lb.data(), bs);
-        // Merge by log-sum-exp: rows [b][t], heads h.
-        A* Oq = O.data() + qi * qn;
-        A* Lq = L.data() + qi * ln;
-        for (int b = 0; b < B; ++b)
-          for (int h = 0; h < s.Hq; ++h)
-            for (int t = 0; t < c; ++t) {
-              const std::size_t li = (std::size_t(b) * s.Hq + h) * c + t;
-              const A la = Lq[li], lb = Lb[li], m = std::max(la, lb);
-              const A l = m + std::log(std::exp(la - m) + std::exp(lb - m));
-              const A wa = std::exp(la - l), wb = std::exp(lb - l);
-              A* o = Oq + (std::size_t(b) * c + t) * wq + std::size_t(h) * s.D;
-              const T* ob = Ob.data() + (std::size_t(b) * c + t) * wq + std::size_t(h) * s.D;
-              for (int d = 0; d < s.D; ++d) o[d] = o[d] * wa + static_cast<A>(ob[d]) * wb;
-              Lq[li] = l;
-            }
+        ops.attention_forward(Q.data() + qi * qn, kv.data() + kj * kvn, kv.data() + (2 + kj) * kvn, Ob.data(),
+                              Lb.data(), bs);
+        ops.lse_merge(O.data() + qi * qn, L.data() + qi * ln, Ob.data(), Lb.data(), B, s.Hq, c, s.D,
+                      std::ptrdiff_t(wq));
       }
     if (step + 1 < n) {
       moving.wait();
-      kv.swap(next);
+      std::swap(kv, next);
     }
   }
   for (int j = 0; j < 2; ++j) {
-    detail::scatter_chunk(O.data() + j * qn, B, c, wq, j, out, s.ldo);
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < s.Hq; ++h)
-        std::copy_n(L.data() + j * ln + (std::size_t(b) * s.Hq + h) * c, c,
-                    lse + (std::size_t(b) * s.Hq + h) * 2 * c + std::size_t(j) * c);
+    detail::scatter_chunk(ops, O.data() + j * qn, B, c, wq, j, out, s.ldo);
+    detail::lse_to_chunk(ops, static_cast<const A*>(L.data() + j * ln), lse, B, s.Hq, c, j);
   }
+  ops.synchronize();  // on a device: the buffers go when the function returns
 }
 
 //! Ring attention backward: dq, dk, dv (written; strides as q, k, v) of this rank's rows from dout, and the out and
-//! lse that ring_attention_forward gave. Collective over `cp`, as forward.
-template <class T, class Comm>
-void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                             const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s,
+//! lse that ring_attention_forward gave. Collective over `cp`, as forward, on the device of `ops`.
+template <class T, class Comm, class Ops>
+void ring_attention_backward(Comm& cp, const Ops& ops, const T* dout, const T* q, const T* k, const T* v,
+                             const T* out, const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s,
                              SeqSplit split = SeqSplit::zigzag) {
   using A = acc_t<T>;
+  using Dev = typename Ops::device;
   const detail::ChunkSizes z = detail::chunk_sizes(cp, s, "ring attention");
   const int n = z.n, r = z.r, B = z.B, c = z.c, wq = z.wq, wkv = z.wkv;
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln, blocks = n > 1 ? 8 * kvn : 4 * kvn;
   const std::size_t passed = n > 1 ? 4 * kvn : 0;  // the gradient sum on its way to the next rank
   const std::size_t held = (7 * qn + blocks + 2 * kvn) * sizeof(T) + (2 * ln + 2 * qn + blocks + passed) * sizeof(A);
   const ChargedBytes workspace(MemoryUse::activations, held);
-  std::vector<T> Q(2 * qn), dO(2 * qn), O(2 * qn), kv(4 * kvn), next(n > 1 ? 4 * kvn : 0);
-  std::vector<A> L(2 * ln);
-  detail::gather_kv(k, v, s, z, kv.data());
+  auto Q = detail::ring_buf<T, Dev>(2 * qn), dO = detail::ring_buf<T, Dev>(2 * qn),
+       O = detail::ring_buf<T, Dev>(2 * qn), kv = detail::ring_buf<T, Dev>(4 * kvn),
+       next = detail::ring_buf<T, Dev>(n > 1 ? 4 * kvn : 0);
+  auto L = detail::ring_buf<A, Dev>(2 * ln);
+  detail::gather_kv(ops, k, v, s, z, kv.data());
   for (int j = 0; j < 2; ++j) {
-    detail::gather_chunk(q, s.ldq, B, c, wq, j, Q.data() + j * qn);
-    detail::gather_chunk(dout, s.ldo, B, c, wq, j, dO.data() + j * qn);
-    detail::gather_chunk(out, s.ldo, B, c, wq, j, O.data() + j * qn);
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < s.Hq; ++h)
-        std::copy_n(lse + (std::size_t(b) * s.Hq + h) * 2 * c + std::size_t(j) * c, c,
-                    L.data() + j * ln + (std::size_t(b) * s.Hq + h) * c);
+    detail::gather_chunk(ops, q, s.ldq, B, c, wq, j, Q.data() + j * qn);
+    detail::gather_chunk(ops, dout, s.ldo, B, c, wq, j, dO.data() + j * qn);
+    detail::gather_chunk(ops, out, s.ldo, B, c, wq, j, O.data() + j * qn);
+    detail::lse_of_chunk(ops, lse, L.data() + j * ln, B, s.Hq, c, j);
   }
   // dQ sums over the steps; dKV is the gradient of the held block, [dK 0, dK 1, dV 0, dV 1]: this rank's part (mine)
   // plus the part the ranks before it added (in). At the end of each step the sum goes on to the next rank and the
   // part of the next block comes in, in one exchange that runs while the next step computes.
-  std::vector<A> dQ(2 * qn, A(0)), mine(4 * kvn), in(n > 1 ? 4 * kvn : 0), sending(n > 1 ? 4 * kvn : 0);
-  std::vector<T> dqb(qn), dkb(kvn), dvb(kvn);
+  auto dQ = detail::ring_buf<A, Dev>(2 * qn), mine = detail::ring_buf<A, Dev>(4 * kvn),
+       in = detail::ring_buf<A, Dev>(n > 1 ? 4 * kvn : 0), sending = detail::ring_buf<A, Dev>(n > 1 ? 4 * kvn : 0);
+  auto dqb = detail::ring_buf<T, Dev>(qn), dkb = detail::ring_buf<T, Dev>(kvn), dvb = detail::ring_buf<T, Dev>(kvn);
+  ops.fill(dQ.data(), 2 * qn, A(0));
   const int to = (r + 1) % n, from = (r + n - 1) % n;
   comm::Handle passing;
   for (int step = 0; step < n; ++step) {
+    ops.synchronize();  // on a device: the block sent is written, the one received into no longer read
     comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
-    std::fill(mine.begin(), mine.end(), A(0));
+    ops.fill(mine.data(), 4 * kvn, A(0));
     for (int qi = 0; qi < 2; ++qi)
       for (int kj = 0; kj < 2; ++kj) {
         const auto block = detail::block_of(r, src, n, qi, kj, split);
         if (block == detail::Block::skip) continue;
         const kernels::AttentionShape bs = detail::block_shape(s, z, block);
-        kernels::cpu::attention_backward(dO.data() + qi * qn, Q.data() + qi * qn, kv.data() + kj * kvn,
-                                         kv.data() + (2 + kj) * kvn, O.data() + qi * qn, L.data() + qi * ln,
-                                         dqb.data(), dkb.data(), dvb.data(), bs);
-        for (std::size_t e = 0; e < qn; ++e) dQ[qi * qn + e] += static_cast<A>(dqb[e]);
-        for (std::size_t e = 0; e < kvn; ++e) {
-          mine[kj * kvn + e] += static_cast<A>(dkb[e]);
-          mine[(2 + kj) * kvn + e] += static_cast<A>(dvb[e]);
-        }
+        ops.attention_backward(dO.data() + qi * qn, Q.data() + qi * qn, kv.data() + kj * kvn,
+                               kv.data() + (2 + kj) * kvn, O.data() + qi * qn, L.data() + qi * ln, dqb.data(),
+                               dkb.data(), dvb.data(), bs);
+        ops.accumulate_wide(dqb.data(), dQ.data() + qi * qn, qn);
+        ops.accumulate_wide(dkb.data(), mine.data() + kj * kvn, kvn);
+        ops.accumulate_wide(dvb.data(), mine.data() + (2 + kj) * kvn, kvn);
       }
     if (step > 0) {
       passing.wait();
-      for (std::size_t e = 0; e < mine.size(); ++e) mine[e] += in[e];
+      ops.accumulate(in.data(), mine.data(), 4 * kvn);
     }
     if (n > 1) {
-      sending.swap(mine);
+      ops.synchronize();  // on a device: the sum is computed, and `in` read, before the exchange
+      std::swap(sending, mine);
       static_cast<void>(passing = detail::rotate(cp, sending, in, to, from));  // the last one was waited for
     }
     if (step + 1 < n) {
       moving.wait();
-      kv.swap(next);
+      std::swap(kv, next);
     }
   }
   // The gradient of this rank's own block, summed over every rank, comes back from the rank before.
   if (n > 1) passing.wait();
-  const std::vector<A>& total = n > 1 ? in : mine;
+  const auto& total = n > 1 ? in : mine;
   for (int j = 0; j < 2; ++j) {
-    detail::scatter_chunk(dQ.data() + j * qn, B, c, wq, j, dq, s.ldq);
-    detail::scatter_chunk(total.data() + j * kvn, B, c, wkv, j, dk, s.ldkv);
-    detail::scatter_chunk(total.data() + (2 + j) * kvn, B, c, wkv, j, dv, s.ldkv);
+    detail::scatter_chunk(ops, dQ.data() + j * qn, B, c, wq, j, dq, s.ldq);
+    detail::scatter_chunk(ops, total.data() + j * kvn, B, c, wkv, j, dk, s.ldkv);
+    detail::scatter_chunk(ops, total.data() + (2 + j) * kvn, B, c, wkv, j, dv, s.ldkv);
   }
+  ops.synchronize();  // on a device: the buffers go when the function returns
+}
+
+//! Ring attention on the host (kernels::Ops<Host>).
+template <class T, class Comm>
+void ring_attention_forward(Comm& cp, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
+                            const kernels::AttentionShape& s, SeqSplit split = SeqSplit::zigzag) {
+  ring_attention_forward(cp, kernels::Ops<Host>{}, q, k, v, out, lse, s, split);
+}
+template <class T, class Comm>
+void ring_attention_backward(Comm& cp, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                             const acc_t<T>* lse, T* dq, T* dk, T* dv, const kernels::AttentionShape& s,
+                             SeqSplit split = SeqSplit::zigzag) {
+  ring_attention_backward(cp, kernels::Ops<Host>{}, dout, q, k, v, out, lse, dq, dk, dv, s, split);
 }
 
 }  // namespace loom::layers

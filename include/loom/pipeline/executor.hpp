@@ -5,6 +5,10 @@
 // runs on the communicator while the stage computes on), and a computation waits only for the exchanges whose data
 // it reads. Waiting later than the verifier's blocking model never delays a peer, so what completes there
 // completes here.
+//
+// On a device the received activations and gradients are device memory, and a computation whose result an exchange
+// or a gradient reduction reads next waits for its kernels before that starts (the exchanges and reductions issue
+// collectives, which read what is ready).
 #pragma once
 
 #include <loom/comm/types.hpp>
@@ -12,6 +16,7 @@
 #include <loom/core/trace.hpp>
 #include <loom/exec/graph.hpp>
 #include <loom/pipeline/schedule.hpp>
+#include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
 #include <optional>
@@ -32,7 +37,10 @@ class Executor {
     void operator()(int) const {}
   };
   using T = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::value_type;
+  using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().grads())>::device;
   using MicroBatch = typename Model::MicroBatch;
+  //! What an activation or gradient is received into, or sent from: host memory, or the device's.
+  using Buffer = std::conditional_t<std::is_same_v<Dev, Host>, std::vector<T>, Tensor<T, Dev>>;
 
   Executor(std::vector<Model*> chunks, Comm& pp, Schedule schedule)
       : chunks_(std::move(chunks)), pp_(pp), schedule_(schedule) {
@@ -82,9 +90,9 @@ class Executor {
     const std::size_t n = chunks_.front()->io_elements(mbs[0].batch, mbs[0].seq);
     for (auto* b : {&act_in_, &grad_in_, &grad_out_}) {
       b->resize(std::size_t(V) * m);
-      for (auto& v : *b) v.resize(n);
+      for (auto& v : *b) resize(v, n);
     }
-    auto buf = [&](std::vector<std::vector<T>>& b, int micro, int chunk) -> std::vector<T>& {
+    auto buf = [&](std::vector<Buffer>& b, int micro, int chunk) -> Buffer& {
       return b[std::size_t(chunk) * m + micro];
     };
     auto vstage = [&](int chunk) { return virtual_stage(schedule_, P, stage, chunk); };
@@ -109,6 +117,8 @@ class Executor {
     std::optional<exec::Graph::Id> computed;  // the last computation
     std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
     const auto actions = table.stage(stage);
+    //! Whether the action after i is an exchange, which may send what action i computes.
+    auto exchange_next = [&](std::size_t i) { return i + 1 < actions.size() && !is_compute(actions[i + 1].kind); };
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       if (!is_compute(a.kind)) {
@@ -150,10 +160,11 @@ class Executor {
         Model* prev = k > 0 && local(k - 1) >= 0 ? chunks_[static_cast<std::size_t>(local(k - 1))] : nullptr;
         const int prev_slot = prev ? slot_of(micro, local(k - 1)) : -1;
         const MicroBatch mb = mbs[static_cast<std::size_t>(micro)];
-        const bool counts = k == last;
+        const bool counts = k == last, sends = exchange_next(i);
         computed = g.add<exec::Compute>("F", [=, &loss] {
           const double l = part->forward(s, mb, prev ? prev->output(prev_slot) : received);
           if (counts) loss += l / m;
+          if (sends) computed_on_device(part);  // the output is computed before it is sent
         }, std::move(after));
       } else {
         const int s = slot_of(micro, a.chunk);
@@ -163,11 +174,18 @@ class Executor {
         T* din = k > 0 ? buf(grad_out_, micro, a.chunk).data() : nullptr;
         const Kind kind = a.kind;
         const char* name = kind == Kind::B ? "B" : kind == Kind::BW ? "BW" : "W";
+        // The chunk's weight gradients are complete after this one: their reduction reads them next.
+        const bool last_weights = kind != Kind::B && weights_done[std::size_t(a.chunk)] + 1 == m;
+        const bool waits = exchange_next(i) || last_weights;
         computed = g.add<exec::Compute>(name, [=] {
-          if (kind == Kind::W) return part->backward_weights(s);
-          if (kind == Kind::B) part->backward_inputs(s, 1.0 / m, dout);
-          else part->backward(s, 1.0 / m, dout);
-          if (din) std::copy_n(part->input_grad(s), n, din);
+          if (kind == Kind::W) {
+            part->backward_weights(s);
+          } else {
+            if (kind == Kind::B) part->backward_inputs(s, 1.0 / m, dout);
+            else part->backward(s, 1.0 / m, dout);
+            if (din) copy(part, part->input_grad(s), din, n);
+          }
+          if (waits) computed_on_device(part);  // what is sent or reduced next is computed
         }, std::move(after));
         if (kind != Kind::B) {  // the micro-batch is done with its slot
           free[static_cast<std::size_t>(a.chunk)].push_back(s);
@@ -192,16 +210,32 @@ class Executor {
     Kind kind;
     int peer;
     Model* part;
-    int slot;               //!< send_act: the slot whose output is sent
-    std::vector<T>* data;   //!< the others: what is sent, or received into
+    int slot;          //!< send_act: the slot whose output is sent
+    Buffer* data;      //!< the others: what is sent, or received into
   };
+  //! On a device: waits until the kernels issued so far are done (nothing to wait for on the host).
+  static void computed_on_device([[maybe_unused]] Model* part) {
+    if constexpr (!std::is_same_v<Dev, Host>) part->ops().synchronize();
+  }
+  static void copy([[maybe_unused]] Model* part, const T* src, T* dst, std::size_t n) {
+    if constexpr (std::is_same_v<Dev, Host>) std::copy_n(src, n, dst);
+    else part->ops().copy(src, dst, n);
+  }
+  static void resize(Buffer& b, std::size_t n) {
+    if constexpr (std::is_same_v<Dev, Host>) b.resize(n);
+    else if (static_cast<std::size_t>(b.numel()) != n) b = Buffer({static_cast<std::int64_t>(n)});
+  }
+  static std::span<T> span_of(Buffer& b) {
+    if constexpr (std::is_same_v<Dev, Host>) return std::span<T>(b);
+    else return b.span();
+  }
   //! Posts one batched exchange and returns its handle, left running on the communicator.
   comm::Handle exchange(const std::vector<Transfer>& run, std::size_t n) {
     std::vector<comm::P2P> ops;
     for (const auto& x : run) {
       if (x.kind == Kind::send_act) ops.push_back(comm::send_op(std::span<const T>(x.part->output(x.slot), n), x.peer));
-      else if (x.kind == Kind::send_grad) ops.push_back(comm::send_op(std::span<const T>(*x.data), x.peer));
-      else ops.push_back(comm::recv_op(std::span<T>(*x.data), x.peer));
+      else if (x.kind == Kind::send_grad) ops.push_back(comm::send_op(std::span<const T>(span_of(*x.data)), x.peer));
+      else ops.push_back(comm::recv_op(span_of(*x.data), x.peer));
     }
     return pp_.exchange_async(ops);
   }
@@ -214,7 +248,7 @@ class Executor {
   Comm& pp_;
   Schedule schedule_;
   // Per (chunk, micro-batch): activations received, gradients received, gradients of the chunk's input to send.
-  std::vector<std::vector<T>> act_in_, grad_in_, grad_out_;
+  std::vector<Buffer> act_in_, grad_in_, grad_out_;
 };
 
 }  // namespace loom::pipeline

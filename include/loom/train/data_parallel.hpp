@@ -144,26 +144,30 @@ void backward_by_buckets(Model& model, const std::vector<Bucket>& buckets, int s
 }
 
 //! Averages over a group of gradient buffers, each started as soon as it is complete and all finished together: in
-//! place, or, for bf16 gradients on the host, in fp32 from a widened copy (a communication buffer) that finish()
-//! rounds back; in their own type with `in_storage` (ReduceIn<bf16>). Starts come from one thread at a time (the
-//! Comm resource, or the rank's).
+//! place, or, for bf16 gradients, in fp32 from a widened copy (a communication buffer, widened on the device that
+//! holds the gradients) that finish() rounds back; in their own type with `in_storage` (ReduceIn<bf16>). Starts come
+//! from one thread at a time (the Comm resource, or the rank's), each once its buffer is written (on a device: the
+//! kernels that wrote it are done).
 template <class T, class Dev>
 class GradientAverage {
  public:
-  //! What gradients are averaged in: on the host acc_t<T>, else T.
-  using R = std::conditional_t<std::is_same_v<Dev, Host>, loom::acc_t<T>, T>;
+  //! What gradients are averaged in: acc_t<T>, on every device.
+  using R = loom::acc_t<T>;
+  using Ops = kernels::Ops<Dev>;
 
   explicit GradientAverage(bool in_storage) : widen_(!std::is_same_v<R, T> && !in_storage) {}
 
-  //! Starts the average of g over comm; finish() then multiplies it by `then` (an expert's 1 / ep).
+  //! Starts the average of g (on ops' device) over comm; finish() then multiplies it by `then` (an expert's 1 / ep).
   template <class Comm>
-  comm::Handle start(Comm& comm, std::span<T> g, double then = 1.0) {
+  comm::Handle start(Comm& comm, std::span<T> g, const Ops& ops, double then = 1.0) {
+    ops_ = &ops;
     if (then != 1.0) scaled_.emplace_back(g, then);
     if constexpr (!std::is_same_v<R, T>) {
       if (widen_) {
         MemoryUseScope use(MemoryUse::communication);
-        auto& [to, copy] = wide_.emplace_back(g, Tensor<R>({static_cast<std::int64_t>(g.size())}));
-        std::transform(to.begin(), to.end(), copy.data(), [](T x) { return static_cast<R>(x); });
+        auto& [to, copy] = wide_.emplace_back(g, Tensor<R, Dev>({static_cast<std::int64_t>(g.size())}));
+        ops.widen(to.data(), copy.data(), to.size());
+        ops.mark().wait();  // the copy is written before the collective reads it
         return comm.all_reduce_async(std::span<R>(copy.data(), to.size()), comm::Reduce::avg);
       }
     }
@@ -173,32 +177,31 @@ class GradientAverage {
   //! expert-data-parallel group (then divided by ep), the others' over the data-parallel group.
   template <class Comm>
   comm::Handles start(const AverageGroups<Comm>& groups, const std::vector<layers::ParamSpec>& specs,
-                      std::span<T> g) {
+                      std::span<T> g, const Ops& ops) {
     comm::Handles h;
     if (!groups.edp) {
-      h.all.push_back(start(*groups.dp, g));
+      h.all.push_back(start(*groups.dp, g, ops));
       return h;
     }
     for (const Bucket& b : expert_runs(specs))  // from the last run back, as backward completes them
       h.all.push_back(start(b.expert ? *groups.edp : *groups.dp, g.subspan(std::size_t(b.lo), std::size_t(b.hi - b.lo)),
-                            b.expert ? 1.0 / groups.ep : 1.0));
+                            ops, b.expert ? 1.0 / groups.ep : 1.0));
     return h;
   }
   //! Once every average started has completed: the widened ones rounded back into their buffers, the experts'
-  //! divided by ep.
+  //! divided by ep (on the device's stream, in order with what reads them next).
   void finish() {
-    for (auto& [to, copy] : wide_)
-      std::transform(copy.data(), copy.data() + to.size(), to.begin(), [](R x) { return static_cast<T>(x); });
+    for (auto& [to, copy] : wide_) ops_->narrow(copy.data(), to.data(), to.size());
     wide_.clear();
-    for (auto& [to, by] : scaled_)
-      for (T& x : to) x = static_cast<T>(static_cast<R>(x) * static_cast<R>(by));
+    for (auto& [to, by] : scaled_) ops_->scale(to.data(), to.size(), static_cast<R>(by));
     scaled_.clear();
   }
 
  private:
   bool widen_;
-  std::vector<std::pair<std::span<T>, Tensor<R>>> wide_;  //!< while averaged: each widened buffer and its copy
-  std::vector<std::pair<std::span<T>, double>> scaled_;    //!< what finish() multiplies, and by what
+  const Ops* ops_ = nullptr;                                     //!< the gradients' device, from the last start
+  std::vector<std::pair<std::span<T>, Tensor<R, Dev>>> wide_;  //!< while averaged: each widened buffer and its copy
+  std::vector<std::pair<std::span<T>, double>> scaled_;         //!< what finish() multiplies, and by what
 };
 
 //! Averages a model's gradients over a data-parallel communicator, bucket by bucket, overlapped with backward.
@@ -248,8 +251,8 @@ class DataParallel {
   }
   comm::Handle start(std::size_t b) {
     const Bucket& k = buckets_[b];
-    if (k.expert && edp_) return average_.start(*edp_, grads_of(k), 1.0 / ep_);
-    return average_.start(comm_, grads_of(k));
+    if (k.expert && edp_) return average_.start(*edp_, grads_of(k), model_.ops(), 1.0 / ep_);
+    return average_.start(comm_, grads_of(k), model_.ops());
   }
 
   Model& model_;

@@ -78,6 +78,7 @@ class ShardedParameters {
       send_[u] = Buf({std::max<std::int64_t>(1, p.chunk)});
       ops.copy(params + p.own_lo, send_[u].data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(send_[u].data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      ops.mark().wait();  // on a device: the copy is written before the collective reads it
       const std::span<const T> send(send_[u].data(), chunk);
       if (p.padded(n)) {
         staged_[u] = Buf({p.chunk * n});

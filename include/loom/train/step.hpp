@@ -279,12 +279,17 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     }
   }
   std::vector<acc> gather_state(std::size_t c, const acc* shard) override {
-    if constexpr (Zero > 0) return zero_[c]->gather_shard(shard);
-    else return std::vector<acc>(shard, shard + this->parts[c]->params().numel());
+    if constexpr (Zero > 0) {
+      return zero_[c]->gather_shard(shard);
+    } else {
+      std::vector<acc> out(static_cast<std::size_t>(this->parts[c]->params().numel()));
+      this->parts[c]->ops().to_host(shard, out.data(), out.size());
+      return out;
+    }
   }
   void take_state(std::size_t c, const acc* whole, acc* shard) const override {
     if constexpr (Zero > 0) zero_[c]->take_shard(whole, shard);
-    else std::copy_n(whole, this->parts[c]->params().numel(), shard);
+    else this->parts[c]->ops().from_host(whole, shard, static_cast<std::size_t>(this->parts[c]->params().numel()));
   }
 
   Holding holding(std::size_t c) const override {
@@ -431,7 +436,8 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
         [&](int chunk) {
           const auto& p = *parts[std::size_t(chunk)];
           return dp.size() > 1 && Zero == 0
-                     ? average_.start(AverageGroups<Comm>{&dp, at_.edp, at_.ep_size}, p.specs(), p.grads().span())
+                     ? average_.start(AverageGroups<Comm>{&dp, at_.edp, at_.ep_size}, p.specs(), p.grads().span(),
+                                      p.ops())
                      : comm::Handles();
         });
     average_.finish();
@@ -451,13 +457,15 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     for (auto& p : this->parts)
       if (auto g = p->tied_grad(); !g.empty()) held.push_back(g);
     if (held.empty()) return;
+    const auto& ops = this->parts.front()->ops();
     if (!at_.tied) {  // both uses on this stage (a one-stage pipeline holds one part)
       if (held.size() == 2) {
-        for (std::size_t i = 0; i < held[0].size(); ++i) held[0][i] += held[1][i];
-        std::copy(held[0].begin(), held[0].end(), held[1].begin());
+        ops.accumulate(held[1].data(), held[0].data(), held[0].size());
+        ops.copy(held[0].data(), held[1].data(), held[0].size());
       }
       return;
     }
+    ops.synchronize();  // on a device: backward's kernels are done before the collective reads
     at_.tied->all_reduce(held[0], comm::Reduce::sum);
   }
 

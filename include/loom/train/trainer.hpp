@@ -169,8 +169,6 @@ class TrainerOf {
                   "the type fixes its shape (Model::static_shape), else as Model(shape, seed, tp, cp, ep, part, "
                   "options): tp the tensor-parallel communicator, cp and ep the context- and expert-parallel ones "
                   "(null where the layout has none), part a models::Part (train::BuildableModel)");
-    static_assert(Zero == 0 || kernels::is_host_v<typename Part::device>,
-                  "loom: DP<n, ZeRO<k>> trains on the host for now (its CUDA path has not run on a GPU)");
     static_assert(Zero < 3 || UnitModel<Part>,
                   "loom: DP<n, ZeRO<3>> needs a model that runs in units (train::UnitModel: param_units, "
                   "forward_units, forward_unit, ...)");

@@ -23,8 +23,8 @@
 // same on every rank). With KeepGathered a unit stays gathered from its forward to the step's last backward. After
 // the optimizer step a rank holds its chunks alone: nothing is all-gathered until the next forward.
 //
-// Every stage reduces bf16 gradients in fp32 on the host (from a widened copy, rounded back into the rank's chunk),
-// or in bf16 with ReduceIn<bf16>; HybridShard<s> shards over a group of s ranks and averages each reduced shard
+// Every stage reduces bf16 gradients in fp32 (from a copy widened on the gradients' device, rounded back into the
+// rank's chunk), or in bf16 with ReduceIn<bf16>; HybridShard<s> shards over a group of s ranks and averages each reduced shard
 // over the ranks that hold it in the other groups.
 #pragma once
 
@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -87,8 +88,8 @@ class ZeroBase {
   using T = typename Model::value_type;
   using Dev = typename std::remove_cvref_t<decltype(std::declval<Model&>().params())>::device;
   using Buf = Tensor<T, Dev>;
-  //! What gradients are reduced in: on the host acc_t<T> (bf16 gradients in fp32), else T.
-  using R = std::conditional_t<kernels::is_host_v<Dev>, loom::acc_t<T>, T>;
+  //! What gradients are reduced in: acc_t<T> (bf16 gradients in fp32), on every device.
+  using R = loom::acc_t<T>;
 
   //! ZeRO stage `stage` of `model` over the data-parallel group `comm`, in `buckets`; from stage 2 over several
   //! ranks, each bucket but the rank's chunk is released once reduced. With hybrid sharding (HybridShard<s>)
@@ -173,6 +174,7 @@ class ZeroBase {
   //! Reduce-scatters every bucket of the model's gradients (after a pipeline's schedule: the whole part is done).
   void reduce_all() {
     if (comm_.size() == 1) return;  // one rank's gradients are their own average
+    model_.ops().synchronize();     // on a device: backward's kernels are done before the collectives read
     begin();
     comm::Handles all;
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b) all.all.push_back(start(b));
@@ -221,6 +223,7 @@ class ZeroBase {
       const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
       ops.copy(params + p.own_lo, own.data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(own.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      ops.synchronize();  // on a device: the update and the copy are done before the collective reads them
       const std::span<const T> send(own.data(), chunk);
       if (p.padded(n)) {
         Buf all({p.chunk * n});
@@ -233,8 +236,8 @@ class ZeroBase {
     ops.synchronize();
   }
 
-  //! A buffer laid out as this part's flat parameters from one laid out as the shard (an optimizer's state):
-  //! every rank's chunks, gathered. A collective over the data-parallel group.
+  //! A buffer in host memory laid out as this part's flat parameters from one on the part's device laid out as the
+  //! shard (an optimizer's state): every rank's chunks, gathered. A collective over the data-parallel group.
   template <class U>
   std::vector<U> gather_shard(const U* shard) {
     std::vector<U> whole(static_cast<std::size_t>(model_.params().numel()), U(0));
@@ -243,17 +246,19 @@ class ZeroBase {
       const auto& p = plan_.pieces[b];
       Comm& comm = comm_of(b);
       own.assign(static_cast<std::size_t>(p.chunk), U(0));
-      std::copy_n(shard + p.at, p.own(), own.begin());
+      model_.ops().to_host(shard + p.at, own.data(), static_cast<std::size_t>(p.own()));
       all.resize(own.size() * static_cast<std::size_t>(comm.size()));
       comm.all_gather(own, all);
       std::copy_n(all.begin(), p.hi - p.lo, whole.begin() + p.lo);
     }
     return whole;
   }
-  //! This rank's shard of a buffer laid out as the part's flat parameters (no communication).
+  //! This rank's shard (on the part's device) of a buffer in host memory laid out as the part's flat parameters (no
+  //! communication).
   template <class U>
   void take_shard(const U* whole, U* shard) const {
-    for (const auto& p : plan_.pieces) std::copy_n(whole + p.own_lo, p.own(), shard + p.at);
+    for (const auto& p : plan_.pieces)
+      model_.ops().from_host(whole + p.own_lo, shard + p.at, static_cast<std::size_t>(p.own()));
   }
 
  protected:
@@ -384,11 +389,12 @@ class ZeroBase {
   }
   //! Where bucket b is sharded: the experts' over the expert-data-parallel group, the others' over comm_.
   Comm& comm_of(std::size_t b) const { return buckets_[b].expert && edp_ ? *edp_ : comm_; }
-  //! dst = src converted, n elements (on the host; elsewhere R is T).
+  //! dst = src converted, n elements, on the part's device: copied, widened from T to R, or rounded back.
   template <class A, class B>
   void convert(const A* src, B* dst, std::size_t n) const {
     if constexpr (std::is_same_v<A, B>) model_.ops().copy(src, dst, n);
-    else std::transform(src, src + n, dst, [](A x) { return static_cast<B>(x); });
+    else if constexpr (std::is_same_v<A, T>) model_.ops().widen(src, dst, n);
+    else model_.ops().narrow(src, dst, n);
   }
 
   //! Makes what the reduce-scatters receive into.
@@ -436,7 +442,7 @@ class ZeroBase {
     U* s = red.staged[b].data();
     convert(g, s, len);
     model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, U(0));
-    model_.ops().synchronize();
+    model_.ops().mark().wait();  // the copy is written before the collective reads it (not the kernels after it)
     if (shard_grads_) {
       std::lock_guard lock(mu_);
       started_[b] = 1, started_at_[b] = chunks_started_;  // the copy is read, not the bucket
@@ -668,9 +674,11 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
     std::vector<models::ParamRange> reads;
     for (int c = 0; c < n; ++c) reads.push_back(model_.backward_chunk_reads(c));
     std::vector<typename Model::ParamRange> done(static_cast<std::size_t>(n));
+    std::vector<std::optional<Mark>> marks(static_cast<std::size_t>(n));  // where each chunk's kernels end
     auto step = [&](int c) {
       if (reduce && overlap_) HoldWritten{this}(static_cast<std::size_t>(c));
       done[std::size_t(c)] = model_.backward_chunk(slot, c, scale);
+      marks[std::size_t(c)].emplace(model_.ops().mark());
     };
     const bool release = !keep_ || reduce;
     if (!reduce || !overlap_) {
@@ -682,19 +690,23 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
     begin();
     std::vector<char> complete(model_.specs().size(), 0);
     std::size_t next = 0;
-    run_gathered("backward", reads, release, step, StartComplete{this, &done, &complete, &next});
+    run_gathered("backward", reads, release, step, StartComplete{this, &done, &marks, &complete, &next});
     LOOM_CHECK(next == buckets_.size(), "ZeRO-3: ", buckets_.size() - next, " of ", buckets_.size(),
                " units' gradients were never complete");
     finish();
   }
-  //! On Comm after backward chunk c: starts the reduce-scatter of every unit that is now complete, in order.
+  using Mark = decltype(std::declval<Model&>().ops().mark());
+  //! On Comm after backward chunk c, once its work is done (on a device: its kernels): starts the reduce-scatter of
+  //! every unit that is now complete, in order.
   struct StartComplete {
     static constexpr const char* name = "reduce_scatter buckets";
     ShardedDataParallel* self;
     std::vector<typename Model::ParamRange>* done;
+    std::vector<std::optional<Mark>>* marks;
     std::vector<char>* complete;
     std::size_t* next;
     comm::Handles operator()(std::size_t c) const {
+      (*marks)[c]->wait();
       typename Base::ReduceScatterBucket start{self};
       return detail::start_completed<Model>((*done)[c], self->buckets_, *complete, *next, start);
     }

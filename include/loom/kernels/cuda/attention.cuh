@@ -1,6 +1,8 @@
-// Causal self-attention on the device, FlashAttention-2 style: a block holds a tile of queries (or keys) in shared
-// memory and streams the other side through in tiles, with an online softmax; the T x T matrix is never formed and
-// the per-row log-sum-exp is kept for backward. GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
+// Attention on the device, FlashAttention-2 style: a block holds a tile of queries (or keys) in shared memory and
+// streams the other side through in tiles, with an online softmax; the T x Tk matrix is never formed and the per-row
+// log-sum-exp is kept for backward. Causal self-attention (Tk = T, query t sees keys 0..t), or a block of Tk keys
+// that every query sees (causal = false: ring attention's blocks of another rank's keys). GQA/MQA: query head h
+// reads key/value head h / (Hq / Hkv).
 //
 // Tile products go through a policy: Wmma (bf16/fp16 with D a multiple of 16: tensor cores through WMMA, 64 x 64
 // tiles, fp32 accumulation) or Simt (float, double, and the other head sizes: plain FMAs in the accumulation type).
@@ -228,10 +230,11 @@ __global__ void __launch_bounds__(P::threads)
   const int r = threadIdx.x / G, g = threadIdx.x % G, t = q0 + r;
   const A scale = A(s.scale);
   A m_i = neg_inf<A>(), l_i = A(0);
-  const int key_tiles = (min(s.T, q0 + n) - 1) / n + 1;
+  const int Tk = s.Tk < 0 ? s.T : s.Tk;  // s.keys(), a host function
+  const int key_tiles = s.causal ? (min(s.T, q0 + n) - 1) / n + 1 : (Tk + n - 1) / n;
   for (int kb = 0; kb < key_tiles; ++kb) {
-    const int k0 = kb * n, k_valid = min(n, s.T - k0);
-    const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+    const int k0 = kb * n, k_valid = min(n, Tk - k0);
+    const std::size_t kv = (std::size_t(b) * Tk + k0) * s.ldkv + std::size_t(hk) * D;
     __syncthreads();  // the previous tile's readers of Ks, Vs and Ps are done
     load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
     load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
@@ -243,7 +246,7 @@ __global__ void __launch_bounds__(P::threads)
     A mx = neg_inf<A>();
     for (int c = g; c < n; c += G) {
       const int j = k0 + c;
-      const A x = (j <= t && j < s.T) ? srow[c] * scale : neg_inf<A>();
+      const A x = (j < Tk && (!s.causal || j <= t)) ? srow[c] * scale : neg_inf<A>();
       srow[c] = x;
       mx = max(mx, x);
     }
@@ -301,8 +304,8 @@ __global__ void delta_kernel(const T* dout, const T* out, acc_t<T>* delta, Atten
   if (lane == 0) delta[(std::size_t(b) * s.Hq + h) * s.T + t] = sum;
 }
 
-//! Per key tile: dV = sum P^T dO and dK = scale sum dS^T Q over the query tiles at or after it, and over the query
-//! heads that share the key/value head.
+//! Per key tile: dV = sum P^T dO and dK = scale sum dS^T Q over the query tiles that see it (causal: those at or
+//! after it), and over the query heads that share the key/value head.
 template <class P, class T>
 __global__ void __launch_bounds__(P::threads)
     backward_kv_kernel(const T* dout, const T* q, const T* k, const T* v, const acc_t<T>* lse,
@@ -328,8 +331,9 @@ __global__ void __launch_bounds__(P::threads)
 
   const int kb = blockIdx.x;  // the first key tiles see the most queries: they start first
   const int hk = blockIdx.y, b = blockIdx.z, group = s.Hq / s.Hkv;
-  const int k0 = kb * n, k_valid = min(n, s.T - k0);
-  const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+  const int Tk = s.Tk < 0 ? s.T : s.Tk;  // s.keys(), a host function
+  const int k0 = kb * n, k_valid = min(n, Tk - k0);
+  const std::size_t kv = (std::size_t(b) * Tk + k0) * s.ldkv + std::size_t(hk) * D;
   load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
   load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
   zero_tile(dKf, L.ld.o, n, D, P::threads);
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(P::threads)
   const A scale = A(s.scale);
   const int query_tiles = (s.T + n - 1) / n;
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int qb = kb; qb < query_tiles; ++qb) {  // query tiles before kb see none of these keys
+    for (int qb = s.causal ? kb : 0; qb < query_tiles; ++qb) {  // causal: query tiles before kb see none of these
       const int q0 = qb * n, q_valid = min(n, s.T - q0);
       __syncthreads();
       load_tile<P>(Qs, L.ld.s, q + (std::size_t(b) * s.T + q0) * s.ldq + std::size_t(h) * D, s.ldq, q_valid, D);
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(P::threads)
         const int c = e / n, rq = e % n;  // key c, query rq
         const int j = k0 + c, t = q0 + rq;
         A p = 0;
-        if (j <= t && t < s.T && j < s.T) p = exp_(Sf[c * L.ld.f + rq] * scale - lse_s[rq]);
+        if (t < s.T && j < Tk && (!s.causal || j <= t)) p = exp_(Sf[c * L.ld.f + rq] * scale - lse_s[rq]);
         Ps[c * L.ld.st + rq] = narrow<S>(p);
         dSs[c * L.ld.st + rq] = narrow<S>(p * (dPf[c * L.ld.f + rq] - delta_s[rq]));
       }
@@ -372,7 +376,7 @@ __global__ void __launch_bounds__(P::threads)
   }
 }
 
-//! Per query tile: dQ = scale sum dS K over the key tiles up to it.
+//! Per query tile: dQ = scale sum dS K over the key tiles it sees (causal: those up to it).
 template <class P, class T>
 __global__ void __launch_bounds__(P::threads)
     backward_q_kernel(const T* dout, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
@@ -406,10 +410,11 @@ __global__ void __launch_bounds__(P::threads)
   }
   zero_tile(dQf, L.ld.o, n, D, P::threads);
   const A scale = A(s.scale);
-  const int key_tiles = (min(s.T, q0 + n) - 1) / n + 1;
+  const int Tk = s.Tk < 0 ? s.T : s.Tk;  // s.keys(), a host function
+  const int key_tiles = s.causal ? (min(s.T, q0 + n) - 1) / n + 1 : (Tk + n - 1) / n;
   for (int kb = 0; kb < key_tiles; ++kb) {
-    const int k0 = kb * n, k_valid = min(n, s.T - k0);
-    const std::size_t kv = (std::size_t(b) * s.T + k0) * s.ldkv + std::size_t(hk) * D;
+    const int k0 = kb * n, k_valid = min(n, Tk - k0);
+    const std::size_t kv = (std::size_t(b) * Tk + k0) * s.ldkv + std::size_t(hk) * D;
     __syncthreads();
     load_tile<P>(Ks, L.ld.s, k + kv, s.ldkv, k_valid, D);
     load_tile<P>(Vs, L.ld.s, v + kv, s.ldkv, k_valid, D);
@@ -421,7 +426,7 @@ __global__ void __launch_bounds__(P::threads)
       const int rq = e / n, c = e % n;
       const int t = q0 + rq, j = k0 + c;
       A p = 0;
-      if (j <= t && t < s.T && j < s.T) p = exp_(Sf[rq * L.ld.f + c] * scale - lse_s[rq]);
+      if (t < s.T && j < Tk && (!s.causal || j <= t)) p = exp_(Sf[rq * L.ld.f + c] * scale - lse_s[rq]);
       dSs[rq * L.ld.st + c] = narrow<S>(p * (dPf[rq * L.ld.f + c] - delta_s[rq]));
     }
     __syncthreads();
@@ -439,8 +444,6 @@ __global__ void __launch_bounds__(P::threads)
 
 inline void check_device_shape(const AttentionShape& s) {
   kernels::check_shape(s);  // the rules both devices share
-  LOOM_CHECK(s.self_causal(), "the CUDA attention kernels compute causal self-attention; a block of ring attention "
-             "(Tk=", s.keys(), ", causal=", s.causal, ") runs on the host");
   LOOM_CHECK(s.B <= 65535 && s.Hq <= 65535, "attention on the device takes at most 65535 sequences and heads (B=",
              s.B, " Hq=", s.Hq, ")");
 }
@@ -494,12 +497,12 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   check_launch("attention_backward");
   with_policy<T>(s.D, [&](auto policy) {
     using P = decltype(policy);
-    const int tiles = (s.T + P::tile - 1) / P::tile;
+    const int tiles = (s.T + P::tile - 1) / P::tile, key_tiles = (s.keys() + P::tile - 1) / P::tile;
     const std::size_t kv_bytes = BackwardSmem<P>(s.D, true).bytes;
     auto kv_kernel = backward_kv_kernel<P, T>;
     prepare(kv_kernel, kv_bytes, s, "attention_backward");
-    kv_kernel<<<dim3(tiles, s.Hkv, s.B), P::threads, kv_bytes, stream>>>(dout, q, k, v, lse, delta.data(), dk, dv,
-                                                                           s);
+    kv_kernel<<<dim3(key_tiles, s.Hkv, s.B), P::threads, kv_bytes, stream>>>(dout, q, k, v, lse, delta.data(), dk,
+                                                                               dv, s);
     check_launch("attention_backward");
     const std::size_t q_bytes = BackwardSmem<P>(s.D, false).bytes;
     auto q_kernel = backward_q_kernel<P, T>;
@@ -511,8 +514,9 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
 
 }  // namespace detail::attn
 
-//! Causal self-attention in tiles with an online softmax; the T x T matrix is never materialised.
-//! q: B x T x Hq x D with row stride ldq (elements between consecutive (b, t)); k, v: B x T x Hkv x D with stride
+//! Attention in tiles with an online softmax; the T x Tk matrix is never materialised. Causal self-attention
+//! (s.causal, Tk = T), or every query over a block of Tk = s.keys() keys (causal = false).
+//! q: B x T x Hq x D with row stride ldq (elements between consecutive (b, t)); k, v: B x Tk x Hkv x D with stride
 //! ldkv; out: B x T x Hq x D with stride ldo; lse: B x Hq x T, the per-row log-sum-exp kept for backward.
 //! Query head h reads key/value head h / (Hq / Hkv). scale is usually 1/sqrt(D). q, k, v may point into one fused
 //! qkv buffer.

@@ -8,6 +8,7 @@
 
 #include <loom/kernels/cuda/check.cuh>
 #include <loom/kernels/cuda/entry.hpp>
+#include <loom/core/worker.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/tensor/cuda.hpp>
 
@@ -194,6 +195,35 @@ struct Ops<Cuda> {
   void scale(T* x, std::size_t n, acc_t<T> s) const {
     cuda::entry::scale(x, n, s, stream);
   }
+  template <class T>
+  void widen(const T* src, acc_t<T>* dst, std::size_t n) const {
+    cuda::entry::widen(src, dst, n, stream);
+  }
+  template <class T>
+  void narrow(const acc_t<T>* src, T* dst, std::size_t n) const {
+    cuda::entry::narrow(src, dst, n, stream);
+  }
+  template <class T>
+  void accumulate_wide(const T* x, acc_t<T>* y, std::size_t n) const {
+    cuda::entry::accumulate_wide(x, y, n, stream);
+  }
+  //! A block of rows: the same type through a 2-D copy, or acc_t<D> rounded to D by a kernel.
+  template <class S, class D>
+  void copy_rows(const S* src, std::ptrdiff_t lds, D* dst, std::ptrdiff_t ldd, int rows, int w) const {
+    if (rows <= 0 || w <= 0) return;
+    if constexpr (std::is_same_v<S, D>) {
+      LOOM_CUDA(cudaMemcpy2DAsync(dst, std::size_t(ldd) * sizeof(D), src, std::size_t(lds) * sizeof(S),
+                                  std::size_t(w) * sizeof(D), std::size_t(rows), cudaMemcpyDeviceToDevice, stream));
+    } else {
+      static_assert(std::is_same_v<S, acc_t<D>>, "loom: copy_rows converts only acc_t<D> to D");
+      cuda::entry::narrow_rows(src, lds, dst, ldd, rows, w, stream);
+    }
+  }
+  template <class T>
+  void lse_merge(acc_t<T>* O, acc_t<T>* L, const T* Ob, const acc_t<T>* Lb, int B, int H, int c, int D,
+                 std::ptrdiff_t ld) const {
+    cuda::entry::lse_merge(O, L, Ob, Lb, B, H, c, D, ld, stream);
+  }
   //! Device to host: returns when host_dst holds the data.
   template <class T>
   void to_host(const T* src, T* host_dst, std::size_t n) const {
@@ -241,6 +271,27 @@ struct Ops<Cuda> {
 };
 
 static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
+
+namespace cuda::detail {
+//! The CUDA device current on a thread, which the workers it starts make theirs (loom::ThreadDevice): installed
+//! when the program starts.
+//! -1 where the runtime has no device (a host run of a program built with CUDA): the worker then sets none.
+inline const ThreadDevice thread_device{[] {
+                                          int d = -1;
+                                          if (cudaGetDevice(&d) != cudaSuccess) {
+                                            static_cast<void>(cudaGetLastError());
+                                            return -1;
+                                          }
+                                          return d;
+                                        },
+                                        [](int d) {
+                                          if (d >= 0) LOOM_CUDA(cudaSetDevice(d));
+                                        }};
+inline const bool thread_device_installed = [] {
+  ::loom::thread_device().store(&thread_device);
+  return true;
+}();
+}  // namespace cuda::detail
 
 }  // namespace loom::kernels
 

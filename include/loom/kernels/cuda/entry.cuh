@@ -30,6 +30,71 @@ struct Fill {
   }
 };
 
+//! dst[i] = src[i] converted (widened to the arithmetic type, or rounded back to storage).
+template <class S, class D>
+struct Convert {
+  static constexpr int width = 1;
+  const S* src;
+  D* dst;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    if constexpr (std::is_same_v<D, acc_t<S>>) dst[i] = widen(src[i]);
+    else dst[i] = narrow<D>(src[i]);
+  }
+};
+
+//! y[i] += x[i] widened.
+template <class T>
+struct AccumulateWide {
+  static constexpr int width = 1;
+  const T* x;
+  acc_t<T>* y;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    y[i] += widen(x[i]);
+  }
+};
+
+//! Element i of a block of rows w wide: dst[r * ldd + e] = src[r * lds + e] rounded, r = i / w, e = i % w.
+template <class S, class D>
+struct NarrowRows {
+  static constexpr int width = 1;
+  const S* src;
+  std::ptrdiff_t lds;
+  D* dst;
+  std::ptrdiff_t ldd;
+  int w;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    const std::ptrdiff_t r = static_cast<std::ptrdiff_t>(i / w), e = static_cast<std::ptrdiff_t>(i % w);
+    dst[r * ldd + e] = narrow<D>(src[r * lds + e]);
+  }
+};
+
+//! Row li = (b H + h) c + t of a log-sum-exp merge (Ops<Host>::lse_merge).
+template <class T>
+struct LseMerge {
+  static constexpr int width = 1;
+  using A = acc_t<T>;
+  A* O;
+  A* L;
+  const T* Ob;
+  const A* Lb;
+  int H, c, D;
+  std::ptrdiff_t ld;
+  template <int N>
+  __device__ void apply(std::size_t li) const {
+    const int t = static_cast<int>(li % c), h = static_cast<int>(li / c % H), b = static_cast<int>(li / c / H);
+    const A la = L[li], lb = Lb[li], m = max(la, lb);
+    const A l = m + log_(exp_(la - m) + exp_(lb - m));
+    const A wa = exp_(la - l), wb = exp_(lb - l);
+    A* o = O + (std::ptrdiff_t(b) * c + t) * ld + std::ptrdiff_t(h) * D;
+    const T* ob = Ob + (std::ptrdiff_t(b) * c + t) * ld + std::ptrdiff_t(h) * D;
+    for (int d = 0; d < D; ++d) o[d] = o[d] * wa + widen(ob[d]) * wb;
+    L[li] = l;
+  }
+};
+
 inline constexpr int sum_threads = 256;
 
 //! partial[block] = the sum over the block's grid-stride share of f(x[i]), in double.
@@ -221,6 +286,36 @@ template <class T>
 void scale(T* x, std::size_t n, acc<T> s, cudaStream_t stream) {
   using D = device_t<T>;
   detail::launch_map(detail::Scale<D>{detail::dev(x), s}, n, detail::vec_ok({x}), stream, "scale");
+}
+template <class T>
+void widen(const T* src, acc<T>* dst, std::size_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::Convert<D, acc<T>>{detail::dev(src), dst}, n, false, stream, "widen");
+}
+template <class T>
+void narrow(const acc<T>* src, T* dst, std::size_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::Convert<acc<T>, D>{src, detail::dev(dst)}, n, false, stream, "narrow");
+}
+template <class T>
+void accumulate_wide(const T* x, acc<T>* y, std::size_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::AccumulateWide<D>{detail::dev(x), y}, n, false, stream, "accumulate_wide");
+}
+template <class T>
+void narrow_rows(const acc<T>* src, std::ptrdiff_t lds, T* dst, std::ptrdiff_t ldd, int rows, int w,
+                 cudaStream_t stream) {
+  using D = device_t<T>;
+  if (rows <= 0 || w <= 0) return;
+  detail::launch_map(detail::NarrowRows<acc<T>, D>{src, lds, detail::dev(dst), ldd, w},
+                     std::size_t(rows) * std::size_t(w), false, stream, "narrow_rows");
+}
+template <class T>
+void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H, int c, int D, std::ptrdiff_t ld,
+               cudaStream_t stream) {
+  using Dt = device_t<T>;
+  detail::launch_map(detail::LseMerge<Dt>{O, L, detail::dev(Ob), Lb, H, c, D, ld}, std::size_t(B) * H * c, false,
+                     stream, "lse_merge");
 }
 template <class T>
 double sum(const T* x, std::size_t n, cudaStream_t stream) {

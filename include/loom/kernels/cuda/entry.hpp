@@ -106,6 +106,22 @@ void fill(T* x, std::size_t n, const T* value, cudaStream_t stream);
 //! x[i] *= s.
 template <class T>
 void scale(T* x, std::size_t n, acc<T> s, cudaStream_t stream);
+//! dst[i] = src[i] in acc<T>, and back (rounded to nearest).
+template <class T>
+void widen(const T* src, acc<T>* dst, std::size_t n, cudaStream_t stream);
+template <class T>
+void narrow(const acc<T>* src, T* dst, std::size_t n, cudaStream_t stream);
+//! y[i] += x[i] widened to acc<T>.
+template <class T>
+void accumulate_wide(const T* x, acc<T>* y, std::size_t n, cudaStream_t stream);
+//! dst[r * ldd + e] = src[r * lds + e] rounded to T, for r < rows and e < w.
+template <class T>
+void narrow_rows(const acc<T>* src, std::ptrdiff_t lds, T* dst, std::ptrdiff_t ldd, int rows, int w,
+                 cudaStream_t stream);
+//! Ops<Host>::lse_merge's merge of a block's attention result into a running one, a thread per row and head.
+template <class T>
+void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H, int c, int D, std::ptrdiff_t ld,
+               cudaStream_t stream);
 //! The sum of x, or of its squares, in double: reduced on the device to per-block partials that the host adds in a
 //! fixed order (deterministic); returns when the stream has done it.
 template <class T>
@@ -163,6 +179,12 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
                                    cudaStream_t);                                                                     \
   prefix template void fill<T>(T*, std::size_t, const T*, cudaStream_t);                                              \
   prefix template void scale<T>(T*, std::size_t, acc<T>, cudaStream_t);                                               \
+  prefix template void widen<T>(const T*, acc<T>*, std::size_t, cudaStream_t);                                       \
+  prefix template void accumulate_wide<T>(const T*, acc<T>*, std::size_t, cudaStream_t);                             \
+  prefix template void narrow_rows<T>(const acc<T>*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, cudaStream_t);    \
+  prefix template void lse_merge<T>(acc<T>*, acc<T>*, const T*, const acc<T>*, int, int, int, int, std::ptrdiff_t,   \
+                                    cudaStream_t);                                                                    \
+  prefix template void narrow<T>(const acc<T>*, T*, std::size_t, cudaStream_t);                                      \
   prefix template double sum<T>(const T*, std::size_t, cudaStream_t);                                                 \
   prefix template double sum_squares<T>(const T*, std::size_t, cudaStream_t);
 
