@@ -359,10 +359,10 @@ if(TARGET train_gpt)
   set_tests_properties(train_gpt_pipeline_layer_split PROPERTIES LABELS "model;pipeline")
   if(LOOM_WITH_CUDA)
     # --device cuda: one rank, and two ranks sharing the GPU (data, tensor, sequence and pipeline parallelism under
-    # every schedule, ZeRO 1-3, ring attention), log the CPU's losses (f64, dropout) to 9 digits.
+    # every schedule, ZeRO 1-3, ring and Ulysses attention), log the CPU's losses (f64, dropout) to 9 digits.
     add_test(NAME train_gpt_cuda_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
-              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda"
+              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda;cp2,ulysses --device cuda"
               -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
     if(LOOM_WITH_MPI)
       # --backend nccl: a process per GPU, where the machine has two.

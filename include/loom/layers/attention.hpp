@@ -151,8 +151,8 @@ struct ParallelAttention {
     const T *q = qkv, *k = q + hq_ * hd_, *v = q + (hq_ + hkv_) * hd_;
     if (cp_.comm && cp_.algorithm == CpAlgorithm::ring)
       return ring_attention_forward(*cp_.comm, qkv_.region.ops, q, k, v, c.out.data(), c.lse.data(), shape());
-    if constexpr (kernels::is_host_v<Dev>)
-      if (cp_.comm) return ulysses_attention_forward(*cp_.comm, q, k, v, c.out.data(), c.lse.data(), shape());
+    if (cp_.comm)
+      return ulysses_attention_forward(*cp_.comm, qkv_.region.ops, q, k, v, c.out.data(), c.lse.data(), shape());
     qkv_.region.ops.attention_forward(q, k, v, c.out.data(), c.lse.data(), shape());
   }
   //! dq|dk|dv from the gradient of the core's output, q|k|v and the core's result, as core_forward computed it.
@@ -162,9 +162,9 @@ struct ParallelAttention {
     if (cp_.comm && cp_.algorithm == CpAlgorithm::ring)
       return ring_attention_backward(*cp_.comm, qkv_.region.ops, dout, q, k, v, c.out.data(), c.lse.data(), dq, dk,
                                      dv, shape());
-    if constexpr (kernels::is_host_v<Dev>)
-      if (cp_.comm)
-        return ulysses_attention_backward(*cp_.comm, dout, q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
+    if (cp_.comm)
+      return ulysses_attention_backward(*cp_.comm, qkv_.region.ops, dout, q, k, v, c.out.data(), c.lse.data(), dq, dk,
+                                        dv, shape());
     qkv_.region.ops.attention_backward(dout, q, k, v, c.out.data(), c.lse.data(), dq, dk, dv, shape());
   }
 

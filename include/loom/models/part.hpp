@@ -43,15 +43,11 @@ struct MicroBatch {
 //!
 //! On a device, tensor parallelism (with sequence parallelism or without) runs its collectives on device memory
 //! (Local with <loom/comm/local_cuda.hpp>, ranks sharing one GPU; Nccl, a GPU each), the model's stream synchronised
-//! before each, and sums its ranks' shared gradients there (SharedGradients); context parallelism runs ring attention
-//! there (its blocks, exchanges and log-sum-exp merges on device memory).
+//! before each, and sums its ranks' shared gradients there (SharedGradients); context parallelism runs ring or Ulysses
+//! attention there (their blocks, exchanges, reorders and merges on device memory).
 template <class Dev, class Cfg>
 struct DeviceRules {
   static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
-  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::cp> == 1 ||
-                    Cfg::cp_algorithm == CpAlgorithm::ring,
-                "loom: a model on a CUDA device takes ring attention for context parallelism (CP<n>); CP<n, Ulysses> "
-                "runs on the host");
   static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,
                 "loom: a model on a CUDA device supports ep = 1 only (mixture-of-experts layers run on the host)");
   static constexpr bool ok = true;
