@@ -1,7 +1,7 @@
 // train_gpt's layouts on a CUDA device: one rank, and data, tensor (with sequence parallelism or without), pipeline
-// (under every schedule) and context parallelism (ring and Ulysses) and ZeRO 1, 2 and 3 over ranks that share the GPU (threads of this
-// process, through the Local backend's device memory) or one GPU each (--backend nccl, a process per GPU).
-// Compiled where loom is built with CUDA.
+// (under every schedule), context (ring and Ulysses) and expert parallelism and ZeRO 1, 2 and 3 over ranks that share
+// the GPU (threads of this process, through the Local backend's device memory) or have one each (--backend nccl, a
+// process per GPU). Compiled where loom is built with CUDA.
 #include <loom/core/cuda_device.hpp>
 #include <loom/comm/local_cuda.hpp>
 #include <loom/kernels/cuda/device_ops.hpp>
@@ -31,7 +31,7 @@ using Layouts = FamilyOf<
     LayoutList<Parallel<>, Parallel<DP<2>>, Parallel<TP<2>>, Parallel<TP<2>, DP<2>>, Parallel<TP<2, SequenceParallel>>,
                Parallel<PP<2>, DP<2>>, Parallel<DP<2, ZeRO<1>>>, Parallel<DP<2, ZeRO<2>>>, Parallel<DP<2, ZeRO<3>>>,
                Parallel<TP<2>, DP<2, ZeRO<1>>>, Parallel<PP<2>, DP<2, ZeRO<1>>>, Parallel<CP<2>>, Parallel<CP<2>, DP<2>>,
-               Parallel<CP<2, Ulysses>>>,
+               Parallel<CP<2, Ulysses>>, Parallel<DP<2>, EP<2>>>,
     EverySchedule<Alone, 2>>;
 // The same layouts on the GPU.
 template <class F>

@@ -364,6 +364,13 @@ if(TARGET train_gpt)
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
               "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda;cp2,ulysses --device cuda"
               -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    # A mixture of experts on the GPU: the experts over two ranks sharing it, against the CPU's one rank.
+    add_test(NAME train_gpt_cuda_moe_layouts
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda_moe
+              "-DLAYOUTS=single --device cuda;dp2 --device cuda;dp2,ep2 --device cuda"
+              "-DEXTRA=--model;tiny-moe;--capacity-factor;1" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    set_tests_properties(train_gpt_cuda_moe_layouts PROPERTIES LABELS "gpu;model;moe"
+                         SKIP_REGULAR_EXPRESSION "no CUDA device here")
     if(LOOM_WITH_MPI)
       # --backend nccl: a process per GPU, where the machine has two.
       add_test(NAME train_gpt_cuda_nccl_layouts

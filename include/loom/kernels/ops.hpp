@@ -245,6 +245,54 @@ struct Ops<Host> {
           L[li] = l;
         }
   }
+  //! Rows of d elements by index (a mixture of experts' dispatch): dst[i] = src[rows[i]], times weights[i] where
+  //! weights is given (in T), for i < n.
+  template <class T>
+  void gather_rows(const T* src, const std::int32_t* rows, const T* weights, T* dst, std::size_t n, int d) const {
+    for (std::size_t i = 0; i < n; ++i) {
+      const T* a = src + std::size_t(rows[i]) * d;
+      T* b = dst + i * d;
+      if (weights)
+        for (int c = 0; c < d; ++c) b[c] = weights[i] * a[c];
+      else
+        for (int c = 0; c < d; ++c) b[c] = a[c];
+    }
+  }
+  //! dst[rows[i]] = src[i], rows of d elements, for i < n (rows distinct).
+  template <class T>
+  void scatter_rows(const T* src, const std::int32_t* rows, T* dst, std::size_t n, int d) const {
+    for (std::size_t i = 0; i < n; ++i) std::copy_n(src + i * d, d, dst + std::size_t(rows[i]) * d);
+  }
+  //! For each of `tokens` rows of dst, in order, dst[t] += weights[s] src[s] (or src[s] without weights) for s =
+  //! slots[t k + m], m < k, up to the first negative slot: a mixture of experts' combine, each token's expert outputs
+  //! added in the order of its slots.
+  template <class T>
+  void combine_rows(const T* src, const std::int32_t* slots, int k, const T* weights, T* dst, std::size_t tokens,
+                    int d) const {
+    for (std::size_t t = 0; t < tokens; ++t) {
+      T* y = dst + t * d;
+      for (int m = 0; m < k; ++m) {
+        const std::int32_t s = slots[t * k + m];
+        if (s < 0) break;
+        const T* x = src + std::size_t(s) * d;
+        if (weights)
+          for (int c = 0; c < d; ++c) y[c] += weights[s] * x[c];
+        else
+          for (int c = 0; c < d; ++c) y[c] += x[c];
+      }
+    }
+  }
+  //! out[i] = the dot product of rows a[rows[i]] and b[i] (d elements each), in double.
+  template <class T>
+  void row_dots(const T* a, const std::int32_t* rows, const T* b, double* out, std::size_t n, int d) const {
+    for (std::size_t i = 0; i < n; ++i) {
+      const T* x = a + std::size_t(rows[i]) * d;
+      const T* y = b + i * d;
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += double(x[c]) * double(y[c]);
+      out[i] = dot;
+    }
+  }
   //! Host memory from this device's, and back; on the host, copies.
   template <class T>
   void to_host(const T* src, T* host_dst, std::size_t n) const {
@@ -284,7 +332,7 @@ struct Ops<Host> {
 template <class O, class T>
 concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const acc_t<T>* ca,
                                 const std::int32_t* ids, std::size_t n, int i, float f, double d, bool b,
-                                std::uint64_t u, const AttentionShape& s, std::ptrdiff_t ld) {
+                                std::uint64_t u, const AttentionShape& s, std::ptrdiff_t ld, double* dd) {
   typename O::device;
   { o.template scratch<T>(n).data() } -> std::convertible_to<T*>;
   o.matmul(c, c, p, i, i, i, b, b, f, f);
@@ -330,6 +378,10 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.copy_rows(ca, ld, p, ld, i, i);
   o.copy_rows(ca, ld, a, ld, i, i);
   o.lse_merge(a, a, c, ca, i, i, i, i, ld);
+  o.gather_rows(c, ids, c, p, n, i);
+  o.scatter_rows(c, ids, p, n, i);
+  o.combine_rows(c, ids, i, c, p, n, i);
+  o.row_dots(c, ids, c, dd, n, i);
   o.to_host(c, p, n);
   o.from_host(c, p, n);
   { o.sum_squares(c, n) } -> std::convertible_to<double>;

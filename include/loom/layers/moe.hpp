@@ -1,4 +1,4 @@
-// A mixture-of-experts MLP on the host, its experts split over an expert-parallel group: a router picks each token's
+// A mixture-of-experts MLP, on the host or a device, its experts split over an expert-parallel group: a router picks each token's
 // top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
 // which sorts them by the rank that holds the expert, and sent there with an all-to-all of variable counts; each
 // rank runs its local experts, one GEMM per expert over the rows it received for it (expert-major), and returns the
@@ -8,8 +8,14 @@
 // all-to-alls.
 //
 // The routed experts (RoutedExperts: the router, the dispatch, the local experts and the combine) depend on the element
-// type alone, so that loom::cpu_kernels compiles them once per type; MoeLayer<T, Tp> adds the shared experts, split
-// over the tensor-parallel group Tp, and hands the routed experts the tensor-parallel all-gather they need.
+// type and the device alone, so that loom::cpu_kernels compiles the host's once per type; MoeLayer<T, Dev, Tp> adds
+// the shared experts, split over the tensor-parallel group Tp, and hands the routed experts the tensor-parallel
+// all-gather they need.
+//
+// On a device the router's logits come to the host, which routes and plans the dispatch (a few values per token:
+// the same code on every device), and sends the plan's indices back; the rows move by index on the device
+// (Ops::gather_rows, scatter_rows, combine_rows), the all-to-alls take device memory, and a buffer is exchanged once
+// the kernels that wrote it are done.
 //
 // The experts are whole on every tensor-parallel rank: without sequence parallelism each tp rank routes the same
 // rows and computes the same outputs, and its expert-parallel group is the ranks with its tp coordinate.
@@ -65,13 +71,36 @@ struct MoeStats {
   double mean_imbalance() const { return forwards > 0 ? imbalance / forwards : 1.0; }
 };
 
-//! The routed experts of a mixture-of-experts layer, on the host: the router, the dispatch, this rank's experts and
-//! the combine. Its code depends on the element type alone (the tensor-parallel group reaches it through the calls
-//! it is given), so that loom::cpu_kernels compiles it once per type; MoeLayer adds the shared experts.
-template <class T>
+//! The routed experts of a mixture-of-experts layer, on device Dev: the router, the dispatch, this rank's experts and
+//! the combine. Its code depends on the element type and the device alone (the tensor-parallel group reaches it
+//! through the calls it is given), so that loom::cpu_kernels compiles the host's once per type; MoeLayer adds the
+//! shared experts.
+template <class T, class Dev = Host>
 class RoutedExperts {
  public:
-  using Tensor = loom::Tensor<T>;
+  using Tensor = loom::Tensor<T, Dev>;
+  using HostTensor = loom::Tensor<T>;
+  static constexpr bool on_host = std::is_same_v<Dev, Host>;
+
+  //! A host array of the dispatch's plan and, on a device, its copy there (upload()).
+  template <class U>
+  struct Indices {
+    std::vector<U> host;
+    loom::Tensor<U, Dev> dev;
+    const U* data() const {
+      if constexpr (on_host) return host.data();
+      else return dev.data();
+    }
+    void upload(const kernels::Ops<Dev>& ops) {
+      if constexpr (!on_host) {
+        const std::int64_t n = std::max<std::int64_t>(1, static_cast<std::int64_t>(host.size()));
+        if (!dev.defined() || dev.data() == nullptr || dev.numel() < n) dev = loom::Tensor<U, Dev>({n});
+        ops.from_host(host.data(), dev.data(), host.size());
+      } else {
+        static_cast<void>(ops);
+      }
+    }
+  };
 
   //! The router [d, E] and the first of this rank's experts: each c_fc.weight [d, f] (gated: [d, 2f], the gate's
   //! features then the up projection's), c_fc.bias, c_proj.weight [f, d], c_proj.bias [d], one after the other
@@ -86,12 +115,17 @@ class RoutedExperts {
     std::vector<std::size_t> send, recv;     //!< rows to and from each expert-parallel rank
     std::vector<int> grouped;                //!< R rows received (by source rank): its row in expert-major order
     std::vector<int> expert_rows;            //!< local expert le's rows are [expert_rows[le], expert_rows[le + 1])
+    Indices<std::int32_t> source;            //!< A: the row of this rank each sent row is (order / k)
+    Indices<std::int32_t> into;              //!< R: grouped, where the device reads it
+    Indices<std::int32_t> slots;             //!< N x k: each row's sent rows in order (-1 after the last)
+    Indices<T> weight;                       //!< A: each sent row's combine weight
     std::size_t sent() const { return order.size(); }
     std::size_t received() const { return grouped.size(); }
   };
   struct Acts {
     Tensor logits;                //!< N x E (this rank's rows)
-    Tensor whole;                 //!< B x T x E, every token of the sequences (gathered with SP or CP)
+    HostTensor whole;             //!< B x T x E, every token of the sequences (gathered with SP or CP; on a device
+                                  //!< always: the host routes)
     std::vector<Routing> routes;  //!< one per sequence
     Plan plan;
     Tensor xin, h, g;             //!< the rows this rank's experts computed, expert-major: R x d, R x up, R x f
@@ -99,7 +133,7 @@ class RoutedExperts {
   };
   struct Grads {
     Tensor dlogits;   //!< N x E (this rank's rows)
-    Tensor dwhole;    //!< B x T x E (with SP or CP)
+    HostTensor dwhole;  //!< B x T x E (with SP or CP; on a device always)
     Tensor dyin, dh;  //!< R x d, R x up: the output gradients of the rows computed here, and before the activation
     std::vector<double> dweight;  //!< B x T x k (every token's; zero but this rank's)
   };
@@ -109,7 +143,8 @@ class RoutedExperts {
   //! sequence routed as one group. sequence_parallel: the tensor-parallel ranks hold the sequences' rows. Each
   //! expert is an MLP of width f, GELU or (gated) SwiGLU, with or without biases.
   RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f, RouterConfig router, EpGroup ep,
-                comm::AnyComm* cp, bool sequence_parallel, bool gated = false, bool bias = true);
+                comm::AnyComm* cp, bool sequence_parallel, bool gated = false, bool bias = true,
+                kernels::Ops<Dev> ops = {});
 
   int local_experts() const { return local_; }
   std::int64_t expert_stride() const {
@@ -206,15 +241,29 @@ class RoutedExperts {
   int rows() const { return rows_; }
   //! Whether a sequence's tokens are spread over ranks (sequence or context parallelism).
   bool split() const { return sequence_parallel_ || (cp_ && cp_->size() > 1); }
-  //! The router's logits of every token of the B sequences, in order (B x Tg_ x E): this rank's own, or gathered
-  //! over the tensor-parallel group (sequence parallelism) and the context-parallel group.
+  //! The router's logits of every token of the B sequences, in order (B x Tg_ x E), in host memory: this rank's
+  //! own, or gathered over the tensor-parallel group (sequence parallelism) and the context-parallel group.
   const T* gather_logits(Acts& a, FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const {
-    if (!split()) return a.logits.data();
     const std::size_t local = std::size_t(B_) * T_ * E_, mine = std::size_t(rows()) * E_;
+    if (!split()) {
+      if constexpr (on_host) return a.logits.data();
+      ops_.to_host(a.logits.data(), a.whole.data(), mine);
+      return a.whole.data();
+    }
     const int n = cp_ ? cp_->size() : 1;
     std::vector<T> rows_of_cp(local), all(local * std::size_t(n));
-    if (sequence_parallel_) gather_rows(a.logits.data(), rows_of_cp.data(), mine);
-    else std::copy_n(a.logits.data(), mine, rows_of_cp.data());
+    if (sequence_parallel_) {
+      if constexpr (on_host) {
+        gather_rows(a.logits.data(), rows_of_cp.data(), mine);
+      } else {
+        Tensor gathered({static_cast<std::int64_t>(local)});
+        ops_.synchronize();
+        gather_rows(a.logits.data(), gathered.data(), mine);
+        ops_.to_host(gathered.data(), rows_of_cp.data(), local);
+      }
+    } else {
+      ops_.to_host(a.logits.data(), rows_of_cp.data(), mine);
+    }
     if (n > 1) cp_->all_gather(rows_of_cp, all);
     else all = rows_of_cp;
     for (int q = 0; q < n; ++q)  // cp rank q's token t of sequence b sits at its zigzag position
@@ -250,6 +299,24 @@ class RoutedExperts {
   std::size_t sent_rows(const Plan& p) const {
     const std::int64_t most = most_sent();
     return most >= 0 ? std::size_t(most) : p.sent();
+  }
+  //! The plan's indices for the device (Plan::source, into, slots, weight), from its order and grouping.
+  void index(Acts& a) const {
+    Plan& p = a.plan;
+    const int k = router_.top_k;
+    p.source.host.resize(p.sent()), p.weight.host.resize(p.sent());
+    p.slots.host.assign(std::size_t(rows()) * k, -1);
+    for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
+      const int at = p.order[s2], n = at / k;
+      p.source.host[s2] = n;
+      p.weight.host[s2] = static_cast<T>(weight_of(a, at));
+      std::int32_t* slot = p.slots.host.data() + std::size_t(n) * k;
+      while (*slot >= 0) ++slot;  // a row's sent rows in the order they are sent
+      *slot = static_cast<std::int32_t>(s2);
+    }
+    p.into.host.assign(p.grouped.begin(), p.grouped.end());
+    for (auto* i : {&p.source, &p.into, &p.slots}) i->upload(ops_);
+    p.weight.upload(ops_);
   }
   //! Memory for rows x cols that lives for one call (counted as communication: it is what the all-to-alls send
   //! and receive).
@@ -333,7 +400,7 @@ class RoutedExperts {
     });
   }
 
-  kernels::Ops<Host> ops_{};
+  kernels::Ops<Dev> ops_{};
   int rows_;
   bool sequence_parallel_;
   int B_, T_, d_, E_, f_;
@@ -348,11 +415,11 @@ class RoutedExperts {
 
 // RoutedExperts' members that a program built with LOOM_EXTERN_KERNELS takes from loom::cpu_kernels.
 
-template <class T>
-RoutedExperts<T>::RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f,
-                                RouterConfig router, EpGroup ep, comm::AnyComm* cp, bool sequence_parallel,
-                                bool gated, bool bias)
-    : rows_(rows), sequence_parallel_(sequence_parallel), B_(B), T_(T_), d_(d),
+template <class T, class Dev>
+RoutedExperts<T, Dev>::RoutedExperts(int rows, int first_row, int B, int T_, int d, int experts, int f,
+                                     RouterConfig router, EpGroup ep, comm::AnyComm* cp, bool sequence_parallel,
+                                     bool gated, bool bias, kernels::Ops<Dev> ops)
+    : ops_(ops), rows_(rows), sequence_parallel_(sequence_parallel), B_(B), T_(T_), d_(d),
       E_(experts), f_(f), gated_(gated), bias_(bias), router_(router), ep_(ep), cp_(cp) {
   router_.experts = experts;
   LOOM_CHECK(experts % ep.size() == 0, "the ", experts, " experts do not split over ", ep.size(),
@@ -367,11 +434,11 @@ RoutedExperts<T>::RoutedExperts(int rows, int first_row, int B, int T_, int d, i
   }
 }
 
-template <class T>
-typename RoutedExperts<T>::Acts RoutedExperts<T>::make_acts() const {
+template <class T, class Dev>
+typename RoutedExperts<T, Dev>::Acts RoutedExperts<T, Dev>::make_acts() const {
   Acts a;
   a.logits = Tensor({rows(), std::int64_t{E_}});
-  if (split()) a.whole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  if (split() || !on_host) a.whole = HostTensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
   if (const std::int64_t r = most_received(); r >= 0) {
     ensure(a.xin, std::size_t(r), d_), ensure(a.h, std::size_t(r), up()), ensure(a.g, std::size_t(r), f_);
     ensure(a.yret, std::size_t(most_sent()), d_);
@@ -379,20 +446,20 @@ typename RoutedExperts<T>::Acts RoutedExperts<T>::make_acts() const {
   return a;
 }
 
-template <class T>
-typename RoutedExperts<T>::Grads RoutedExperts<T>::make_grads() const {
+template <class T, class Dev>
+typename RoutedExperts<T, Dev>::Grads RoutedExperts<T, Dev>::make_grads() const {
   Grads g;
   g.dlogits = Tensor({rows(), std::int64_t{E_}});
-  if (split()) g.dwhole = Tensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
+  if (split() || !on_host) g.dwhole = HostTensor({std::int64_t{B_} * Tg_, std::int64_t{E_}});
   if (const std::int64_t r = most_received(); r >= 0)
     ensure(g.dyin, std::size_t(r), d_), ensure(g.dh, std::size_t(r), up());
   return g;
 }
 
-template <class T>
-void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeStats* stats,
-                               FunctionRef<void()> meanwhile,
-                               FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const {
+template <class T, class Dev>
+void RoutedExperts<T, Dev>::forward(const T* x, const Params& w, Acts& a, T* y, MoeStats* stats,
+                                    FunctionRef<void()> meanwhile,
+                                    FunctionRef<void(const T*, T*, std::size_t)> gather_rows) const {
   trace::Scope span("forward moe", "compute");
   const auto& ops = ops_;
   const int N = rows(), k = router_.top_k;
@@ -413,6 +480,7 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
   s.imbalance = imbalance_of(load), s.forwards = 1;
   Clock clock(stats);
   plan(a, clock);
+  index(a);
   if (stats) *stats += s;
   const Plan& p = a.plan;
   // Dispatch: this rank's rows for each kept assignment, by expert, to the rank holding it; expert-major there.
@@ -424,14 +492,13 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
   Tensor out = scratch(received_rows(p), d_);
   {
     Tensor send = scratch(sent_rows(p), d_);
-    for (std::size_t s2 = 0; s2 < p.sent(); ++s2)
-      ops.copy(x + std::size_t(p.order[s2] / k) * d_, send.data() + s2 * d_, std::size_t(d_));
+    ops.gather_rows(x, p.source.data(), static_cast<const T*>(nullptr), send.data(), p.sent(), d_);
+    ops.synchronize();  // on a device: the rows are gathered before they are sent
     comm::Handle h = exchange(send.data(), p.send, out.data(), p.recv, clock, true);
     // The shared experts, while the rows travel.
     meanwhile();
     clock.wait(h);
-    for (std::size_t i = 0; i < p.received(); ++i)
-      ops.copy(out.data() + i * d_, a.xin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+    ops.scatter_rows(out.data(), p.into.data(), a.xin.data(), p.received(), d_);
   }
   // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
   Tensor y_grouped = scratch(received_rows(p), d_);
@@ -446,22 +513,17 @@ void RoutedExperts<T>::forward(const T* x, const Params& w, Acts& a, T* y, MoeSt
     ops.matmul(gi, e.proj_w, yo, n, d_, f_, false, false);
     if (e.proj_b) ops.bias_add(yo, e.proj_b, yo, n, d_);
   });
-  for (std::size_t i = 0; i < p.received(); ++i)
-    ops.copy(y_grouped.data() + std::size_t(p.grouped[i]) * d_, out.data() + i * d_, std::size_t(d_));
+  ops.gather_rows(static_cast<const T*>(y_grouped.data()), p.into.data(), static_cast<const T*>(nullptr), out.data(),
+                  p.received(), d_);
+  ops.synchronize();
   clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
   // Combine: the shared experts' output, plus each kept expert's output times its weight.
-  for (std::size_t s2 = 0; s2 < p.sent(); ++s2) {
-    const int at = p.order[s2], n = at / k;
-    const T wt = static_cast<T>(weight_of(a, at));
-    const T* yr = a.yret.data() + s2 * d_;
-    T* yn = y + std::size_t(n) * d_;
-    for (int c = 0; c < d_; ++c) yn[c] += wt * yr[c];
-  }
+  ops.combine_rows(static_cast<const T*>(a.yret.data()), p.slots.data(), k, p.weight.data(), y, std::size_t(N), d_);
 }
 
-template <class T>
-void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
-                                      MoeStats* stats, FunctionRef<void()> meanwhile) const {
+template <class T, class Dev>
+void RoutedExperts<T, Dev>::backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx, double scale,
+                                           MoeStats* stats, FunctionRef<void()> meanwhile) const {
   trace::Scope span("backward_input moe", "compute");
   const auto& ops = ops_;
   const int N = rows(), k = router_.top_k;
@@ -472,17 +534,20 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
   Tensor dout = scratch(received_rows(p), d_);
   {
     Tensor send = scratch(sent_rows(p), d_);
-    for (std::size_t s = 0; s < p.sent(); ++s) {
-      const int at = p.order[s], n = at / k;
-      const T* dyn = dy + std::size_t(n) * d_;
-      const T* yr = a.yret.data() + s * d_;
-      double dot = 0;
-      for (int c = 0; c < d_; ++c) dot += double(dyn[c]) * double(yr[c]);
-      g.dweight[std::size_t(token_[std::size_t(n)]) * k + at % k] = dot;
-      const T wt = static_cast<T>(weight_of(a, at));
-      T* o = send.data() + s * d_;
-      for (int c = 0; c < d_; ++c) o[c] = wt * dyn[c];
+    std::vector<double> dots(p.sent());
+    if constexpr (on_host) {
+      ops.row_dots(dy, p.source.data(), static_cast<const T*>(a.yret.data()), dots.data(), p.sent(), d_);
+    } else {
+      loom::Tensor<double, Dev> on_device({std::max<std::int64_t>(1, static_cast<std::int64_t>(p.sent()))});
+      ops.row_dots(dy, p.source.data(), static_cast<const T*>(a.yret.data()), on_device.data(), p.sent(), d_);
+      ops.to_host(on_device.data(), dots.data(), p.sent());
     }
+    for (std::size_t s = 0; s < p.sent(); ++s) {
+      const int at = p.order[s];
+      g.dweight[std::size_t(token_[std::size_t(at / k)]) * k + at % k] = dots[s];
+    }
+    ops.gather_rows(dy, p.source.data(), p.weight.data(), send.data(), p.sent(), d_);
+    ops.synchronize();
     comm::Handle h = exchange(send.data(), p.send, dout.data(), p.recv, clock, true);
     meanwhile();
     clock.wait(h);
@@ -491,8 +556,7 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
     MemoryUseScope use(MemoryUse::activations);
     ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), up());
   }
-  for (std::size_t i = 0; i < p.received(); ++i)
-    ops.copy(dout.data() + i * d_, g.dyin.data() + std::size_t(p.grouped[i]) * d_, std::size_t(d_));
+  ops.scatter_rows(static_cast<const T*>(dout.data()), p.into.data(), g.dyin.data(), p.received(), d_);
   // The experts' input gradients, expert-major, then back by source rank.
   Tensor dx_grouped = scratch(received_rows(p), d_);
   Tensor dact = gated_ ? scratch(received_rows(p), f_) : Tensor();  // gated: the gradient of silu(gate) up
@@ -509,30 +573,40 @@ void RoutedExperts<T>::backward_input(const T* dy, const Params& w, const Acts& 
     }
     ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, up(), false, true);
   });
-  for (std::size_t i = 0; i < p.received(); ++i)
-    ops.copy(dx_grouped.data() + std::size_t(p.grouped[i]) * d_, dout.data() + i * d_, std::size_t(d_));
+  ops.gather_rows(static_cast<const T*>(dx_grouped.data()), p.into.data(), static_cast<const T*>(nullptr),
+                  dout.data(), p.received(), d_);
   Tensor dret = scratch(sent_rows(p), d_);
+  ops.synchronize();
   clock.wait(exchange(dout.data(), p.recv, dret.data(), p.send, clock));
-  for (std::size_t s = 0; s < p.sent(); ++s)
-    ops.accumulate(dret.data() + s * d_, dx + std::size_t(p.order[s] / k) * d_, std::size_t(d_));
+  ops.combine_rows(static_cast<const T*>(dret.data()), p.slots.data(), k, static_cast<const T*>(nullptr), dx,
+                   std::size_t(N), d_);
   // The router: its logits' gradient from the weights' and its two losses (each the mean over the sequences),
   // for every token of the sequences, of which this rank keeps its own rows. Under context parallelism the cp
   // ranks' gradients are averaged, so each scales its share of the losses' gradient by cp.
-  const T* whole = split() ? a.whole.data() : a.logits.data();
-  T* dwhole = split() ? g.dwhole.data() : g.dlogits.data();
+  // (On a device the logits and their gradient are the host's copies, a.whole and g.dwhole.)
+  const bool apart = split() || !on_host;
+  const T* whole = apart ? a.whole.data() : a.logits.data();
+  T* dwhole = apart ? g.dwhole.data() : g.dlogits.data();
   const double losses = scale / B_ * (cp_ ? cp_->size() : 1);
   for (int b = 0; b < B_; ++b)
     route_backward(whole + std::size_t(b) * Tg_ * E_, a.routes[std::size_t(b)], router_,
                    g.dweight.data() + std::size_t(b) * Tg_ * k, losses, dwhole + std::size_t(b) * Tg_ * E_);
-  if (split())
+  if constexpr (on_host) {
+    if (split())
+      for (int i = 0; i < N; ++i)
+        ops.copy(dwhole + std::size_t(token_[std::size_t(i)]) * E_, g.dlogits.data() + std::size_t(i) * E_,
+                 std::size_t(E_));
+  } else {  // this rank's rows of the gradient, to the device
+    std::vector<T> mine(std::size_t(N) * E_);
     for (int i = 0; i < N; ++i)
-      ops.copy(dwhole + std::size_t(token_[std::size_t(i)]) * E_, g.dlogits.data() + std::size_t(i) * E_,
-               std::size_t(E_));
+      std::copy_n(dwhole + std::size_t(token_[std::size_t(i)]) * E_, E_, mine.data() + std::size_t(i) * E_);
+    ops.from_host(mine.data(), g.dlogits.data(), mine.size());
+  }
   ops.matmul(g.dlogits.data(), w.router, dx, N, d_, E_, false, true, 1.0f, 1.0f);
 }
 
-template <class T>
-void RoutedExperts<T>::backward_weight(const T* x, const Acts& a, const Grads& g, const Params& dw) const {
+template <class T, class Dev>
+void RoutedExperts<T, Dev>::backward_weight(const T* x, const Acts& a, const Grads& g, const Params& dw) const {
   trace::Scope span("backward_weight moe", "compute");
   const auto& ops = ops_;
   const int N = rows();
@@ -551,12 +625,12 @@ void RoutedExperts<T>::backward_weight(const T* x, const Acts& a, const Grads& g
 //! A mixture-of-experts MLP: the routed experts (RoutedExperts, compiled once per element type) and, when there are
 //! any, shared experts that every token passes through, split over the tensor-parallel group Tp as the dense MLP is;
 //! they compute while the routed experts' rows travel.
-template <class T, class Tp = TensorParallel<1>>
+template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 class MoeLayer {
  public:
-  using Tensor = loom::Tensor<T>;
-  using Routed = RoutedExperts<T>;
-  using Mlp = ParallelMlp<T, Host, Tp>;
+  using Tensor = loom::Tensor<T, Dev>;
+  using Routed = RoutedExperts<T, Dev>;
+  using Mlp = ParallelMlp<T, Dev, Tp>;
   using Plan = typename Routed::Plan;
 
   //! The router [d, E], the shared experts (when there are any), and the first of this rank's experts.
@@ -609,10 +683,11 @@ class MoeLayer {
 
   //! B sequences of T_ tokens on this rank (with context parallelism over cp, its zigzag share of each; with
   //! sequence parallelism, the region's rows of them), each sequence routed as one group.
-  MoeLayer(Region<T, Host, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
+  MoeLayer(Region<T, Dev, Tp> r, int B, int T_, int d, int experts, int f, int shared, RouterConfig router,
            EpGroup ep, comm::AnyComm* cp = nullptr, bool gated = false, bool bias = true)
       : region_(r),
-        routed_(r.rows(), r.first_row(), B, T_, d, experts, f, router, ep, cp, Tp::sequence_parallel, gated, bias),
+        routed_(r.rows(), r.first_row(), B, T_, d, experts, f, router, ep, cp, Tp::sequence_parallel, gated, bias,
+                r.ops),
         shared_(r, std::max(shared, 1) * f, gated), has_shared_(shared > 0) {}
 
   int local_experts() const { return routed_.local_experts(); }
@@ -668,7 +743,7 @@ class MoeLayer {
   }
 
  private:
-  Region<T, Host, Tp> region_;
+  Region<T, Dev, Tp> region_;
   Routed routed_;
   Mlp shared_;
   bool has_shared_;

@@ -44,12 +44,11 @@ struct MicroBatch {
 //! On a device, tensor parallelism (with sequence parallelism or without) runs its collectives on device memory
 //! (Local with <loom/comm/local_cuda.hpp>, ranks sharing one GPU; Nccl, a GPU each), the model's stream synchronised
 //! before each, and sums its ranks' shared gradients there (SharedGradients); context parallelism runs ring or Ulysses
-//! attention there (their blocks, exchanges, reorders and merges on device memory).
+//! attention there (their blocks, exchanges, reorders and merges on device memory), and a mixture of experts its
+//! dispatch and combine (the host routes: layers::RoutedExperts). Every layout a host model takes, a device's does.
 template <class Dev, class Cfg>
 struct DeviceRules {
   static_assert(std::is_same_v<Dev, Host> || std::is_same_v<Dev, Cuda>, "loom: a model's device is Host or Cuda");
-  static_assert(std::is_same_v<Dev, Host> || Cfg::template size<Axis::ep> == 1,
-                "loom: a model on a CUDA device supports ep = 1 only (mixture-of-experts layers run on the host)");
   static constexpr bool ok = true;
 };
 

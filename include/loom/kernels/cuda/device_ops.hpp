@@ -224,6 +224,23 @@ struct Ops<Cuda> {
                  std::ptrdiff_t ld) const {
     cuda::entry::lse_merge(O, L, Ob, Lb, B, H, c, D, ld, stream);
   }
+  template <class T>
+  void gather_rows(const T* src, const std::int32_t* rows, const T* weights, T* dst, std::size_t n, int d) const {
+    cuda::entry::gather_rows(src, rows, weights, dst, n, d, stream);
+  }
+  template <class T>
+  void scatter_rows(const T* src, const std::int32_t* rows, T* dst, std::size_t n, int d) const {
+    cuda::entry::scatter_rows(src, rows, dst, n, d, stream);
+  }
+  template <class T>
+  void combine_rows(const T* src, const std::int32_t* slots, int k, const T* weights, T* dst, std::size_t tokens,
+                    int d) const {
+    cuda::entry::combine_rows(src, slots, k, weights, dst, tokens, d, stream);
+  }
+  template <class T>
+  void row_dots(const T* a, const std::int32_t* rows, const T* b, double* out, std::size_t n, int d) const {
+    cuda::entry::row_dots(a, rows, b, out, n, d, stream);
+  }
   //! Device to host: returns when host_dst holds the data.
   template <class T>
   void to_host(const T* src, T* host_dst, std::size_t n) const {

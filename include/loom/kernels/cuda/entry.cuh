@@ -95,6 +95,72 @@ struct LseMerge {
   }
 };
 
+//! Element i of n rows of d: dst row i from src row rows[i], times weights[i] where given.
+template <class T>
+struct GatherRows {
+  static constexpr int width = 1;
+  const T* src;
+  const std::int32_t* rows;
+  const T* weights;
+  T* dst;
+  int d;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    const std::size_t r = i / d, c = i % d;
+    const T x = src[std::size_t(rows[r]) * d + c];
+    dst[i] = weights ? narrow<T>(widen(weights[r]) * widen(x)) : x;
+  }
+};
+//! Element i of n rows of d: dst row rows[i / d] from src row i / d.
+template <class T>
+struct ScatterRows {
+  static constexpr int width = 1;
+  const T* src;
+  const std::int32_t* rows;
+  T* dst;
+  int d;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    const std::size_t r = i / d, c = i % d;
+    dst[std::size_t(rows[r]) * d + c] = src[i];
+  }
+};
+//! Element i of the tokens' rows: its token's slots added in order (weighted where weights are given).
+template <class T>
+struct CombineRows {
+  static constexpr int width = 1;
+  const T* src;
+  const std::int32_t* slots;
+  int k;
+  const T* weights;
+  T* dst;
+  int d;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    const std::size_t t = i / d, c = i % d;
+    T y = dst[i];
+    for (int m = 0; m < k; ++m) {
+      const std::int32_t s = slots[t * k + m];
+      if (s < 0) break;
+      const T x = src[std::size_t(s) * d + c];
+      y = weights ? narrow<T>(widen(y) + widen(narrow<T>(widen(weights[s]) * widen(x)))) : narrow<T>(widen(y) + widen(x));
+    }
+    dst[i] = y;
+  }
+};
+//! Row i's dot product, one thread per row, in double.
+template <class T>
+__global__ void row_dots_kernel(const T* a, const std::int32_t* rows, const T* b, double* out, std::size_t n, int d) {
+  for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const T* x = a + std::size_t(rows[i]) * d;
+    const T* y = b + i * d;
+    double dot = 0;
+    for (int c = 0; c < d; ++c) dot += static_cast<double>(widen(x[c])) * static_cast<double>(widen(y[c]));
+    out[i] = dot;
+  }
+}
+
 inline constexpr int sum_threads = 256;
 
 //! partial[block] = the sum over the block's grid-stride share of f(x[i]), in double.
@@ -316,6 +382,35 @@ void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H
   using Dt = device_t<T>;
   detail::launch_map(detail::LseMerge<Dt>{O, L, detail::dev(Ob), Lb, H, c, D, ld}, std::size_t(B) * H * c, false,
                      stream, "lse_merge");
+}
+template <class T>
+void gather_rows(const T* src, const std::int32_t* rows, const T* weights, T* dst, std::size_t n, int d,
+                 cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::GatherRows<D>{detail::dev(src), rows, detail::dev(weights), detail::dev(dst), d},
+                     n * std::size_t(d), false, stream, "gather_rows");
+}
+template <class T>
+void scatter_rows(const T* src, const std::int32_t* rows, T* dst, std::size_t n, int d, cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::ScatterRows<D>{detail::dev(src), rows, detail::dev(dst), d}, n * std::size_t(d), false,
+                     stream, "scatter_rows");
+}
+template <class T>
+void combine_rows(const T* src, const std::int32_t* slots, int k, const T* weights, T* dst, std::size_t tokens, int d,
+                  cudaStream_t stream) {
+  using D = device_t<T>;
+  detail::launch_map(detail::CombineRows<D>{detail::dev(src), slots, k, detail::dev(weights), detail::dev(dst), d},
+                     tokens * std::size_t(d), false, stream, "combine_rows");
+}
+template <class T>
+void row_dots(const T* a, const std::int32_t* rows, const T* b, double* out, std::size_t n, int d,
+              cudaStream_t stream) {
+  if (n == 0) return;
+  using D = device_t<T>;
+  detail::row_dots_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(detail::dev(a), rows, detail::dev(b), out, n,
+                                                                        d);
+  detail::check_launch("row_dots");
 }
 template <class T>
 double sum(const T* x, std::size_t n, cudaStream_t stream) {

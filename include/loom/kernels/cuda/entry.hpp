@@ -122,6 +122,18 @@ void narrow_rows(const acc<T>* src, std::ptrdiff_t lds, T* dst, std::ptrdiff_t l
 template <class T>
 void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H, int c, int D, std::ptrdiff_t ld,
                cudaStream_t stream);
+//! Ops<Host>::gather_rows, scatter_rows, combine_rows and row_dots (a mixture of experts' dispatch and combine).
+template <class T>
+void gather_rows(const T* src, const std::int32_t* rows, const T* weights, T* dst, std::size_t n, int d,
+                 cudaStream_t stream);
+template <class T>
+void scatter_rows(const T* src, const std::int32_t* rows, T* dst, std::size_t n, int d, cudaStream_t stream);
+template <class T>
+void combine_rows(const T* src, const std::int32_t* slots, int k, const T* weights, T* dst, std::size_t tokens, int d,
+                  cudaStream_t stream);
+template <class T>
+void row_dots(const T* a, const std::int32_t* rows, const T* b, double* out, std::size_t n, int d,
+              cudaStream_t stream);
 //! The sum of x, or of its squares, in double: reduced on the device to per-block partials that the host adds in a
 //! fixed order (deterministic); returns when the stream has done it.
 template <class T>
@@ -181,6 +193,11 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
   prefix template void scale<T>(T*, std::size_t, acc<T>, cudaStream_t);                                               \
   prefix template void widen<T>(const T*, acc<T>*, std::size_t, cudaStream_t);                                       \
   prefix template void accumulate_wide<T>(const T*, acc<T>*, std::size_t, cudaStream_t);                             \
+  prefix template void gather_rows<T>(const T*, const std::int32_t*, const T*, T*, std::size_t, int, cudaStream_t);  \
+  prefix template void scatter_rows<T>(const T*, const std::int32_t*, T*, std::size_t, int, cudaStream_t);           \
+  prefix template void combine_rows<T>(const T*, const std::int32_t*, int, const T*, T*, std::size_t, int,           \
+                                       cudaStream_t);                                                                 \
+  prefix template void row_dots<T>(const T*, const std::int32_t*, const T*, double*, std::size_t, int, cudaStream_t);\
   prefix template void narrow_rows<T>(const acc<T>*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, cudaStream_t);    \
   prefix template void lse_merge<T>(acc<T>*, acc<T>*, const T*, const acc<T>*, int, int, int, int, std::ptrdiff_t,   \
                                     cudaStream_t);                                                                    \

@@ -90,7 +90,7 @@ class GptBlock {
   using acc = loom::acc_t<T>;
   using Attention = layers::ParallelAttention<T, Dev, Tp>;
   using Mlp = layers::ParallelMlp<T, Dev, Tp>;
-  using Moe = layers::MoeLayer<T, Tp>;  //!< on the host only
+  using Moe = layers::MoeLayer<T, Dev, Tp>;
   using Buf = Tensor<T, Dev>;
   using AccBuf = Tensor<acc, Dev>;
 
@@ -143,12 +143,11 @@ class GptBlock {
            const MoeOptions& moe = {}, layers::EpGroup ep = {}, const layers::Rotary<T, Dev>* rope = nullptr)
       : region_(region), shape_(s), attn_(region, B, T_, s.heads, s.kv_heads, s.head_dim(), cp, rope),
         mlp_(region, s.ffn(), s.gated()), norm_{s.norm == NormKind::rms, ln_eps, region.ops} {
-    if constexpr (std::is_same_v<Dev, Host>)
-      if (s.experts > 0)
-        moe_.emplace(region, B, T_, s.d_model, s.experts, s.expert_width(), s.shared_experts,
-                     layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, s.renormalize, moe.capacity_factor,
-                                          moe.aux_loss_coeff, moe.z_loss_coeff},
-                     ep, cp.comm, s.gated(), s.bias);
+    if (s.experts > 0)
+      moe_.emplace(region, B, T_, s.d_model, s.experts, s.expert_width(), s.shared_experts,
+                   layers::RouterConfig{s.experts, s.top_k, moe.sigmoid, s.renormalize, moe.capacity_factor,
+                                        moe.aux_loss_coeff, moe.z_loss_coeff},
+                   ep, cp.comm, s.gated(), s.bias);
   }
 
   //! Whether block l's MLP is a mixture of experts.
@@ -164,8 +163,7 @@ class GptBlock {
     Acts a{with_input ? Buf({r, d}) : Buf(), Buf({r, d}), Buf({r, d}), Buf({r, d}), AccBuf({r}), AccBuf({r}),
            AccBuf({r}), AccBuf({r}), attn_.make_acts(keep_core), {}, {}};
     if (dense_mlp(l)) a.mlp = mlp_.make_acts();
-    if constexpr (std::is_same_v<Dev, Host>)
-      if (moe_ && (l < 0 || moe_block(l))) a.moe = moe_->make_acts();
+    if (moe_ && (l < 0 || moe_block(l))) a.moe = moe_->make_acts();
     return a;
   }
   //! Backward's scratch for block l (-1: any); recompute_core: with room for the attention core selective
@@ -174,8 +172,7 @@ class GptBlock {
     const std::int64_t r = rows(), d = width();
     Grads g{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core), {}, {}};
     if (dense_mlp(l)) g.mlp = mlp_.make_grads();
-    if constexpr (std::is_same_v<Dev, Host>)
-      if (moe_ && (l < 0 || moe_block(l))) g.moe = moe_->make_grads();
+    if (moe_ && (l < 0 || moe_block(l))) g.moe = moe_->make_grads();
     return g;
   }
 
@@ -195,7 +192,7 @@ class GptBlock {
     ops.add(x, x2, x2, nd);
     norm_.forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d);
     if (moe_block(l)) {
-      if constexpr (std::is_same_v<Dev, Host>) moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats);
+      moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats);
     } else {
       mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
     }
@@ -215,8 +212,7 @@ class GptBlock {
     // MLP branch: y = x2 + drop(mlp(ln2(x2)))
     drop.backward(ops, dx, g.dfcp.data(), l, 2);
     if (moe_block(l)) {
-      if constexpr (std::is_same_v<Dev, Host>)
-        moe_->backward_input(g.dfcp.data(), w.moe, a.moe, g.moe, g.dln2.data(), scale, stats);
+      moe_->backward_input(g.dfcp.data(), w.moe, a.moe, g.moe, g.dln2.data(), scale, stats);
     } else {
       mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     }
@@ -234,7 +230,7 @@ class GptBlock {
     trace::Scope span("backward_weight block", "compute");
     const int d = width(), r = rows();
     if (moe_block(l)) {
-      if constexpr (std::is_same_v<Dev, Host>) moe_->backward_weight(a.ln2.data(), g.dfcp.data(), a.moe, g.moe, dw.moe);
+      moe_->backward_weight(a.ln2.data(), g.dfcp.data(), a.moe, g.moe, dw.moe);
     } else {
       mlp_.backward_weight(a.ln2.data(), g.dfcp.data(), a.mlp, g.mlp, dw.mlp);
     }

@@ -509,8 +509,6 @@ class Gpt : public GptModel<T, Cfg, Dev> {
   static_assert(S.heads % S.kv_heads == 0, "loom: heads must be divisible by kv_heads");
   static_assert(TensorParallelRules<S, Model::tp_size, Model::sequence_parallel>::ok);
   static_assert(ContextParallelRules<S, Model::tp_size, Model::cp_size, Model::cp_algorithm>::ok);
-  static_assert(S.experts == 0 || std::is_same_v<Dev, Host>,
-                "loom: mixture-of-experts layers run on the host only (no CUDA kernels for routing and dispatch yet)");
   static_assert(S.experts == 0 || (S.top_k >= 1 && S.top_k <= S.experts && S.moe_every >= 1),
                 "loom: a mixture of experts needs 1 <= top_k <= experts and moe_every >= 1");
   static_assert(!S.rope() || S.head_dim() % 2 == 0,

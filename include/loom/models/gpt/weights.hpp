@@ -237,7 +237,6 @@ class GptWeights {
     if (rule.empty()) rule = tensor_parallel_violation(s, tp_size, sequence_parallel);
     if (rule.empty()) rule = context_parallel_violation(s, tp_size, cp_size, cp_algorithm);
     if (rule.empty()) rule = expert_parallel_violation(s, ep);
-    if (rule.empty() && s.experts > 0 && !on_host) rule = "mixture-of-experts layers run on the host only";
     LOOM_CHECK(rule.empty(), "a GPT of ", s.layers, " layers, heads ", s.heads, "/", s.kv_heads, ", d_model ",
                s.d_model, ", d_ff ", s.ffn(), ", vocabulary ", s.vocab, s.experts > 0 ? ", max_seq " : " and max_seq ",
                s.max_seq, s.experts > 0 ? " and " + std::to_string(s.experts) + " experts" : std::string(),
