@@ -667,6 +667,101 @@ TEST_CASE("attention rejects shapes it cannot run, naming the values", "[cuda][a
   check_error<loom::Error>([&] { gpu::attention_forward(d, d, d, d, d, s, stream()); }, "D=2048 needs");
 }
 
+// --- the parallel layers' row operations ---------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("the parallel layers' row operations match the host's: widen, narrow, copy_rows, lse_merge, "
+                   "gather, scatter and combine by index, row dot products",
+                   "[cuda][rows]", float, double) {
+  using T = TestType;
+  using A = loom::acc_t<T>;
+  const loom::kernels::Ops<loom::Host> host{};
+  loom::kernels::Ops<loom::Cuda> dev;
+  dev.stream = stream();
+  Rng rng(21);
+  const auto vals = [&](std::size_t n) { return cast<T>(rng.uniform(n, -2.0, 2.0)); };
+  const auto as_doubles = [](const auto& v) { return doubles(v); };
+  // widen, narrow, accumulate_wide
+  {
+    const std::size_t n = 1000;
+    const auto x = vals(n);
+    std::vector<A> wide(n), acc = cast<A>(rng.uniform(n));
+    std::vector<T> back(n);
+    Dev<T> dx(x);
+    Dev<A> dwide(n), dacc(acc);
+    Dev<T> dback(n);
+    host.widen(x.data(), wide.data(), n), dev.widen(dx.get(), dwide.get(), n);
+    host.narrow(wide.data(), back.data(), n), dev.narrow(dwide.get(), dback.get(), n);
+    host.accumulate_wide(x.data(), acc.data(), n), dev.accumulate_wide(dx.get(), dacc.get(), n);
+    check_close(dwide.host(), as_doubles(wide), 0, "widen");
+    check_close(dback.host(), as_doubles(back), 0, "narrow");
+    check_close(dacc.host(), as_doubles(acc), tol_acc<T>(), "accumulate_wide");
+  }
+  // copy_rows: 7 rows of 5 from a stride of 9 to one of 6, in T and from acc_t<T>
+  {
+    const int rows = 7, w = 5;
+    const auto src = vals(std::size_t(rows) * 9);
+    const auto wsrc = cast<A>(rng.uniform(std::size_t(rows) * 9));
+    std::vector<T> dst = vals(std::size_t(rows) * 6), dst2 = dst;
+    Dev<T> dsrc(src), ddst(dst), ddst2(dst2);
+    Dev<A> dwsrc(wsrc);
+    host.copy_rows(src.data(), 9, dst.data(), 6, rows, w), dev.copy_rows(dsrc.get(), 9, ddst.get(), 6, rows, w);
+    host.copy_rows(wsrc.data(), 9, dst2.data(), 6, rows, w), dev.copy_rows(dwsrc.get(), 9, ddst2.get(), 6, rows, w);
+    check_close(ddst.host(), as_doubles(dst), 0, "copy_rows");
+    check_close(ddst2.host(), as_doubles(dst2), 0, "copy_rows from acc_t");
+  }
+  // lse_merge: B = 2 sequences of c = 3 rows, H = 2 heads of D = 4 (rows of ld = 8)
+  {
+    const int B = 2, H = 2, c = 3, D = 4;
+    const std::size_t on = std::size_t(B) * c * H * D, ln = std::size_t(B) * H * c;
+    auto O = cast<A>(rng.uniform(on)), L = cast<A>(rng.uniform(ln, -3, 3));
+    const auto Ob = vals(on);
+    const auto Lb = cast<A>(rng.uniform(ln, -3, 3));
+    Dev<A> dO(O), dL(L), dLb(Lb);
+    Dev<T> dOb(Ob);
+    host.lse_merge(O.data(), L.data(), Ob.data(), Lb.data(), B, H, c, D, H * D);
+    dev.lse_merge(dO.get(), dL.get(), dOb.get(), dLb.get(), B, H, c, D, H * D);
+    check_close(dO.host(), as_doubles(O), tol_acc<T>(), "lse_merge out");
+    check_close(dL.host(), as_doubles(L), tol_acc<T>(), "lse_merge lse");
+  }
+  // gather (weighted or not), scatter, combine by slots, row dots: 6 tokens of d = 5, 9 sent rows, k = 2
+  {
+    const int d = 5, k = 2;
+    const std::size_t tokens = 6, sent = 9;
+    const std::vector<std::int32_t> source{0, 3, 5, 1, 0, 2, 4, 3, 5};
+    std::vector<std::int32_t> slots(tokens * k, -1);
+    for (std::size_t s2 = 0; s2 < sent; ++s2) {
+      std::int32_t* at = slots.data() + std::size_t(source[s2]) * k;
+      while (*at >= 0) ++at;
+      *at = static_cast<std::int32_t>(s2);
+    }
+    const std::vector<std::int32_t> into{4, 0, 7, 2, 8, 1, 6, 3, 5};  // a permutation of the sent rows
+    const auto x = vals(tokens * d), weights = vals(sent), rows = vals(sent * d);
+    std::vector<T> g(sent * d), gw(sent * d), sc(sent * d), y = vals(tokens * d), yu = y;
+    std::vector<double> dots(sent);
+    Dev<std::int32_t> dsource(source), dslots(slots), dinto(into);
+    Dev<T> dx(x), dweights(weights), drows(rows), dg(sent * d), dgw(sent * d), dsc(sent * d), dy(y), dyu(yu);
+    Dev<double> ddots(sent);
+    host.gather_rows(x.data(), source.data(), static_cast<const T*>(nullptr), g.data(), sent, d);
+    dev.gather_rows(dx.get(), dsource.get(), static_cast<const T*>(nullptr), dg.get(), sent, d);
+    host.gather_rows(x.data(), source.data(), weights.data(), gw.data(), sent, d);
+    dev.gather_rows(dx.get(), dsource.get(), dweights.get(), dgw.get(), sent, d);
+    host.scatter_rows(rows.data(), into.data(), sc.data(), sent, d);
+    dev.scatter_rows(drows.get(), dinto.get(), dsc.get(), sent, d);
+    host.combine_rows(rows.data(), slots.data(), k, weights.data(), y.data(), tokens, d);
+    dev.combine_rows(drows.get(), dslots.get(), k, dweights.get(), dy.get(), tokens, d);
+    host.combine_rows(rows.data(), slots.data(), k, static_cast<const T*>(nullptr), yu.data(), tokens, d);
+    dev.combine_rows(drows.get(), dslots.get(), k, static_cast<const T*>(nullptr), dyu.get(), tokens, d);
+    host.row_dots(x.data(), source.data(), rows.data(), dots.data(), sent, d);
+    dev.row_dots(dx.get(), dsource.get(), drows.get(), ddots.get(), sent, d);
+    check_close(dg.host(), as_doubles(g), 0, "gather_rows");
+    check_close(dgw.host(), as_doubles(gw), 0, "gather_rows weighted");
+    check_close(dsc.host(), as_doubles(sc), 0, "scatter_rows");
+    check_close(dy.host(), as_doubles(y), tol_acc<T>(), "combine_rows weighted");  // the device may fuse y + w x
+    check_close(dyu.host(), as_doubles(yu), 0, "combine_rows");
+    check_close(ddots.host(), dots, 1e-12, "row_dots");
+  }
+}
+
 // --- optimizers --------------------------------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TYPES) {

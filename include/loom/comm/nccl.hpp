@@ -116,6 +116,7 @@ inline int pick_device(int rank) {
                                                            : std::string()));
   const int device = local_rank() % count;
   LOOM_CUDA(cudaSetDevice(device));
+  loom::chosen_device() = device;  // the workers this thread starts run there too
   return device;
 }
 

@@ -14,11 +14,15 @@
 
 namespace loom {
 
-//! The device a thread works on, which the workers it starts inherit: installed by a device's code (the CUDA
-//! device current on the thread, <loom/kernels/cuda/device_ops.hpp>), so that a process with a GPU of its own
-//! launches every rank's kernels there. Null on the host.
+//! The device a thread was given (-1: none chosen, the runtime's default), which the workers it starts inherit, so
+//! that a process with a GPU of its own (the Nccl backend's pick_device) launches every rank's kernels there.
+inline int& chosen_device() {
+  thread_local int d = -1;
+  return d;
+}
+//! How a worker makes its starter's chosen device its own: installed by a device's code (cudaSetDevice,
+//! <loom/kernels/cuda/device_ops.hpp>). Null on the host.
 struct ThreadDevice {
-  int (*current)() = nullptr;
   void (*make_current)(int) = nullptr;
 };
 inline std::atomic<const ThreadDevice*>& thread_device() {
@@ -27,8 +31,7 @@ inline std::atomic<const ThreadDevice*>& thread_device() {
 }
 
 //! Starts its thread with the first job, working for the rank of the thread that posts it (its memory ledger, and its
-//! device where one is installed, ThreadDevice); its destructor runs the jobs still queued, then joins. Jobs must
-//! not throw.
+//! chosen device, ThreadDevice); its destructor runs the jobs still queued, then joins. Jobs must not throw.
 class Worker {
  public:
   Worker() = default;
@@ -50,11 +53,13 @@ class Worker {
   void post(std::function<void()> job) {
     if (!thread_.joinable()) {  // it works (memory, trace, device) for the rank of the thread that starts it
       const ThreadDevice* dev = thread_device().load(std::memory_order_acquire);
-      thread_ = std::thread([this, ledger = rank_memory_ledger(), rank = trace::rank(), dev,
-                             device = dev ? dev->current() : -1] {
+      thread_ = std::thread([this, ledger = rank_memory_ledger(), rank = trace::rank(), dev, device = chosen_device()] {
         bind_rank_memory(ledger);
         trace::set_rank(rank);
-        if (dev) dev->make_current(device);
+        if (dev && device >= 0) {
+          dev->make_current(device);
+          chosen_device() = device;
+        }
         loop();
       });
     }

@@ -290,20 +290,9 @@ struct Ops<Cuda> {
 static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
 
 namespace cuda::detail {
-//! The CUDA device current on a thread, which the workers it starts make theirs (loom::ThreadDevice): installed
-//! when the program starts.
-//! -1 where the runtime has no device (a host run of a program built with CUDA): the worker then sets none.
-inline const ThreadDevice thread_device{[] {
-                                          int d = -1;
-                                          if (cudaGetDevice(&d) != cudaSuccess) {
-                                            static_cast<void>(cudaGetLastError());
-                                            return -1;
-                                          }
-                                          return d;
-                                        },
-                                        [](int d) {
-                                          if (d >= 0) LOOM_CUDA(cudaSetDevice(d));
-                                        }};
+//! How a worker makes the device its starter was given its own (loom::ThreadDevice): installed when the program
+//! starts.
+inline const ThreadDevice thread_device{[](int d) { LOOM_CUDA(cudaSetDevice(d)); }};
 inline const bool thread_device_installed = [] {
   ::loom::thread_device().store(&thread_device);
   return true;
