@@ -30,8 +30,8 @@ using Alone = Parallel<Pp>;
 using Layouts = FamilyOf<
     LayoutList<Parallel<>, Parallel<DP<2>>, Parallel<TP<2>>, Parallel<TP<2>, DP<2>>, Parallel<TP<2, SequenceParallel>>,
                Parallel<PP<2>, DP<2>>, Parallel<DP<2, ZeRO<1>>>, Parallel<DP<2, ZeRO<2>>>, Parallel<DP<2, ZeRO<3>>>,
-               Parallel<TP<2>, DP<2, ZeRO<1>>>, Parallel<PP<2>, DP<2, ZeRO<1>>>, Parallel<CP<2>>, Parallel<CP<2>, DP<2>>,
-               Parallel<CP<2, Ulysses>>, Parallel<DP<2>, EP<2>>>,
+               Parallel<TP<2>, DP<2, ZeRO<1>>>, Parallel<PP<2>, DP<2, ZeRO<1>>>, Parallel<CP<2>>,
+               Parallel<CP<2>, DP<2>>, Parallel<CP<2, Ulysses>>, Parallel<DP<2>, EP<2>>>,
     EverySchedule<Alone, 2>>;
 // The same layouts on the GPU.
 template <class F>

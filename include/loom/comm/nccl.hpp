@@ -1,8 +1,8 @@
 // The Nccl backend: one process and one GPU per rank, one NCCL communicator and one CUDA stream per group; buffers
 // are device memory (std::span<T> over it), or host memory, which an operation stages through device memory on its
-// stream (a trainer's scalars: a loss, a norm, a flag). Every operation is bounded by the timeout: on expiry the communicator
-// is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and rank. NCCL and
-// CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with mpirun, one rank per GPU.
+// stream (a trainer's scalars: a loss, a norm, a flag). Every operation is bounded by the timeout: on expiry the
+// communicator is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and
+// rank. NCCL and CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with mpirun, one rank per GPU.
 #pragma once
 
 #if !defined(LOOM_HAS_CUDA) || !defined(LOOM_HAS_MPI)
@@ -222,7 +222,8 @@ class NcclComm : public Frontend<NcclComm> {
       const void* from = op.kind == Collective::all_to_all_v ? at(op.send, op.send_displs[0] * es) : op.send;
       void* to = op.kind == Collective::all_to_all_v ? at_mut(op.recv, op.recv_displs[0] * es) : op.recv;
       const bool copies = op.kind != Collective::barrier && op.kind != Collective::broadcast;
-      if (copies && bytes && from && from != to) LOOM_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream_));
+      if (copies && bytes && from && from != to)
+        LOOM_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream_));
       return;
     }
     switch (op.kind) {
@@ -299,8 +300,9 @@ class NcclComm : public Frontend<NcclComm> {
       for (const Buffer& b : all)
         if (b.device) cudaFreeAsync(b.device, stream);
     }
-    //! What the operation wrote, into host memory.
+    //! What the operation wrote, into host memory (nothing to wait for where nothing was staged).
     void back() {
+      if (all.empty()) return;
       for (const Buffer& b : all)
         if (b.out) LOOM_CUDA(cudaMemcpyAsync(b.host, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
       LOOM_CUDA(cudaStreamSynchronize(stream));

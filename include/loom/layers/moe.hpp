@@ -1,5 +1,5 @@
-// A mixture-of-experts MLP, on the host or a device, its experts split over an expert-parallel group: a router picks each token's
-// top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
+// A mixture-of-experts MLP, on the host or a device, its experts split over an expert-parallel group: a router picks
+// each token's top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
 // which sorts them by the rank that holds the expert, and sent there with an all-to-all of variable counts; each
 // rank runs its local experts, one GEMM per expert over the rows it received for it (expert-major), and returns the
 // outputs with a second all-to-all; each token's output is the sum of its kept experts' outputs times their weights,
@@ -113,14 +113,13 @@ class RoutedExperts {
   struct Plan {
     std::vector<int> order;                  //!< A rows sent: assignment n·k + j, by expert, then token
     std::vector<std::size_t> send, recv;     //!< rows to and from each expert-parallel rank
-    std::vector<int> grouped;                //!< R rows received (by source rank): its row in expert-major order
+    Indices<std::int32_t> grouped;           //!< R rows received (by source rank): its row in expert-major order
     std::vector<int> expert_rows;            //!< local expert le's rows are [expert_rows[le], expert_rows[le + 1])
     Indices<std::int32_t> source;            //!< A: the row of this rank each sent row is (order / k)
-    Indices<std::int32_t> into;              //!< R: grouped, where the device reads it
     Indices<std::int32_t> slots;             //!< N x k: each row's sent rows in order (-1 after the last)
     Indices<T> weight;                       //!< A: each sent row's combine weight
     std::size_t sent() const { return order.size(); }
-    std::size_t received() const { return grouped.size(); }
+    std::size_t received() const { return grouped.host.size(); }
   };
   struct Acts {
     Tensor logits;                //!< N x E (this rank's rows)
@@ -300,7 +299,7 @@ class RoutedExperts {
     const std::int64_t most = most_sent();
     return most >= 0 ? std::size_t(most) : p.sent();
   }
-  //! The plan's indices for the device (Plan::source, into, slots, weight), from its order and grouping.
+  //! The plan's indices for the device (Plan::source, slots, weight from its order; grouped), in its memory.
   void index(Acts& a) const {
     Plan& p = a.plan;
     const int k = router_.top_k;
@@ -314,8 +313,7 @@ class RoutedExperts {
       while (*slot >= 0) ++slot;  // a row's sent rows in the order they are sent
       *slot = static_cast<std::int32_t>(s2);
     }
-    p.into.host.assign(p.grouped.begin(), p.grouped.end());
-    for (auto* i : {&p.source, &p.into, &p.slots}) i->upload(ops_);
+    for (auto* i : {&p.source, &p.grouped, &p.slots}) i->upload(ops_);
     p.weight.upload(ops_);
   }
   //! Memory for rows x cols that lives for one call (counted as communication: it is what the all-to-alls send
@@ -369,12 +367,12 @@ class RoutedExperts {
       p.expert_rows[std::size_t(le) + 1] = p.expert_rows[std::size_t(le)] + rows_le;
     }
     // Rows arrive by source rank, each source's by local expert: their places in expert-major order.
-    p.grouped.clear();
+    p.grouped.host.clear();
     std::vector<int> filled(static_cast<std::size_t>(local_), 0);
     for (int q = 0; q < n; ++q)
       for (int le = 0; le < local_; ++le)
         for (int i = 0; i < recv_count[std::size_t(q * local_ + le)]; ++i)
-          p.grouped.push_back(p.expert_rows[std::size_t(le)] + filled[std::size_t(le)]++);
+          p.grouped.host.push_back(p.expert_rows[std::size_t(le)] + filled[std::size_t(le)]++);
   }
 
   //! Rows of d_ to each expert-parallel rank (send_rows[q] of them, by rank) and from each (recv_rows): the
@@ -498,7 +496,7 @@ void RoutedExperts<T, Dev>::forward(const T* x, const Params& w, Acts& a, T* y, 
     // The shared experts, while the rows travel.
     meanwhile();
     clock.wait(h);
-    ops.scatter_rows(out.data(), p.into.data(), a.xin.data(), p.received(), d_);
+    ops.scatter_rows(out.data(), p.grouped.data(), a.xin.data(), p.received(), d_);
   }
   // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
   Tensor y_grouped = scratch(received_rows(p), d_);
@@ -513,7 +511,7 @@ void RoutedExperts<T, Dev>::forward(const T* x, const Params& w, Acts& a, T* y, 
     ops.matmul(gi, e.proj_w, yo, n, d_, f_, false, false);
     if (e.proj_b) ops.bias_add(yo, e.proj_b, yo, n, d_);
   });
-  ops.gather_rows(static_cast<const T*>(y_grouped.data()), p.into.data(), static_cast<const T*>(nullptr), out.data(),
+  ops.gather_rows(static_cast<const T*>(y_grouped.data()), p.grouped.data(), static_cast<const T*>(nullptr), out.data(),
                   p.received(), d_);
   ops.synchronize();
   clock.wait(exchange(out.data(), p.recv, a.yret.data(), p.send, clock));
@@ -556,7 +554,7 @@ void RoutedExperts<T, Dev>::backward_input(const T* dy, const Params& w, const A
     MemoryUseScope use(MemoryUse::activations);
     ensure(g.dyin, p.received(), d_), ensure(g.dh, p.received(), up());
   }
-  ops.scatter_rows(static_cast<const T*>(dout.data()), p.into.data(), g.dyin.data(), p.received(), d_);
+  ops.scatter_rows(static_cast<const T*>(dout.data()), p.grouped.data(), g.dyin.data(), p.received(), d_);
   // The experts' input gradients, expert-major, then back by source rank.
   Tensor dx_grouped = scratch(received_rows(p), d_);
   Tensor dact = gated_ ? scratch(received_rows(p), f_) : Tensor();  // gated: the gradient of silu(gate) up
@@ -573,7 +571,7 @@ void RoutedExperts<T, Dev>::backward_input(const T* dy, const Params& w, const A
     }
     ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, up(), false, true);
   });
-  ops.gather_rows(static_cast<const T*>(dx_grouped.data()), p.into.data(), static_cast<const T*>(nullptr),
+  ops.gather_rows(static_cast<const T*>(dx_grouped.data()), p.grouped.data(), static_cast<const T*>(nullptr),
                   dout.data(), p.received(), d_);
   Tensor dret = scratch(sent_rows(p), d_);
   ops.synchronize();

@@ -1,7 +1,8 @@
 // Ulysses attention over the context-parallel (cp) ranks: an all-to-all turns the split of the sequence into a split
 // of the heads, each rank computes causal attention over the whole sequence for its heads, and a second all-to-all
-// turns the result back; on either device (the reorders around the all-to-alls are the device's Ops::copy_rows). The rows a rank holds are those of the zigzag split (ring_attention.hpp), so that the two
-// algorithms take the same layout. Needs Hq and Hkv divisible by the cp ranks (key/value heads are not replicated).
+// turns the result back; on either device (the reorders around the all-to-alls are the device's Ops::copy_rows). The
+// rows a rank holds are those of the zigzag split (ring_attention.hpp), so that the two algorithms take the same
+// layout. Needs Hq and Hkv divisible by the cp ranks (key/value heads are not replicated).
 // Per rank and layer, forward: all-to-alls of q, k, v and out (4 N h / P elements per rank for N tokens, width h
 // and P ranks, with Hkv = Hq) and of the log-sum-exp (Hq N / P); backward: q, k, v, out, dout and the log-sum-exp
 // again, then dq, dk and dv back.
@@ -107,8 +108,8 @@ void ulysses_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k,
   const auto K = detail::to_heads(cp, ops, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, ops, v, s.ldkv, B, c, s.Hkv, s.D);
   auto O = detail::ring_buf<T, Dev>(R * wq);
-  auto L = detail::ring_buf<A, Dev>(std::size_t(B) * hq * Tg), heads = detail::ring_buf<A, Dev>(std::size_t(B) * hq * Tg),
-       rows = detail::ring_buf<A, Dev>(R * s.Hq);
+  auto L = detail::ring_buf<A, Dev>(std::size_t(B) * hq * Tg);
+  auto heads = detail::ring_buf<A, Dev>(std::size_t(B) * hq * Tg), rows = detail::ring_buf<A, Dev>(R * s.Hq);
   const kernels::AttentionShape g{B, Tg, hq, hkv, s.D, hq * s.D, hkv * s.D, hq * s.D, s.scale};
   ops.attention_forward(Q.data(), K.data(), V.data(), O.data(), L.data(), g);
   detail::to_rows(cp, ops, static_cast<const T*>(O.data()), out, s.ldo, B, c, s.Hq, s.D);

@@ -24,8 +24,8 @@
 // the optimizer step a rank holds its chunks alone: nothing is all-gathered until the next forward.
 //
 // Every stage reduces bf16 gradients in fp32 (from a copy widened on the gradients' device, rounded back into the
-// rank's chunk), or in bf16 with ReduceIn<bf16>; HybridShard<s> shards over a group of s ranks and averages each reduced shard
-// over the ranks that hold it in the other groups.
+// rank's chunk), or in bf16 with ReduceIn<bf16>; HybridShard<s> shards over a group of s ranks and averages each
+// reduced shard over the ranks that hold it in the other groups.
 #pragma once
 
 #include <loom/comm/communicator.hpp>

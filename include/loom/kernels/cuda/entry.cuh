@@ -143,7 +143,8 @@ struct CombineRows {
       const std::int32_t s = slots[t * k + m];
       if (s < 0) break;
       const T x = src[std::size_t(s) * d + c];
-      y = weights ? narrow<T>(widen(y) + widen(narrow<T>(widen(weights[s]) * widen(x)))) : narrow<T>(widen(y) + widen(x));
+      const T term = weights ? narrow<T>(widen(weights[s]) * widen(x)) : x;  // rounded as the host's T product is
+      y = narrow<T>(widen(y) + widen(term));
     }
     dst[i] = y;
   }
