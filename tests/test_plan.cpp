@@ -70,6 +70,15 @@ TEST_CASE("memory: Megatron-LM's 18 bytes per parameter and Korthikanti's activa
   std::int64_t zp = 0;
   plan::detail::each_param(s, 8, 0, 0, s.layers, 1, [&](plan::detail::ParamDecl p) { zp += p.numel; });
   CHECK(plan::memory(s, z, r).bytes.state() == Approx((6 + 12.0 / 8) * double(zp)));
+  // Interleaved over 4 stages of 2 chunks: the first stage holds 4 (1 + 3/8) micro-batches of its 12 layers, but
+  // never more than the step has.
+  const plan::Layout pipe = plan::layout_named("tp8,sp,pp4,v2");
+  r.recompute = plan::Recompute::selective;
+  const double layer = sbh / 8 * 34;  // micro-batches of 4 sequences
+  r.batch = 32, r.micro_batches = 8;
+  CHECK(plan::memory_by_stage(s, pipe, r).front().bytes.activations == Approx(4 * (1 + 3.0 / 8) * 12 * layer));
+  r.batch = 16, r.micro_batches = 4;
+  CHECK(plan::memory_by_stage(s, pipe, r).front().bytes.activations == Approx(4 * 12 * layer));
 }
 
 TEST_CASE("memory: llama3-1b under tp2.dp4.zero3, category by category, is docs/models.md's formula", "[plan]") {

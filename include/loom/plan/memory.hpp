@@ -518,10 +518,13 @@ constexpr Memory memory_of_stage(const GptShape& s, const Layout& l, const Run& 
     m.bytes.gradients = (l.zero >= 2 ? 4.0 / l.zero_ranks() : r.fp16_grads ? 6.0 : 4.0) * double(params);
     m.bytes.optimizer = opt * double(params);
     m.held = {m.bytes.parameters, m.bytes.gradients, m.bytes.optimizer, 0, 0, 0};
+    // No schedule holds more than the step's micro-batches (interleaving's warm-up runs them all forward where
+    // there are no more of them than stages).
     const double held = l.pp == 1 ? 1
                         : l.schedule == Schedule::gpipe ? double(r.micro_batches)
-                        : l.schedule == Schedule::interleaved ? (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v))
-                                                              : double(std::min(l.pp - stage, r.micro_batches));
+                        : l.schedule == Schedule::interleaved
+                            ? std::min(double(r.micro_batches), (l.pp - stage) * (1.0 + (l.pp - 1.0) / (l.pp * l.v)))
+                            : double(std::min(l.pp - stage, r.micro_batches));
     (void)slots;
     m.bytes.activations = held * layers *
                           detail::megatron_layer_activations(s, l, double(B), double(Tl), r.recompute, r.flash,
