@@ -8,7 +8,9 @@
 //
 //   gpt_step [--device cpu|cuda] [--models tiny,small,llama-small,mixtral-small,gpt2] [--dtype f32|bf16]
 //            [--batch B] [--seq T] [--steps 5] [--threads 2] [--peak-tflops 989] [--python PATH]
-//            [--hf-python PATH] [--no-torch] [--no-compile] [--json FILE]
+//            [--hf-python PATH] [--no-torch] [--no-compile] [--profile] [--json FILE]
+// --profile (CUDA) adds one step timed operation by operation: each operation's calls, device time, share of the
+// step and, for the products and attention, TFLOP/s.
 #include <loom/models/gpt/hf.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
@@ -133,7 +135,8 @@ int main(int argc, char** argv) {
       if (a == "-h" || a == "--help") {
         std::fputs("usage: gpt_step [--models tiny,small,llama-small,mixtral-small,gpt2] [--device cpu|cuda]\n"
                    "                [--dtype f32|bf16] [--batch B] [--seq T] [--steps N] [--threads N] [--peak-tflops F]\n"
-                   "                [--python PATH] [--hf-python PATH] [--no-torch] [--no-compile] [--json FILE]\n",
+                   "                [--python PATH] [--hf-python PATH] [--no-torch] [--no-compile] [--profile]\n"
+                   "                [--json FILE]\n",
                    stdout);
         return 0;
       } else if (a == "--models") {
@@ -151,6 +154,7 @@ int main(int argc, char** argv) {
       else if (a == "--hf-python") o.hf_python = next();
       else if (a == "--no-torch") o.torch = false;
       else if (a == "--no-compile") o.torch_compile = false;
+      else if (a == "--profile") o.profile = true;
       else if (a == "--json") o.json = next();
       else throw Error("loom: unknown flag '" + a + "'");
     }
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
     if (o.batch == 0) o.batch = cuda ? 16 : 4;
     if (o.seq == 0) o.seq = cuda ? 1024 : 256;
     LOOM_CHECK(cuda || o.dtype == "f32", "--dtype ", o.dtype, ": the CPU benchmark runs f32");
+    LOOM_CHECK(cuda || !o.profile, "--profile times the device's operations: it needs --device cuda");
     Eigen::setNbThreads(o.threads);
     std::vector<Row> rows;
     if (cuda) {
@@ -191,14 +196,28 @@ int main(int argc, char** argv) {
                   r.backend.c_str(), r.device.c_str(), r.dtype.c_str(), r.threads, r.batch, r.seq, r.step_ms,
                   r.tokens_per_s, static_cast<double>(r.peak_bytes) / (1 << 20), r.mfu, ratio.c_str());
     }
+    for (const auto& r : rows) {
+      if (r.profile.empty()) continue;
+      double total = 0;
+      for (const auto& p : r.profile) total += p.ms;
+      std::printf("\nloom's step on %s, operation by operation (%.1f ms of device time in operations; the step took "
+                  "%.1f ms):\n%-44s %6s %9s %7s %8s\n",
+                  r.model.c_str(), total, r.step_ms, "operation", "calls", "ms", "step%", "TFLOP/s");
+      for (const auto& p : r.profile)
+        std::printf("%-44s %6ld %9.3f %6.1f%% %8s\n", p.op.c_str(), p.calls, p.ms, 100 * p.ms / r.step_ms,
+                    p.flops > 0 ? std::to_string(static_cast<int>(p.flops / (p.ms * 1e9))).c_str() : "");
+    }
     if (!o.json.empty()) {
       std::ofstream f(o.json + ".tmp");
-      for (const auto& r : rows)
-        f << nlohmann::json{{"model", r.model},   {"backend", r.backend}, {"device", r.device},
-                            {"dtype", r.dtype},   {"threads", r.threads}, {"batch", r.batch},
-                            {"seq", r.seq},       {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
-                            {"peak_bytes", r.peak_bytes}, {"mfu", r.mfu}}.dump()
-          << "\n";
+      for (const auto& r : rows) {
+        nlohmann::json j{{"model", r.model},   {"backend", r.backend}, {"device", r.device},
+                         {"dtype", r.dtype},   {"threads", r.threads}, {"batch", r.batch},
+                         {"seq", r.seq},       {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
+                         {"peak_bytes", r.peak_bytes}, {"mfu", r.mfu}};
+        for (const auto& p : r.profile)
+          j["profile"].push_back({{"op", p.op}, {"calls", p.calls}, {"ms", p.ms}, {"flops", p.flops}});
+        f << j.dump() << "\n";
+      }
       f.close();
       std::rename((o.json + ".tmp").c_str(), o.json.c_str());
     }

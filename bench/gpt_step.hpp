@@ -14,12 +14,20 @@
 
 namespace gpt_step {
 
+//! One operation's device time over a profiled step (--profile, CUDA).
+struct OpTime {
+  std::string op;
+  long calls = 0;
+  double ms = 0, flops = 0;
+};
+
 struct Row {
   std::string model, backend, device, dtype;
   int threads, batch, seq;
   double step_ms, tokens_per_s;
   std::size_t peak_bytes;
   double mfu = 0;  //!< on CUDA: tokens/s x FLOPs per token / the device's peak
+  std::vector<OpTime> profile = {};  //!< --profile: loom's step on CUDA, operation by operation, the most time first
 };
 
 struct StepOptions {
@@ -27,6 +35,7 @@ struct StepOptions {
   std::string device = "cpu", dtype;  //!< dtype default: f32 on the CPU, bf16 on CUDA
   int batch = 0, seq = 0, steps = 5, threads = 2;  //!< batch, seq 0: 4 x 256 on the CPU, 16 x 1024 on CUDA
   bool torch = true, torch_compile = true;
+  bool profile = false;  //!< CUDA: one more step, timed operation by operation
   double peak_tflops = 989;  //!< H100/H200 SXM dense bf16
   std::string python = "/usr/bin/python3", json;
   //! The Python with transformers (scripts/install-deps' environment), for the Llama and Mixtral families' reference.

@@ -2,6 +2,7 @@
 // models::Gpt<S, T, Parallel<>, Cuda>, in bf16 or f32, with tokens/s, the allocator's peak bytes and the MFU.
 #include <loom/core/cuda_device.hpp>
 #include <loom/kernels/cuda/device_ops.hpp>
+#include <loom/kernels/cuda/profile.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/optim/optimizers.hpp>
 #include <loom/tensor/cuda_allocator.hpp>
@@ -24,19 +25,24 @@ Row measure(const std::string& name, const std::string& dtype, const StepOptions
   int device = 0;
   LOOM_CUDA(cudaGetDevice(&device));
   CudaAllocator::instance().reset_peak(device);
-  const double step = median_step(
-      o.steps,
-      [&] {
-        m.zero_grad();
-        m.forward(ids.data(), tg.data(), o.batch, T_);
-        m.backward();
-        optim::clip_grad_norm(m.grads(), 1.0, m.ops());
-        opt.step(m.params(), m.grads(), 1e-4);
-      },
-      [] { LOOM_CUDA(cudaDeviceSynchronize()); });
+  auto one_step = [&] {
+    m.zero_grad();
+    m.forward(ids.data(), tg.data(), o.batch, T_);
+    m.backward();
+    optim::clip_grad_norm(m.grads(), 1.0, m.ops());
+    opt.step(m.params(), m.grads(), 1e-4);
+  };
+  const double step = median_step(o.steps, one_step, [] { LOOM_CUDA(cudaDeviceSynchronize()); });
   const double tps = o.batch * T_ / step;
-  return {name, "loom", "cuda", dtype, 0, o.batch, T_, step * 1e3, tps,
+  Row row{name, "loom", "cuda", dtype, 0, o.batch, T_, step * 1e3, tps,
           CudaAllocator::instance().peak_bytes(device), tps * flops_per_token(S, T_) / (o.peak_tflops * 1e12)};
+  if (o.profile) {  // one more step, after the timed ones: its events do not slow them
+    LOOM_CUDA(cudaDeviceSynchronize());
+    kernels::cuda::Profile profile;
+    one_step();
+    for (const auto& r : profile.rows()) row.profile.push_back({r.op, r.calls, r.ms, r.flops});
+  }
+  return row;
 }
 
 template <models::GptShape S>

@@ -13,6 +13,7 @@
 #include <loom/kernels/cpu/ops.hpp>
 #include <loom/kernels/cuda/device_ops.cuh>
 #include <loom/kernels/cuda/ops.cuh>
+#include <loom/kernels/cuda/profile.hpp>
 #include <loom/tensor/cuda_allocator.hpp>
 
 #include <algorithm>
@@ -862,6 +863,49 @@ TEMPLATE_TEST_CASE("Ops<Cuda> fills, scales and sums device memory, header-only"
   ops.to_host(x.data(), h.data(), n);
   REQUIRE(static_cast<double>(h[0]) == 1.5);
   REQUIRE(static_cast<double>(h[n - 1]) == 3.0);
+}
+
+TEST_CASE("a profile times each operation of its thread: calls, device time, a product's shape and FLOPs",
+          "[cuda][profile]") {
+  const loom::kernels::Ops<loom::Cuda> ops{stream()};
+  const int M = 256, N = 128, K = 512;
+  CudaBuffer<float> a(std::size_t(M) * K, stream()), b(std::size_t(K) * N, stream()), c(std::size_t(M) * N, stream());
+  ops.fill(a.data(), a.size(), 1.0f);  // before the profile: not counted
+  std::vector<loom::kernels::cuda::Profile::Row> rows;
+  {
+    loom::kernels::cuda::Profile profile;
+    ops.fill(b.data(), b.size(), 0.5f);
+    ops.matmul(a.data(), b.data(), c.data(), M, N, K, false, false);
+    ops.matmul(a.data(), b.data(), c.data(), M, N, K, false, false);
+    ops.matmul(b.data(), a.data(), c.data(), N, M, K, true, true);
+    rows = profile.rows();
+  }
+  ops.fill(c.data(), c.size(), 0.0f);  // after it: not counted either
+  auto row = [&](const std::string& op) {
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.op == op; });
+    REQUIRE(it != rows.end());
+    return *it;
+  };
+  REQUIRE(rows.size() == 3);
+  CHECK(row("fill").calls == 1);
+  const auto mm = row("matmul 256x128x512");
+  CHECK(mm.calls == 2);
+  CHECK(mm.flops == 2 * 2.0 * M * N * K);
+  CHECK(mm.ms > 0);
+  CHECK(mm.tflops() > 0);
+  CHECK(row("matmul 128x256x512 At Bt").calls == 1);
+  CHECK(rows.front().ms >= rows.back().ms);  // the most time first
+  CHECK(loom::kernels::cuda::Profile::current() == nullptr);
+  std::vector<float> h(std::size_t(M) * N);
+  ops.to_host(c.data(), h.data(), h.size());
+  CHECK(h[0] == 0.0f);
+}
+
+TEST_CASE("attention's FLOPs count the pairs a query sees", "[cuda][profile]") {
+  loom::kernels::AttentionShape s{2, 4, 3, 3, 8, 24, 24, 24, 1.0};
+  CHECK(loom::kernels::cuda::attention_flops(s) == 4.0 * 2 * 3 * 8 * (1 + 2 + 3 + 4));
+  s.causal = false, s.Tk = 6;
+  CHECK(loom::kernels::cuda::attention_flops(s) == 4.0 * 2 * 3 * 8 * 4 * 6);
 }
 
 // --- the caching allocator ---------------------------------------------------------------------------------------
