@@ -206,7 +206,11 @@ TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off t
   struct Shape {
     int M, N, K;
   };
-  for (const Shape sh : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{64, 128, 96}, Shape{130, 7, 257}}) {
+  // The last two are large enough for rows of 1001 elements (not a multiple of 16 bytes) to run on padded copies.
+  static_assert(2.0 * 264 * 1001 * 520 >= gpu::detail::pad_min_flops);
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{64, 128, 96}, Shape{130, 7, 257},
+                         Shape{264, 1001, 520}, Shape{264, 520, 1001}}) {
+    const long padded_before = gpu::detail::padded_products();
     for (const bool ta : {false, true}) {
       for (const bool tb : {false, true}) {
         const auto a = rng.values<T>(std::size_t(sh.M) * sh.K);
@@ -222,6 +226,8 @@ TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off t
                         std::to_string(sh.K) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
       }
     }
+    INFO("M=" << sh.M << " N=" << sh.N << " K=" << sh.K);
+    CHECK((gpu::detail::padded_products() > padded_before) == (sh.M == 264));
   }
 }
 
@@ -859,6 +865,17 @@ TEMPLATE_TEST_CASE("Ops<Cuda> fills, scales and sums device memory, header-only"
   ops.scale(x.data() + 1, n - 1, 2.0f);
   REQUIRE(ops.sum(x.data(), n) == 1.5 + 3.0 * 1000);
   REQUIRE(ops.sum_squares(x.data(), n) == 2.25 + 9.0 * 1000);
+  // Several pieces at once, an empty one among them: each piece's sum as sum_squares gives it, bit for bit.
+  const std::int64_t at[] = {0, 1, 500, 7, 300}, len[] = {1, 999, 0, 600, 701};
+  double sums[5];
+  ops.sums_of_squares(x.data(), at, len, 5, sums);
+  for (int i = 0; i < 5; ++i) {
+    INFO("piece " << i);
+    CHECK(sums[i] == ops.sum_squares(x.data() + at[i], std::size_t(len[i])));
+  }
+  CHECK(sums[0] == 2.25);
+  CHECK(sums[1] == 9.0 * 999);
+  CHECK(sums[2] == 0.0);
   std::vector<TestType> h(n);
   ops.to_host(x.data(), h.data(), n);
   REQUIRE(static_cast<double>(h[0]) == 1.5);

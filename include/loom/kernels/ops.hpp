@@ -309,6 +309,13 @@ struct Ops<Host> {
     for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
     return s;
   }
+  //! Each piece's sum of squares, out[i] = sum_squares(x + at[i], n[i]) (at, n and out in host memory); a device
+  //! waits once for them all.
+  template <class T>
+  void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count,
+                       double* out) const {
+    for (std::size_t i = 0; i < count; ++i) out[i] = sum_squares(x + at[i], static_cast<std::size_t>(n[i]));
+  }
   //! The sum of x[i] in double, in order.
   template <class T>
   double sum(const T* x, std::size_t n) const {
@@ -332,7 +339,8 @@ struct Ops<Host> {
 template <class O, class T>
 concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const acc_t<T>* ca,
                                 const std::int32_t* ids, std::size_t n, int i, float f, double d, bool b,
-                                std::uint64_t u, const AttentionShape& s, std::ptrdiff_t ld, double* dd) {
+                                std::uint64_t u, const AttentionShape& s, std::ptrdiff_t ld, double* dd,
+                                const std::int64_t* ii) {
   typename O::device;
   { o.template scratch<T>(n).data() } -> std::convertible_to<T*>;
   o.matmul(c, c, p, i, i, i, b, b, f, f);
@@ -385,6 +393,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.to_host(c, p, n);
   o.from_host(c, p, n);
   { o.sum_squares(c, n) } -> std::convertible_to<double>;
+  o.sums_of_squares(c, ii, ii, n, dd);
   { o.sum(c, n) } -> std::convertible_to<double>;
   o.synchronize();
   o.mark().wait();

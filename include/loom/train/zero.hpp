@@ -185,10 +185,13 @@ class ZeroBase {
   //! This rank's chunks' terms of the global norm's sum of squares (each element of the whole model counted once
   //! over the data-, tensor- and pipeline-parallel groups once summed over them).
   double grad_square() const {
+    const std::size_t k = plan_.norm.size();
+    std::vector<std::int64_t> at(k), n(k);
+    std::vector<double> sums(k);
+    for (std::size_t i = 0; i < k; ++i) at[i] = plan_.norm[i].at, n[i] = plan_.norm[i].n;
+    model_.ops().sums_of_squares(model_.grads().data(), at.data(), n.data(), k, sums.data());  // one wait
     double s = 0;
-    const T* g = model_.grads().data();
-    for (const auto& r : plan_.norm)
-      s += r.weight * model_.ops().sum_squares(g + r.at, static_cast<std::size_t>(r.n));
+    for (std::size_t i = 0; i < k; ++i) s += plan_.norm[i].weight * sums[i];
     return s;
   }
 

@@ -317,6 +317,12 @@ struct Ops<Cuda> {
     const cuda::ProfileScope span("sum", stream);
     return cuda::entry::sum(x, n, stream);
   }
+  template <class T>
+  void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count,
+                       double* out) const {
+    const cuda::ProfileScope span("sums_of_squares", stream);
+    cuda::entry::sums_of_squares(x, at, n, count, out, stream);
+  }
   void synchronize() const { LOOM_CUDA(cudaStreamSynchronize(stream)); }
   //! An event recorded after the work issued so far on the stream: wait() blocks the calling thread (not the
   //! stream) until the device has done that work. Move-only; the event is destroyed with it.

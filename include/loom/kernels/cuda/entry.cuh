@@ -195,6 +195,41 @@ double device_sum(const T* x, std::size_t n, cudaStream_t stream) {
   return s;
 }
 
+//! Each piece's sum of squares (x + at[i], n[i] elements) into out[i] (host arrays): the pieces' partials in one
+//! buffer, one copy and one wait for them all; each piece adds up as device_sum does, so the bits are the same.
+template <class T>
+void device_sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count,
+                            double* out, cudaStream_t stream) {
+  std::vector<unsigned> blocks(count, 0);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (n[i] > 0) blocks[i] = grid_for(static_cast<std::size_t>(n[i]), sum_threads);
+    total += blocks[i];
+  }
+  std::vector<double> host(total);
+  if (total > 0) {
+    CudaBuffer<double> partial(total, stream);
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (blocks[i] == 0) continue;
+      sum_kernel<device_t<T>, true><<<blocks[i], sum_threads, 0, stream>>>(dev(x) + at[i],
+                                                                          static_cast<std::size_t>(n[i]),
+                                                                          partial.data() + off);
+      check_launch("sums_of_squares");
+      off += blocks[i];
+    }
+    LOOM_CUDA(cudaMemcpyAsync(host.data(), partial.data(), total * sizeof(double), cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA(cudaStreamSynchronize(stream));
+  }
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double s = 0;
+    for (unsigned b = 0; b < blocks[i]; ++b) s += host[off + b];
+    out[i] = s;
+    off += blocks[i];
+  }
+}
+
 }  // namespace detail
 
 namespace entry {
@@ -420,6 +455,11 @@ double sum(const T* x, std::size_t n, cudaStream_t stream) {
 template <class T>
 double sum_squares(const T* x, std::size_t n, cudaStream_t stream) {
   return detail::device_sum<true>(x, n, stream);
+}
+template <class T>
+void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count, double* out,
+                     cudaStream_t stream) {
+  detail::device_sums_of_squares(x, at, n, count, out, stream);
 }
 
 }  // namespace entry

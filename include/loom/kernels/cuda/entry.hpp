@@ -140,6 +140,10 @@ template <class T>
 double sum(const T* x, std::size_t n, cudaStream_t stream);
 template <class T>
 double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
+//! Each piece's sum of squares (x + at[i], n[i] elements; at, n and out in host memory), with one wait for all.
+template <class T>
+void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count, double* out,
+                     cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda::entry
 
@@ -203,7 +207,9 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream);
                                     cudaStream_t);                                                                    \
   prefix template void narrow<T>(const acc<T>*, T*, std::size_t, cudaStream_t);                                      \
   prefix template double sum<T>(const T*, std::size_t, cudaStream_t);                                                 \
-  prefix template double sum_squares<T>(const T*, std::size_t, cudaStream_t);
+  prefix template double sum_squares<T>(const T*, std::size_t, cudaStream_t);                                         \
+  prefix template void sums_of_squares<T>(const T*, const std::int64_t*, const std::int64_t*, std::size_t, double*,  \
+                                          cudaStream_t);
 
 #define LOOM_CUDA_KERNELS(prefix)             \
   LOOM_CUDA_KERNELS_FOR(prefix, float)        \

@@ -92,14 +92,20 @@ class GptWeights {
   //! without the tied table when skip_tied (a pipeline counts it on one of the two stages that hold it).
   //! With expert parallelism the experts' terms are summed over the expert-parallel group as well.
   double grad_square(bool skip_tied = false) {
-    double local[2] = {0, 0};  // dense, experts
+    // Every piece's sum at once (a device waits once), then added in order.
+    std::vector<std::int64_t> at, count;
+    std::vector<int> replicas, expert;
     for (std::size_t p = 0; p < specs_.size(); ++p) {
       if (skip_tied && p == ix_.wte) continue;
-      const T* g = grad_ptr(p);
-      specs_[p].layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int replicas) {
-        local[specs_[p].expert ? 1 : 0] += ops_.sum_squares(g + lo, static_cast<std::size_t>(n)) / replicas;
+      const std::int64_t base = grad_ptr(p) - grads_.data();
+      specs_[p].layout.for_each_piece([&](std::int64_t lo, std::int64_t, std::int64_t n, int r) {
+        at.push_back(base + lo), count.push_back(n), replicas.push_back(r), expert.push_back(specs_[p].expert);
       });
     }
+    std::vector<double> sums(at.size());
+    ops_.sums_of_squares(grads_.data(), at.data(), count.data(), at.size(), sums.data());
+    double local[2] = {0, 0};  // dense, experts
+    for (std::size_t i = 0; i < sums.size(); ++i) local[expert[i] ? 1 : 0] += sums[i] / replicas[i];
     std::vector<acc> sq{static_cast<acc>(local[0]), static_cast<acc>(local[1])};
     {
       auto counted = tp_.counting(layers::Phase::grads);
