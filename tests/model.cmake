@@ -360,10 +360,18 @@ if(TARGET train_gpt)
   if(LOOM_WITH_CUDA)
     # --device cuda: one rank, and two ranks sharing the GPU (data, tensor, sequence and pipeline parallelism under
     # every schedule, ZeRO 1-3, ring and Ulysses attention), log the CPU's losses (f64, dropout) to 9 digits.
+    set(_cuda_layouts "dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda;cp2,ulysses --device cuda")
     add_test(NAME train_gpt_cuda_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda
-              "-DLAYOUTS=single --device cuda;dp2 --device cuda;tp2 --device cuda;tp2,dp2 --device cuda;tp2,sp --device cuda;pp2 --device cuda --micro-batches 2;pp2 --device cuda --schedule gpipe --micro-batches 2;pp2 --device cuda --schedule zb-h1 --micro-batches 2;pp2 --device cuda --schedule zb-v --micro-batches 2;pp2,dp2 --device cuda --micro-batches 2;dp2,zero1 --device cuda;dp2,zero2 --device cuda --micro-batches 2;dp2,zero3 --device cuda;tp2,dp2,zero1 --device cuda;pp2,dp2,zero1 --device cuda --schedule zb-h1 --micro-batches 2;cp2 --device cuda;cp2,dp2 --device cuda;cp2,ulysses --device cuda"
+              "-DLAYOUTS=single --device cuda;${_cuda_layouts}" -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    # ... and in f32 against the GPU's one rank: every loss within 1e-5 of it, relatively (on the CPU the same
+    # layouts in f32 keep within 2.2e-8 of one rank; the check prints the largest difference the GPU gives).
+    add_test(NAME train_gpt_cuda_layouts_f32
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda_f32
+              "-DLAYOUTS=${_cuda_layouts}" -DDTYPE=f32 -DRELATIVE=100000 "-DREFERENCE=single --device cuda"
               -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_layouts.cmake)
+    set_tests_properties(train_gpt_cuda_layouts_f32 PROPERTIES LABELS "gpu;model"
+                         SKIP_REGULAR_EXPRESSION "no CUDA device here")
     # A mixture of experts on the GPU: the experts over two ranks sharing it, against the CPU's one rank.
     add_test(NAME train_gpt_cuda_moe_layouts
       COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda_moe
