@@ -388,10 +388,18 @@ if(TARGET train_gpt)
       set_tests_properties(train_gpt_cuda_nccl_layouts PROPERTIES LABELS "gpu;model;nccl"
                            SKIP_REGULAR_EXPRESSION "SKIPPED|no CUDA device here")
     endif()
-    # ... and sample the text the CPU's run samples.
+    # ... and sample the text the CPU's run samples (the whole model put together from ZeRO-3's shards and from a
+    # pipeline's stages on the device too).
     add_test(NAME train_gpt_cuda_samples
-      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> "-DRUNS=--device cuda;--parallel dp2 --device cuda"
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt>
+              "-DRUNS=--device cuda;--parallel dp2 --device cuda;--parallel dp2,zero3 --device cuda;--parallel pp2 --micro-batches 2 --device cuda"
               -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_samples.cmake)
+    # Sharded checkpoints from and into device memory.
+    add_test(NAME train_gpt_cuda_resume
+      COMMAND ${CMAKE_COMMAND} -DTG=$<TARGET_FILE:train_gpt> -DDIR=${LOOM_TEST_SCRATCH}/train_gpt_cuda_resume
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/train_gpt_cuda_resume.cmake)
+    set_tests_properties(train_gpt_cuda_resume PROPERTIES LABELS "gpu;model;checkpoint"
+                         SKIP_REGULAR_EXPRESSION "no CUDA device here")
     set_tests_properties(train_gpt_cuda_samples PROPERTIES LABELS "gpu;model"
                          SKIP_REGULAR_EXPRESSION "no CUDA device here")
     set_tests_properties(train_gpt_cuda_layouts PROPERTIES LABELS "gpu;model"

@@ -268,8 +268,9 @@ int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& 
     std::vector<T> host;
     ChargedBytes staged;  // on a GPU: the host copy of the part
     T* params = part.params->data();
-    if constexpr (!kernels::is_host_v<Dev>) {
-      host.assign(static_cast<std::size_t>(part.params->numel()), T(0));
+    if constexpr (!kernels::is_host_v<Dev>) {  // what the rank does not hold keeps its values, as on the host
+      host.resize(static_cast<std::size_t>(part.params->numel()));
+      part.ops->to_host(part.params->data(), host.data(), host.size());
       params = host.data();
     }
     std::vector<std::vector<A>> state_host(states.size());
@@ -277,7 +278,8 @@ int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& 
     for (std::size_t k = 0; k < states.size(); ++k) {
       state[k] = const_cast<A*>(states[k].second.data());
       if constexpr (!kernels::is_host_v<Dev>) {
-        state_host[k].assign(static_cast<std::size_t>(states[k].second.numel()), A(0));
+        state_host[k].resize(static_cast<std::size_t>(states[k].second.numel()));
+        part.ops->to_host(states[k].second.data(), state_host[k].data(), state_host[k].size());
         state[k] = state_host[k].data();
       }
     }

@@ -24,8 +24,7 @@ void save_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& t
   const auto names = opts.front().state();
   for (std::size_t k = 0; k < names.size(); ++k)
     state.emplace_back(names[k].first, trainer.template assemble<A>([&](std::size_t c) {
-      const auto flat = trainer.state_of_part(c, opts[c].state()[k].second.data());
-      return parts[c]->gather(flat.data());
+      return trainer.gather_from_host(c, trainer.state_of_part(c, opts[c].state()[k].second.data()));
     }));
   if (!write) return;
   write_model(dir, *parts.front(), whole);
@@ -48,9 +47,7 @@ int load_training(const std::string& dir, train::TrainerOf<Model, Optimizer>& tr
     read_model(dir, part);
     next = load_training_state(dir, opt, layers::numel_of_table(part.param_specs(0, true)),
                                [&](const auto* whole, auto* state) {
-      using A = std::remove_cvref_t<decltype(*whole)>;
-      std::vector<A> flat(static_cast<std::size_t>(part.params().numel()));
-      part.scatter(whole, flat.data());
+      const auto flat = trainer.scatter_to_host(c, whole);
       trainer.set_state_of_part(c, flat.data(), state);
     });
   }

@@ -15,7 +15,7 @@ namespace loom::kernels {
 //!
 //! Causal self-attention (the default: Tk = -1, keys are the queries' own positions, causal) lets query i see keys
 //! 0..i. A block of ring attention sets Tk (the keys' count) and causal: false lets every query see every key
-//! (keys that all come before the queries); causal: true needs Tk = T (the diagonal block). Only the CPU kernels
+//! (keys that all come before the queries); causal: true needs Tk = T (the diagonal block). Both devices' kernels
 //! take blocks.
 struct AttentionShape {
   int B, T, Hq, Hkv, D;

@@ -67,6 +67,11 @@ RingBuf<U, Dev> ring_buf(std::size_t n) {
   if constexpr (std::is_same_v<Dev, Host>) return std::vector<U>(n);
   else return Tensor<U, Dev>({static_cast<std::int64_t>(n)});
 }
+//! The workspace's bytes charged to the rank's host-memory ledger: on a device, none (the ledger counts host memory).
+template <class Dev>
+ChargedBytes host_workspace(std::size_t bytes) {
+  return ChargedBytes(MemoryUse::activations, std::is_same_v<Dev, Host> ? bytes : 0);
+}
 template <class U>
 std::span<U> whole(std::vector<U>& b) {
   return b;
@@ -170,7 +175,8 @@ void ring_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k, co
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln;
   // This rank's query chunks; the held key/value block as [K chunk 0, K chunk 1, V chunk 0, V chunk 1].
   const std::size_t blocks = n > 1 ? 8 * kvn : 4 * kvn;
-  const ChargedBytes workspace(MemoryUse::activations, (3 * qn + blocks) * sizeof(T) + (2 * qn + 3 * ln) * sizeof(A));
+  const ChargedBytes workspace =
+      detail::host_workspace<Dev>((3 * qn + blocks) * sizeof(T) + (2 * qn + 3 * ln) * sizeof(A));
   auto Q = detail::ring_buf<T, Dev>(2 * qn), kv = detail::ring_buf<T, Dev>(4 * kvn),
        next = detail::ring_buf<T, Dev>(n > 1 ? 4 * kvn : 0), Ob = detail::ring_buf<T, Dev>(qn);
   auto O = detail::ring_buf<A, Dev>(2 * qn), L = detail::ring_buf<A, Dev>(2 * ln), Lb = detail::ring_buf<A, Dev>(ln);
@@ -219,7 +225,7 @@ void ring_attention_backward(Comm& cp, const Ops& ops, const T* dout, const T* q
   const std::size_t qn = z.qn, kvn = z.kvn, ln = z.ln, blocks = n > 1 ? 8 * kvn : 4 * kvn;
   const std::size_t passed = n > 1 ? 4 * kvn : 0;  // the gradient sum on its way to the next rank
   const std::size_t held = (7 * qn + blocks + 2 * kvn) * sizeof(T) + (2 * ln + 2 * qn + blocks + passed) * sizeof(A);
-  const ChargedBytes workspace(MemoryUse::activations, held);
+  const ChargedBytes workspace = detail::host_workspace<Dev>(held);
   auto Q = detail::ring_buf<T, Dev>(2 * qn), dO = detail::ring_buf<T, Dev>(2 * qn),
        O = detail::ring_buf<T, Dev>(2 * qn), kv = detail::ring_buf<T, Dev>(4 * kvn),
        next = detail::ring_buf<T, Dev>(n > 1 ? 4 * kvn : 0);

@@ -103,7 +103,8 @@ void ulysses_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k,
   detail::check_ulysses(cp, s);
   // q, k, v and out of the head split, an all-to-all's two buffers of the widest, the log-sum-exp three times.
   const std::size_t R = std::size_t(B) * 2 * c, wq = std::size_t(s.Hq) * s.D, wkv = std::size_t(s.Hkv) * s.D;
-  const ChargedBytes workspace(MemoryUse::activations, R * (4 * wq + 2 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(A));
+  const ChargedBytes workspace =
+      detail::host_workspace<Dev>(R * (4 * wq + 2 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(A));
   const auto Q = detail::to_heads(cp, ops, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, ops, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, ops, v, s.ldkv, B, c, s.Hkv, s.D);
@@ -130,7 +131,8 @@ void ulysses_attention_backward(Comm& cp, const Ops& ops, const T* dout, const T
   detail::check_ulysses(cp, s);
   // q, k, v, out, dout and dq, dk, dv of the head split, an all-to-all's two buffers, the log-sum-exp three times.
   const std::size_t R = std::size_t(B) * 2 * c, wq = std::size_t(s.Hq) * s.D, wkv = std::size_t(s.Hkv) * s.D;
-  const ChargedBytes workspace(MemoryUse::activations, R * (6 * wq + 4 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(A));
+  const ChargedBytes workspace =
+      detail::host_workspace<Dev>(R * (6 * wq + 4 * wkv) * sizeof(T) + 3 * R * s.Hq * sizeof(A));
   const auto Q = detail::to_heads(cp, ops, q, s.ldq, B, c, s.Hq, s.D);
   const auto K = detail::to_heads(cp, ops, k, s.ldkv, B, c, s.Hkv, s.D);
   const auto V = detail::to_heads(cp, ops, v, s.ldkv, B, c, s.Hkv, s.D);

@@ -88,10 +88,14 @@ class Executor {
     std::vector<MicroBatch> mbs;
     for (int i = 0; i < m; ++i) mbs.push_back(micro_batch(i));
     const std::size_t n = chunks_.front()->io_elements(mbs[0].batch, mbs[0].seq);
+    bool fresh = false;
     for (auto* b : {&act_in_, &grad_in_, &grad_out_}) {
       b->resize(std::size_t(V) * m);
-      for (auto& v : *b) resize(v, n);
+      for (auto& v : *b) fresh = resize(v, n) || fresh;
     }
+    // On a device, a new buffer may be a block freed with kernels still queued that use it: they finish before an
+    // exchange (on the communicator's stream) writes it.
+    if (fresh) computed_on_device(chunks_.front());
     auto buf = [&](std::vector<Buffer>& b, int micro, int chunk) -> Buffer& {
       return b[std::size_t(chunk) * m + micro];
     };
@@ -221,9 +225,16 @@ class Executor {
     if constexpr (std::is_same_v<Dev, Host>) std::copy_n(src, n, dst);
     else part->ops().copy(src, dst, n);
   }
-  static void resize(Buffer& b, std::size_t n) {
-    if constexpr (std::is_same_v<Dev, Host>) b.resize(n);
-    else if (static_cast<std::size_t>(b.numel()) != n) b = Buffer({static_cast<std::int64_t>(n)});
+  //! Whether b was made anew.
+  static bool resize(Buffer& b, std::size_t n) {
+    if constexpr (std::is_same_v<Dev, Host>) {
+      b.resize(n);
+      return false;
+    } else {
+      if (static_cast<std::size_t>(b.numel()) == n) return false;
+      b = Buffer({static_cast<std::int64_t>(n)});
+      return true;
+    }
   }
   static std::span<T> span_of(Buffer& b) {
     if constexpr (std::is_same_v<Dev, Host>) return std::span<T>(b);

@@ -78,10 +78,12 @@ class ShardedParameters {
       send_[u] = Buf({std::max<std::int64_t>(1, p.chunk)});
       ops.copy(params + p.own_lo, send_[u].data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(send_[u].data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      // Made before the mark: a block freed with a copy still queued (finish() of the unit before, on Compute) is
+      // read by then, before the gather writes it on the communicator's stream.
+      if (p.padded(n)) staged_[u] = Buf({p.chunk * n});
       ops.mark().wait();  // on a device: the copy is written before the collective reads it
       const std::span<const T> send(send_[u].data(), chunk);
       if (p.padded(n)) {
-        staged_[u] = Buf({p.chunk * n});
         hs.all.push_back(comm.all_gather_async(send, std::span<T>(staged_[u].data(), chunk * std::size_t(n))));
       } else {
         hs.all.push_back(comm.all_gather_async(send, std::span<T>(params + p.lo, len)));

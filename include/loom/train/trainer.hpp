@@ -98,6 +98,34 @@ class TrainerOf {
   void set_state_of_part(std::size_t c, const acc* whole, acc* state) const { core_->take_state(c, whole, state); }
   //! What this rank holds of part c and writes of it to a sharded checkpoint (no communication).
   Holding holding(std::size_t c) const { return core_->holding(c); }
+  //! Part c's gather (the single-rank layout, in host memory) of a buffer in host memory laid out as the part's
+  //! flat parameters: a part gathers from its device's memory, so on a device the buffer goes there first.
+  template <class U>
+  std::vector<U> gather_from_host(std::size_t c, const std::vector<U>& flat) {
+    Part& part = *parts_[c];
+    if constexpr (kernels::is_host_v<Dev>) {
+      return part.gather(flat.data());
+    } else {
+      const Tensor<U, Dev> on({static_cast<std::int64_t>(flat.size())});
+      part.ops().from_host(flat.data(), on.data(), flat.size());
+      return part.gather(on.data());
+    }
+  }
+  //! Part c's scatter of `whole` (the single-rank layout, in host memory) into a buffer in host memory laid out as
+  //! the part's flat parameters: a part scatters into its device's memory, so on a device it comes back from there.
+  template <class U>
+  std::vector<U> scatter_to_host(std::size_t c, const U* whole) {
+    Part& part = *parts_[c];
+    std::vector<U> flat(static_cast<std::size_t>(part.params().numel()));
+    if constexpr (kernels::is_host_v<Dev>) {
+      part.scatter(whole, flat.data());
+    } else {
+      const Tensor<U, Dev> on({static_cast<std::int64_t>(flat.size())});
+      part.scatter(whole, on.data());
+      part.ops().to_host(on.data(), flat.data(), flat.size());
+    }
+    return flat;
+  }
   //! This rank in the world, the world's size, and a barrier over it.
   int world_rank() const { return core_->world_rank(); }
   int world_size() const { return core_->world_size(); }
@@ -132,8 +160,7 @@ class TrainerOf {
     return assemble<T>([&](std::size_t c) {
       auto& part = *parts_[c];
       if (zero_ < 3) return part.gather(part.params().data());
-      const auto flat = params_of_part(c);
-      return part.gather(flat.data());
+      return gather_from_host(c, params_of_part(c));
     });
   }
 

@@ -226,10 +226,12 @@ class ZeroBase {
       const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
       ops.copy(params + p.own_lo, own.data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(own.data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
+      // Made before the wait: a block freed with work still queued on the stream (this rank's or another's
+      // sharing the device) is done with once the wait returns, before the collective writes it.
+      const Buf all = p.padded(n) ? Buf({p.chunk * n}) : Buf();
       ops.synchronize();  // on a device: the update and the copy are done before the collective reads them
       const std::span<const T> send(own.data(), chunk);
       if (p.padded(n)) {
-        Buf all({p.chunk * n});
         comm.all_gather(send, std::span<T>(all.data(), chunk * static_cast<std::size_t>(n)));
         ops.copy(all.data(), params + p.lo, len);
       } else {
@@ -611,8 +613,11 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
   //! data-parallel group).
   std::vector<T> whole_params() {
     if (!params_) return Base::whole_params();
-    std::vector<T> own(static_cast<std::size_t>(std::max<std::int64_t>(1, this->plan_.numel)));
-    this->take_shard(model_.params().data(), own.data());
+    // The rank's chunks, laid out as its shard on its device (gather_shard reads from there).
+    const typename Base::Buf own({std::max<std::int64_t>(1, this->plan_.numel)});
+    const T* w = model_.params().data();
+    for (const auto& p : this->plan_.pieces)
+      model_.ops().copy(w + p.own_lo, own.data() + p.at, static_cast<std::size_t>(p.own()));
     return this->gather_shard(own.data());
   }
   //! Nothing: each unit is gathered when it is next read.
