@@ -76,15 +76,7 @@ struct Divide {
   }
 };
 
-inline bool holds(const void* p) {
-  if (!p) return false;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();  // a host pointer unknown to CUDA: not an error, not device memory
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
+inline bool holds(const void* p) { return kernels::cuda::detail::device_memory(p); }
 
 inline void copy(void* dst, const void* src, std::size_t bytes) {
   if (!bytes || dst == src) return;

@@ -15,6 +15,8 @@
 #include <loom/comm/detail/worker.hpp>
 #include <loom/comm/mpi.hpp>
 
+#include <loom/kernels/cuda/check.cuh>
+
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -104,8 +106,20 @@ inline int local_rank() {
   return r;
 }
 
+//! How many processes of the job run on this node (MPI's shared-memory group).
+inline int local_size() {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); s && *s) return std::atoi(s);
+  MPI_Comm node;
+  LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 //! The GPU of this rank: its local rank modulo the visible devices (so that CUDA_VISIBLE_DEVICES set per rank
-//! works too), made current.
+//! works too), made current. A node that runs more processes than it shows GPUs is refused: NCCL takes one rank
+//! per GPU.
 inline int pick_device(int rank) {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
@@ -114,6 +128,11 @@ inline int pick_device(int rank) {
                                          rc != cudaSuccess ? loom::detail::cat(" (cudaGetDeviceCount: ",
                                                                                cudaGetErrorString(rc), ")")
                                                            : std::string()));
+  if (const int procs = local_size(); procs > count && std::getenv("CUDA_VISIBLE_DEVICES") == nullptr)
+    throw BackendError(loom::detail::cat("loom: the Nccl backend runs one process per GPU, but rank ", rank,
+                                         "'s node runs ", procs, " processes and shows ", count,
+                                         " GPU(s): launch at most ", count, " a node (ranks that share a GPU talk "
+                                         "through the Local backend, as threads of one process)"));
   const int device = local_rank() % count;
   LOOM_CUDA(cudaSetDevice(device));
   loom::chosen_device() = device;  // the workers this thread starts run there too
@@ -309,14 +328,7 @@ class NcclComm : public Frontend<NcclComm> {
     }
   };
   //! Whether p is memory the device reads (its own, or managed); else host memory, which NCCL does not take.
-  static bool device_memory(const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      static_cast<void>(cudaGetLastError());  // an unknown pointer is host memory
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
+  static bool device_memory(const void* p) { return kernels::cuda::detail::device_memory(p); }
   //! Replaces op's host buffers by staged device copies (Staged), the bytes each is read or written over.
   Staged stage(Op& op) {
     Staged s;
@@ -334,15 +346,18 @@ class NcclComm : public Frontend<NcclComm> {
     };
     void* send = const_cast<void*>(op.send);
     switch (op.kind) {
-      case Collective::all_reduce:
-      case Collective::reduce: want(&send, c * es, true, false), want(&op.recv, c * es, false, true); break;
+      case Collective::all_reduce: want(&send, c * es, true, false), want(&op.recv, c * es, false, true); break;
+      case Collective::reduce:  // recv is the root's alone: elsewhere NCCL gets device memory and nothing comes back
+        want(&send, c * es, true, false), want(&op.recv, c * es, false, rank_ == op.root);
+        break;
       case Collective::reduce_scatter: want(&send, c * n * es, true, false), want(&op.recv, c * es, false, true); break;
       case Collective::all_gather: want(&send, c * es, true, false), want(&op.recv, c * n * es, false, true); break;
       case Collective::broadcast: want(&op.recv, c * es, true, true); break;
       case Collective::all_to_all: want(&send, c * n * es, true, false), want(&op.recv, c * n * es, false, true); break;
       case Collective::all_to_all_v:
         want(&send, extent(op.send_counts, op.send_displs), true, false);
-        want(&op.recv, extent(op.recv_counts, op.recv_displs), false, true);
+        // In and out: what falls between the blocks received keeps its values.
+        want(&op.recv, extent(op.recv_counts, op.recv_displs), true, true);
         break;
       case Collective::send_recv:
         for (auto& p : op.p2p)

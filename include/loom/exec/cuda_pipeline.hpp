@@ -44,11 +44,16 @@ class StreamPipeline : public detail::results_base_t<std::tuple<cudaStream_t>, S
   StreamPipeline(Streams streams, typename S::op... ops) : streams_(streams), ops_(std::move(ops)...) {}
   StreamPipeline(const StreamPipeline&) = delete;
   StreamPipeline& operator=(const StreamPipeline&) = delete;
-  ~StreamPipeline() { release(); }
+  //! Waits for what is still running on the device: its stages may read the results this frees.
+  ~StreamPipeline() {
+    drain();
+    release();
+  }
 
   //! Enqueues chunks 0..n-1 through every stage; stage k of chunk i starts on its stream once stage k-1 of chunk i
   //! has finished on its own.
   void run(std::size_t chunks) {
+    drain();  // the last run's stages are done with its results before they go
     release();
     n_ = chunks;
     events_.assign(K * chunks, nullptr);
@@ -59,7 +64,12 @@ class StreamPipeline : public detail::results_base_t<std::tuple<cudaStream_t>, S
     for (std::size_t k = 0; k < K; ++k)
       for (std::size_t i = 0; i < chunks; ++i) tasks.emplace_back(k, i);
     detail::diagonal_order(tasks);
-    for (auto [k, i] : tasks) run_task(k, i, std::make_index_sequence<K>{});
+    try {
+      for (auto [k, i] : tasks) run_task(k, i, std::make_index_sequence<K>{});
+    } catch (...) {
+      drain();  // what was enqueued is done before the results it reads can go
+      throw;
+    }
   }
 
   //! Blocks until every chunk's last stage has finished.
@@ -94,6 +104,11 @@ class StreamPipeline : public detail::results_base_t<std::tuple<cudaStream_t>, S
     if constexpr (k == 0) call(chunk);
     else call(*std::get<k - 1>(this->results_)[chunk]);
     detail::cuda_pipeline_check(cudaEventRecord(events_[k * n_ + chunk], s), "cudaEventRecord");
+  }
+  //! Waits for every event recorded (one never recorded is complete).
+  void drain() noexcept {
+    for (auto e : events_)
+      if (e) static_cast<void>(cudaEventSynchronize(e));
   }
   void release() noexcept {
     for (auto& e : events_)

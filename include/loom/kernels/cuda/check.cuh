@@ -31,6 +31,22 @@ inline void cublas_check(cublasStatus_t rc, std::string_view call) {
                                        cublasGetStatusName(rc), ")"));
 }
 
+//! Whether p is memory the device reads (its own, or managed). A pointer CUDA does not know, or any pointer where
+//! there is no device or driver, is host memory; any other failure (a context broken by an earlier kernel's fault)
+//! throws, rather than passing device memory off as the host's.
+inline bool device_memory(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc == cudaErrorInvalidValue || rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver ||
+      rc == cudaErrorInitializationError) {
+    static_cast<void>(cudaGetLastError());
+    return false;
+  }
+  cuda_check(rc, "cudaPointerGetAttributes");
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 //! After a launch: a bad configuration (too much shared memory, a zero grid) shows here, named after the kernel.
 inline void check_launch(std::string_view kernel) { cuda_check(cudaGetLastError(), kernel); }
 
