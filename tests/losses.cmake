@@ -30,3 +30,11 @@ function(expect_losses a from_a b from_b count digits)
     endif()
   endforeach()
 endfunction()
+
+# run(ARGS...): train_gpt (TG) with the script's `common` flags and ARGS; a non-zero exit fails the test with its output.
+function(run)
+  execute_process(COMMAND ${TG} ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "train_gpt ${ARGN} failed (exit ${rc}):\n${out}${err}")
+  endif()
+endfunction()

@@ -206,10 +206,13 @@ TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off t
   struct Shape {
     int M, N, K;
   };
-  // The last two are large enough for rows of 1001 elements (not a multiple of 16 bytes) to run on padded copies.
-  static_assert(2.0 * 264 * 1001 * 520 >= gpu::detail::pad_min_flops);
+  // The last two are large enough for rows of 1001 elements (not a multiple of 16 bytes) to run on padded copies,
+  // for some of the transposes of every type (C alone padded, copied in and back: K / (2 sizeof(T)) FLOPs a byte
+  // moved; A alone: N / sizeof(T)).
+  static_assert(2.0 * 136 * 1001 * 1040 >= gpu::detail::pad_min_flops);
+  static_assert(1040.0 / (2 * sizeof(T)) >= gpu::detail::pad_min_intensity<T>);
   for (const Shape sh : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{64, 128, 96}, Shape{130, 7, 257},
-                         Shape{264, 1001, 520}, Shape{264, 520, 1001}}) {
+                         Shape{136, 1001, 1040}, Shape{136, 1040, 1001}}) {
     const long padded_before = gpu::detail::padded_products();
     for (const bool ta : {false, true}) {
       for (const bool tb : {false, true}) {
@@ -227,7 +230,7 @@ TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off t
       }
     }
     INFO("M=" << sh.M << " N=" << sh.N << " K=" << sh.K);
-    CHECK((gpu::detail::padded_products() > padded_before) == (sh.M == 264));
+    CHECK((gpu::detail::padded_products() > padded_before) == (sh.M == 136));
   }
 }
 

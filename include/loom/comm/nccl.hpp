@@ -94,27 +94,26 @@ inline ncclRedOp_t nccl_op(Reduce r) {
   return ncclSum;
 }
 
+//! This process's rank on its node (first) and the node's process count (second), from MPI's shared-memory group.
+inline std::pair<int, int> node_group() {
+  MPI_Comm node;
+  LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int r = 0, n = 1;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return {r, n};
+}
 //! This process's rank on its node, from the launcher (Open MPI, Slurm, MPICH) or else from MPI itself.
 inline int local_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
     if (const char* s = std::getenv(var); s && *s) return std::atoi(s);
-  MPI_Comm node;
-  LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int r = 0;
-  MPI_Comm_rank(node, &r);
-  MPI_Comm_free(&node);
-  return r;
+  return node_group().first;
 }
-
-//! How many processes of the job run on this node (MPI's shared-memory group).
+//! How many processes of the job run on this node.
 inline int local_size() {
   if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); s && *s) return std::atoi(s);
-  MPI_Comm node;
-  LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int n = 1;
-  MPI_Comm_size(node, &n);
-  MPI_Comm_free(&node);
-  return n;
+  return node_group().second;
 }
 
 //! The GPU of this rank: its local rank modulo the visible devices (so that CUDA_VISIBLE_DEVICES set per rank

@@ -459,11 +459,13 @@ void prepare(Kernel kernel, std::size_t bytes, const AttentionShape& s, const ch
 }
 
 //! Calls f(Policy{}) with the policy for element type T and head size D: tensor cores for bf16/fp16 when D is a
-//! multiple of 16 and the tiles fit in shared memory, FMAs otherwise.
-template <class T, class F>
+//! multiple of 16 and the kernel's tiles fit in shared memory (forward and backward each asks for its own), FMAs
+//! otherwise.
+template <class T, bool Backward, class F>
 void with_policy(int D, F&& f) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
-    if (D % 16 == 0 && BackwardSmem<Wmma<T>>(D, true).bytes <= static_cast<std::size_t>(max_shared_per_block())) {
+    const std::size_t bytes = Backward ? BackwardSmem<Wmma<T>>(D, true).bytes : ForwardSmem<Wmma<T>>(D).bytes;
+    if (D % 16 == 0 && bytes <= static_cast<std::size_t>(max_shared_per_block())) {
       f(Wmma<T>{});
       return;
     }
@@ -475,7 +477,7 @@ template <class T>
 void forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s, cudaStream_t stream) {
   check_device_shape(s);
   if (s.B == 0 || s.T == 0) return;
-  with_policy<T>(s.D, [&](auto policy) {
+  with_policy<T, false>(s.D, [&](auto policy) {
     using P = decltype(policy);
     const std::size_t bytes = ForwardSmem<P>(s.D).bytes;
     auto kernel = forward_kernel<P, T>;
@@ -495,7 +497,7 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   CudaBuffer<acc_t<T>> delta(rows, stream);
   delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(dout, out, delta.data(), s);
   check_launch("attention_backward");
-  with_policy<T>(s.D, [&](auto policy) {
+  with_policy<T, true>(s.D, [&](auto policy) {
     using P = decltype(policy);
     const int tiles = (s.T + P::tile - 1) / P::tile, key_tiles = (s.keys() + P::tile - 1) / P::tile;
     const std::size_t kv_bytes = BackwardSmem<P>(s.D, true).bytes;

@@ -221,7 +221,7 @@ struct Scale {
   __device__ void apply(std::size_t i) const {
     auto a = load_pack<N>(x + i);
 #pragma unroll
-    for (int j = 0; j < N; ++j) a.v[j] = s == acc_t<T>(0) ? narrow<T>(0) : narrow<T>(widen(a.v[j]) * s);
+    for (int j = 0; j < N; ++j) a.v[j] = narrow<T>(widen(a.v[j]) * s);  // as the host: NaN * 0 stays NaN
     store_pack(x + i, a);
   }
 };

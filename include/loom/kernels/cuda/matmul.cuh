@@ -201,15 +201,12 @@ inline int alignment_of(const void* p, std::int64_t stride_bytes, int batch) {
   return static_cast<int>(v & (~v + 1));
 }
 
-//! One product with row strides of its own (lda, ldb, ldc elements; 16-byte multiples), through cuBLASLt.
+//! Runs the product `key` describes (row strides key.ld_*, or dense; batches by key.stride_*) through cuBLASLt's
+//! plan for it, or cublasGemmStridedBatchedEx where the heuristic offered none.
 template <class T>
-void strided_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C, std::int64_t ldc, int M,
-                     int N, int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
+void run_product(const GemmKey& key, const T* A, const T* B, T* C, float alpha, float beta, cudaStream_t stream) {
   using BT = BlasTypes<T>;
   using Scalar = typename BT::Scalar;
-  GemmKey key{BT::data, M, N, K, 1, trans_a, trans_b, 0, 0, 0, alignment_of(A, 0, 1), alignment_of(B, 0, 1),
-              alignment_of(C, 0, 1)};
-  key.ld_a = lda, key.ld_b = ldb, key.ld_c = ldc;
   BlasContext& ctx = blas_context();
   const GemmPlan& plan = ctx.plan<T>(key);
   const Scalar al = Scalar(alpha), be = Scalar(beta);
@@ -219,17 +216,36 @@ void strided_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb,
                                workspace.data(), plan.workspace, stream));
     return;
   }
+  const int M = key.M, N = key.N, K = key.K;
+  const std::int64_t lda = key.ld_a ? key.ld_a : (key.trans_a ? M : K);
+  const std::int64_t ldb = key.ld_b ? key.ld_b : (key.trans_b ? K : N), ldc = key.ld_c ? key.ld_c : N;
   cublasHandle_t h = ctx.blas();
   LOOM_CUBLAS(cublasSetStream(h, stream));
-  LOOM_CUBLAS(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &al,
-                           B, BT::data, static_cast<int>(ldb), A, BT::data, static_cast<int>(lda), &be, C, BT::data,
-                           static_cast<int>(ldc), BT::compute, CUBLAS_GEMM_DEFAULT));
+  LOOM_CUBLAS(cublasGemmStridedBatchedEx(h, key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &al, B, BT::data,
+                                         static_cast<int>(ldb), key.stride_b, A, BT::data, static_cast<int>(lda),
+                                         key.stride_a, &be, C, BT::data, static_cast<int>(ldc), key.stride_c,
+                                         key.batch, BT::compute, CUBLAS_GEMM_DEFAULT));
 }
 
-//! A product whose FLOPs reach this and outnumber the bytes of its padded copies by pad_min_intensity runs on
-//! copies with 16-byte row strides where a row stride is not one (GPT-2's vocabulary of 50257 makes the logits'
-//! rows 100514 bytes): Hopper's fast kernels need aligned rows, and the copies cost less than the slow kernels do.
-inline constexpr double pad_min_flops = double(1 << 28), pad_min_intensity = 64;
+//! One product with row strides of its own (lda, ldb, ldc elements; 16-byte multiples).
+template <class T>
+void strided_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C, std::int64_t ldc, int M,
+                     int N, int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
+  GemmKey key{BlasTypes<T>::data, M, N, K, 1, trans_a, trans_b, 0, 0, 0, alignment_of(A, 0, 1),
+              alignment_of(B, 0, 1), alignment_of(C, 0, 1)};
+  key.ld_a = lda, key.ld_b = ldb, key.ld_c = ldc;
+  run_product(key, A, B, C, alpha, beta, stream);
+}
+
+//! A product whose FLOPs reach pad_min_flops and outnumber the bytes its padded copies move (read and written) by
+//! pad_min_intensity<T> runs on copies with 16-byte row strides where a row stride is not one (GPT-2's vocabulary
+//! of 50257 makes the logits' rows 100514 bytes): Hopper's fast kernels need aligned rows. The copies pay where
+//! the slow kernels lose more time than they take: at about a third of bf16's tensor-core rate against 3.35 TB/s,
+//! from about 150 FLOPs a byte moved; float and double, which lose less, from less.
+inline constexpr double pad_min_flops = double(1 << 28);
+template <class T>
+inline constexpr double pad_min_intensity = sizeof(T) == 2 ? 128 : sizeof(T) == 4 ? 32 : 16;
 //! How many products this process ran on padded copies (what the tests check).
 inline std::atomic<long>& padded_products() {
   static std::atomic<long> n{0};
@@ -250,10 +266,10 @@ bool padded_product(const T* A, const T* B, T* C, int M, int N, int K, bool tran
   const Operand a{trans_a ? K : M, trans_a ? M : K}, b{trans_b ? N : K, trans_b ? K : N}, c{M, N};
   if (!a.pad() && !b.pad() && !c.pad()) return false;
   const double flops = 2.0 * M * N * K;
-  double bytes = 0;
+  double moved = 0;  // each copy reads and writes the operand; C is copied back, and in first where beta is not 0
   for (const Operand* o : {&a, &b, &c})
-    if (o->pad()) bytes += double(o->rows) * double(o->ld) * sizeof(T) * (o == &c && beta != 0 ? 2 : 1);
-  if (flops < pad_min_flops || flops < pad_min_intensity * bytes) return false;
+    if (o->pad()) moved += 2.0 * double(o->rows) * double(o->ld) * sizeof(T) * (o == &c && beta != 0 ? 2 : 1);
+  if (flops < pad_min_flops || flops < pad_min_intensity<T> * moved) return false;
   auto copy = [&](const T* src, std::int64_t lds, T* dst, std::int64_t ldd, std::int64_t rows, std::int64_t w) {
     LOOM_CUDA(cudaMemcpy2DAsync(dst, std::size_t(ldd) * sizeof(T), src, std::size_t(lds) * sizeof(T),
                                 std::size_t(w) * sizeof(T), std::size_t(rows), cudaMemcpyDeviceToDevice, stream));
@@ -277,13 +293,14 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
             int batch, std::ptrdiff_t stride_a, std::ptrdiff_t stride_b, std::ptrdiff_t stride_c,
             cudaStream_t stream) {
   using BT = BlasTypes<T>;
-  using Scalar = typename BT::Scalar;
   LOOM_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K,
              ", batch=", batch, ")");
   if (M == 0 || N == 0 || batch == 0) return;
-  if (K == 0) {  // op(A) op(B) is zero: C = beta C in every batch
-    for (int i = 0; i < batch; ++i)
-      launch_map(Scale<T>{C + i * stride_c, acc_t<T>(beta)}, std::size_t(M) * N, false, stream, "matmul");
+  if (K == 0) {  // op(A) op(B) is zero: C = beta C in every batch (zeros where beta is 0, as BLAS writes them)
+    for (int i = 0; i < batch; ++i) {
+      if (beta == 0) LOOM_CUDA(cudaMemsetAsync(C + i * stride_c, 0, std::size_t(M) * N * sizeof(T), stream));
+      else launch_map(Scale<T>{C + i * stride_c, acc_t<T>(beta)}, std::size_t(M) * N, false, stream, "matmul");
+    }
     return;
   }
   if (batch == 1) stride_a = stride_b = stride_c = 0;
@@ -301,21 +318,7 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
                     alignment_of(A, stride_a * std::int64_t(sizeof(T)), batch),
                     alignment_of(B, stride_b * std::int64_t(sizeof(T)), batch),
                     alignment_of(C, stride_c * std::int64_t(sizeof(T)), batch)};
-  BlasContext& ctx = blas_context();
-  const GemmPlan& plan = ctx.plan<T>(key);
-  const Scalar al = Scalar(alpha), be = Scalar(beta);
-  if (plan.found) {
-    CudaBuffer<unsigned char> workspace(plan.workspace, stream);
-    LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &al, B, plan.a, A, plan.b, &be, C, plan.c, C, plan.c, &plan.algo,
-                               workspace.data(), plan.workspace, stream));
-    return;
-  }
-  cublasHandle_t h = ctx.blas();
-  LOOM_CUBLAS(cublasSetStream(h, stream));
-  LOOM_CUBLAS(cublasGemmStridedBatchedEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                         N, M, K, &al, B, BT::data, trans_b ? K : N, stride_b, A, BT::data,
-                                         trans_a ? M : K, stride_a, &be, C, BT::data, N, stride_c, batch, BT::compute,
-                                         CUBLAS_GEMM_DEFAULT));
+  run_product(key, A, B, C, alpha, beta, stream);
 }
 
 }  // namespace detail
