@@ -680,7 +680,7 @@ TEST_CASE("attention rejects shapes it cannot run, naming the values", "[cuda][a
 // --- the parallel layers' row operations ---------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("the parallel layers' row operations match the host's: widen, narrow, copy_rows, lse_merge, "
-                   "gather, scatter and combine by index, row dot products",
+                   "transpose, gather, scatter and combine by index, row dot products",
                    "[cuda][rows]", float, double) {
   using T = TestType;
   using A = loom::acc_t<T>;
@@ -732,6 +732,17 @@ TEMPLATE_TEST_CASE("the parallel layers' row operations match the host's: widen,
     dev.lse_merge(dO.get(), dL.get(), dOb.get(), dLb.get(), B, H, c, D, H * D);
     check_close(dO.host(), as_doubles(O), tol_acc<T>(), "lse_merge out");
     check_close(dL.host(), as_doubles(L), tol_acc<T>(), "lse_merge lse");
+  }
+  // transpose: 3 batches of 4 x 7 (Ulysses' log-sum-exp between B x H x T and B x T x H), exactly
+  {
+    const int batches = 3, rows = 4, cols = 7;
+    const auto src = cast<A>(rng.uniform(std::size_t(batches) * rows * cols));
+    std::vector<A> dst(src.size());
+    Dev<A> dsrc(src), ddst(dst.size());
+    host.transpose(src.data(), dst.data(), batches, rows, cols);
+    dev.transpose(dsrc.get(), ddst.get(), batches, rows, cols);
+    check_close(ddst.host(), as_doubles(dst), 0, "transpose");
+    CHECK(dst[(std::size_t(2) * cols + 5) * rows + 1] == src[(std::size_t(2) * rows + 1) * cols + 5]);
   }
   // gather (weighted or not), scatter, combine by slots, row dots: 6 tokens of d = 5, 9 sent rows, k = 2
   {

@@ -245,6 +245,15 @@ struct Ops<Host> {
           L[li] = l;
         }
   }
+  //! `batches` matrices of rows x cols, each transposed: dst[b][c][r] = src[b][r][c] (Ulysses' log-sum-exp between
+  //! B x H x T and B x T x H).
+  template <class U>
+  void transpose(const U* src, U* dst, int batches, int rows, int cols) const {
+    for (std::ptrdiff_t b = 0; b < batches; ++b)
+      for (std::ptrdiff_t r = 0; r < rows; ++r)
+        for (std::ptrdiff_t c = 0; c < cols; ++c)
+          dst[(b * cols + c) * rows + r] = src[(b * rows + r) * cols + c];
+  }
   //! Rows of d elements by index (a mixture of experts' dispatch): dst[i] = src[rows[i]], times weights[i] where
   //! weights is given (in T), for i < n.
   template <class T>
@@ -386,6 +395,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.copy_rows(ca, ld, p, ld, i, i);
   o.copy_rows(ca, ld, a, ld, i, i);
   o.lse_merge(a, a, c, ca, i, i, i, i, ld);
+  o.transpose(ca, a, i, i, i);
   o.gather_rows(c, ids, c, p, n, i);
   o.scatter_rows(c, ids, p, n, i);
   o.combine_rows(c, ids, i, c, p, n, i);

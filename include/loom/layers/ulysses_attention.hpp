@@ -69,17 +69,11 @@ void to_rows(Comm& cp, const Ops& ops, const T* g, T* dst, std::ptrdiff_t ld, in
 //! The log-sum-exp as rows of width 1 per head: B x H x T to B x T x H, and back.
 template <class Ops, class A>
 void lse_to_rows(const Ops& ops, const A* lse, A* rows, int B, int H, int T) {
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      ops.copy_rows(lse + (std::ptrdiff_t(b) * H + h) * T, 1, rows + std::ptrdiff_t(b) * T * H + h, std::ptrdiff_t(H),
-                    T, 1);
+  ops.transpose(lse, rows, B, H, T);
 }
 template <class Ops, class A>
 void rows_to_lse(const Ops& ops, const A* rows, A* lse, int B, int H, int T) {
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      ops.copy_rows(rows + std::ptrdiff_t(b) * T * H + h, std::ptrdiff_t(H), lse + (std::ptrdiff_t(b) * H + h) * T, 1,
-                    T, 1);
+  ops.transpose(rows, lse, B, T, H);
 }
 
 template <class Comm>

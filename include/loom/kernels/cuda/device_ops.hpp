@@ -262,6 +262,13 @@ struct Ops<Cuda> {
       cuda::entry::narrow_rows(src, lds, dst, ldd, rows, w, stream);
     }
   }
+  template <class U>
+  void transpose(const U* src, U* dst, int batches, int rows, int cols) const {
+    static_assert(std::is_same_v<U, float> || std::is_same_v<U, double>,
+                  "loom: Ops<Cuda>::transpose takes the accumulation types, float and double");
+    const cuda::ProfileScope span("transpose", stream);
+    cuda::entry::transpose<U>(src, dst, batches, rows, cols, stream);
+  }
   template <class T>
   void lse_merge(acc_t<T>* O, acc_t<T>* L, const T* Ob, const acc_t<T>* Lb, int B, int H, int c, int D,
                  std::ptrdiff_t ld) const {

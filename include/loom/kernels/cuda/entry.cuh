@@ -71,6 +71,20 @@ struct NarrowRows {
   }
 };
 
+//! Element i of batches of rows x cols: dst[b][c][r] = src[b][r][c].
+template <class U>
+struct Transpose {
+  static constexpr int width = 1;
+  const U* src;
+  U* dst;
+  int rows, cols;
+  template <int N>
+  __device__ void apply(std::size_t i) const {
+    const std::size_t per = std::size_t(rows) * cols, b = i / per, r = i % per / cols, c = i % cols;
+    dst[b * per + c * rows + r] = src[i];
+  }
+};
+
 //! Row li = (b H + h) c + t of a log-sum-exp merge (Ops<Host>::lse_merge).
 template <class T>
 struct LseMerge {
@@ -411,6 +425,12 @@ void narrow_rows(const acc<T>* src, std::ptrdiff_t lds, T* dst, std::ptrdiff_t l
   if (rows <= 0 || w <= 0) return;
   detail::launch_map(detail::NarrowRows<acc<T>, D>{src, lds, detail::dev(dst), ldd, w},
                      std::size_t(rows) * std::size_t(w), false, stream, "narrow_rows");
+}
+template <class T>
+void transpose(const acc<T>* src, acc<T>* dst, int batches, int rows, int cols, cudaStream_t stream) {
+  const std::size_t n = std::size_t(batches) * rows * cols;
+  if (n == 0) return;
+  detail::launch_map(detail::Transpose<acc<T>>{src, dst, rows, cols}, n, false, stream, "transpose");
 }
 template <class T>
 void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H, int c, int D, std::ptrdiff_t ld,

@@ -118,6 +118,9 @@ void accumulate_wide(const T* x, acc<T>* y, std::size_t n, cudaStream_t stream);
 template <class T>
 void narrow_rows(const acc<T>* src, std::ptrdiff_t lds, T* dst, std::ptrdiff_t ldd, int rows, int w,
                  cudaStream_t stream);
+//! Ops<Host>::transpose on acc<T> (batches of rows x cols, each transposed), a thread per element.
+template <class T>
+void transpose(const acc<T>* src, acc<T>* dst, int batches, int rows, int cols, cudaStream_t stream);
 //! Ops<Host>::lse_merge's merge of a block's attention result into a running one, a thread per row and head.
 template <class T>
 void lse_merge(acc<T>* O, acc<T>* L, const T* Ob, const acc<T>* Lb, int B, int H, int c, int D, std::ptrdiff_t ld,
@@ -206,6 +209,7 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
   prefix template void lse_merge<T>(acc<T>*, acc<T>*, const T*, const acc<T>*, int, int, int, int, std::ptrdiff_t,   \
                                     cudaStream_t);                                                                    \
   prefix template void narrow<T>(const acc<T>*, T*, std::size_t, cudaStream_t);                                      \
+  prefix template void transpose<T>(const acc<T>*, acc<T>*, int, int, int, cudaStream_t);                            \
   prefix template double sum<T>(const T*, std::size_t, cudaStream_t);                                                 \
   prefix template double sum_squares<T>(const T*, std::size_t, cudaStream_t);                                         \
   prefix template void sums_of_squares<T>(const T*, const std::int64_t*, const std::int64_t*, std::size_t, double*,  \
