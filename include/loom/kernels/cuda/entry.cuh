@@ -193,27 +193,12 @@ __global__ void __launch_bounds__(sum_threads) sum_kernel(const T* x, std::size_
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-//! The sum of x (or of its squares) over n elements, on `stream`, returned to the host.
+//! Each piece's sum of x (or of its squares), x + at[i] over n[i] elements, into out[i] (host arrays): every
+//! piece's per-block partials in one buffer, one copy and one wait for them all, then each piece's partials added
+//! on the host in block order (the same bits however many pieces share the call).
 template <bool Square, class T>
-double device_sum(const T* x, std::size_t n, cudaStream_t stream) {
-  if (n == 0) return 0;
-  const unsigned blocks = grid_for(n, sum_threads);
-  CudaBuffer<double> partial(blocks, stream);
-  sum_kernel<device_t<T>, Square><<<blocks, sum_threads, 0, stream>>>(dev(x), n, partial.data());
-  check_launch(Square ? "sum_squares" : "sum");
-  std::vector<double> host(blocks);
-  LOOM_CUDA(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
-  LOOM_CUDA(cudaStreamSynchronize(stream));
-  double s = 0;
-  for (double p : host) s += p;
-  return s;
-}
-
-//! Each piece's sum of squares (x + at[i], n[i] elements) into out[i] (host arrays): the pieces' partials in one
-//! buffer, one copy and one wait for them all; each piece adds up as device_sum does, so the bits are the same.
-template <class T>
-void device_sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count,
-                            double* out, cudaStream_t stream) {
+void device_sums(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count, double* out,
+                 cudaStream_t stream) {
   std::vector<unsigned> blocks(count, 0);
   std::size_t total = 0;
   for (std::size_t i = 0; i < count; ++i) {
@@ -226,10 +211,10 @@ void device_sums_of_squares(const T* x, const std::int64_t* at, const std::int64
     std::size_t off = 0;
     for (std::size_t i = 0; i < count; ++i) {
       if (blocks[i] == 0) continue;
-      sum_kernel<device_t<T>, true><<<blocks[i], sum_threads, 0, stream>>>(dev(x) + at[i],
-                                                                          static_cast<std::size_t>(n[i]),
-                                                                          partial.data() + off);
-      check_launch("sums_of_squares");
+      sum_kernel<device_t<T>, Square><<<blocks[i], sum_threads, 0, stream>>>(dev(x) + at[i],
+                                                                            static_cast<std::size_t>(n[i]),
+                                                                            partial.data() + off);
+      check_launch(Square ? "sum_squares" : "sum");
       off += blocks[i];
     }
     LOOM_CUDA(cudaMemcpyAsync(host.data(), partial.data(), total * sizeof(double), cudaMemcpyDeviceToHost, stream));
@@ -242,6 +227,14 @@ void device_sums_of_squares(const T* x, const std::int64_t* at, const std::int64
     out[i] = s;
     off += blocks[i];
   }
+}
+//! The sum of x (or of its squares) over n elements, on `stream`, returned to the host.
+template <bool Square, class T>
+double device_sum(const T* x, std::size_t n, cudaStream_t stream) {
+  const std::int64_t at = 0, len = static_cast<std::int64_t>(n);
+  double out = 0;
+  device_sums<Square>(x, &at, &len, 1, &out, stream);
+  return out;
 }
 
 }  // namespace detail
@@ -479,7 +472,7 @@ double sum_squares(const T* x, std::size_t n, cudaStream_t stream) {
 template <class T>
 void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, std::size_t count, double* out,
                      cudaStream_t stream) {
-  detail::device_sums_of_squares(x, at, n, count, out, stream);
+  detail::device_sums<true>(x, at, n, count, out, stream);
 }
 
 }  // namespace entry
