@@ -15,5 +15,16 @@ if(LOOM_WITH_CUDA)
   set_tests_properties(test_kernels_cuda PROPERTIES LABELS "gpu;kernels" SKIP_RETURN_CODE 77 TIMEOUT 900)
   set_tests_properties(test_gpt_cuda PROPERTIES LABELS "gpu;model" SKIP_RETURN_CODE 77 TIMEOUT 900)
   set_tests_properties(test_comm_local_cuda PROPERTIES LABELS "gpu;comm" SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # The device's static rules (compile_fail_cuda/), checked as compile_fail/'s are, with the toolkit's headers:
+  # they need no GPU.
+  file(GLOB _loom_fail_cuda_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail_cuda/*.cpp)
+  foreach(src ${_loom_fail_cuda_sources})
+    get_filename_component(stem ${src} NAME_WE)
+    add_test(NAME compile_fail.cuda_${stem}
+      COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} -DSRC=${src} -DINCLUDE=${PROJECT_SOURCE_DIR}/include
+              "-DEXTRA=-I${_eigen_inc};-I${LOOM_NCCL_INCLUDE_DIR};-isystem;${CUDAToolkit_INCLUDE_DIRS};-DLOOM_HAS_CUDA=1"
+              -P ${PROJECT_SOURCE_DIR}/cmake/check_compile_fail.cmake)
+    set_tests_properties(compile_fail.cuda_${stem} PROPERTIES LABELS compile-fail)
+  endforeach()
 endif()
 

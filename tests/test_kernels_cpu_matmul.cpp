@@ -143,3 +143,35 @@ TEMPLATE_TEST_CASE("matmul in float, bf16 and fp16 against double", "[kernels][m
     REQUIRE(rel_err(Ct, expected) < tol);
   }
 }
+
+TEMPLATE_TEST_CASE("matmul_ld: rows further apart than their widths give the dense product and leave the gaps",
+                   "[kernels][matmul]", double, bf16) {
+  using T = TestType;
+  const int M = 9, N = 13, K = 6, gap = 5;
+  std::uint64_t seed = 40;
+  for (auto [ta, tb] : transposes) {
+    CAPTURE(ta, tb);
+    const int ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+    const auto A = rounded<T>(random_vector(std::size_t(ra) * ca, seed++));
+    const auto B = rounded<T>(random_vector(std::size_t(rb) * cb, seed++));
+    const auto C = rounded<T>(random_vector(std::size_t(M) * N, seed++));
+    // The dense product, and the same operands spread over rows `gap` elements longer, the gaps holding 7.
+    auto spread = [&](const std::vector<double>& x, int rows, int cols) {
+      std::vector<T> out(std::size_t(rows) * (cols + gap), T(7.0f));
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) out[std::size_t(r) * (cols + gap) + c] = T(x[std::size_t(r) * cols + c]);
+      return out;
+    };
+    auto want = convert<T>(C);
+    const auto a = convert<T>(A), b = convert<T>(B);
+    k::matmul(a.data(), b.data(), want.data(), M, N, K, ta, tb, 0.5f, 2.0f);
+    const auto sa = spread(A, ra, ca), sb = spread(B, rb, cb);
+    auto sc = spread(C, M, N);
+    k::matmul_ld(sa.data(), ca + gap, sb.data(), cb + gap, sc.data(), N + gap, M, N, K, ta, tb, 0.5f, 2.0f);
+    for (int r = 0; r < M; ++r)
+      for (int c = 0; c < N + gap; ++c) {
+        const T got = sc[std::size_t(r) * (N + gap) + c];
+        REQUIRE(double(got) == (c < N ? double(want[std::size_t(r) * N + c]) : 7.0));
+      }
+  }
+}

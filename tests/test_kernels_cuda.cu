@@ -234,6 +234,108 @@ TEMPLATE_TEST_CASE("matmul matches the CPU: transposes, alpha/beta, shapes off t
   }
 }
 
+TEMPLATE_TEST_CASE("matmul_ld: row strides of their own, on whole lines (no padded copies) or not; the gaps stay",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(21);
+  const int M = 136, N = 1001, K = 1040;
+  for (const int gap : {1024 - N, 3}) {  // 1024: whole 128-byte lines for every type
+    const long padded_before = gpu::detail::padded_products();
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const int ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+        // Row strides: A's and B's their widths plus gap where N is their width, C's N + gap.
+        const std::ptrdiff_t lda = ca + (ca == N ? gap : 0), ldb = cb + (cb == N ? gap : 0), ldc = N + gap;
+        const auto a = rng.values<T>(std::size_t(ra) * lda);
+        const auto b = rng.values<T>(std::size_t(rb) * ldb);
+        const auto c = rng.values<T>(std::size_t(M) * ldc);
+        std::vector<double> want = c.d;
+        cpu::matmul_ld(a.d.data(), lda, b.d.data(), ldb, want.data(), ldc, M, N, K, ta, tb, 0.75f, 0.5f);
+        Dev<T> da(a.t), db(b.t), dc(c.t);
+        gpu::matmul_ld(da.get(), lda, db.get(), ldb, dc.get(), ldc, M, N, K, ta, tb, 0.75f, 0.5f, stream());
+        check_close(dc.host(), want, tol<T>(),
+                    "matmul_ld gap=" + std::to_string(gap) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
+    }
+    if (gap == 1024 - N) CHECK(gpu::detail::padded_products() == padded_before);
+  }
+}
+
+TEMPLATE_TEST_CASE("matmul_bias equals the product plus the bias on every row; bf16, fp16 and float fuse it",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(22);
+  struct Shape {
+    int M, N, K;
+  };
+  for (const Shape sh : {Shape{64, 96, 128}, Shape{37, 200, 72}, Shape{5, 13, 7}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const auto a = rng.values<T>(std::size_t(sh.M) * sh.K);
+        const auto b = rng.values<T>(std::size_t(sh.K) * sh.N);
+        const auto bias = rng.values<T>(std::size_t(sh.N));
+        const auto c = rng.values<T>(std::size_t(sh.M) * sh.N);  // overwritten
+        std::vector<double> want(c.d.size());
+        cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, tb);
+        for (int r = 0; r < sh.M; ++r)
+          for (int n = 0; n < sh.N; ++n) want[std::size_t(r) * sh.N + n] += bias.d[std::size_t(n)];
+        Dev<T> da(a.t), db(b.t), dbias(bias.t), dc(c.t);
+        const long fused_before = gpu::detail::fused_epilogues();
+        gpu::matmul_bias(da.get(), db.get(), dbias.get(), dc.get(), sh.M, sh.N, sh.K, ta, tb, stream());
+        const std::string what = "matmul_bias M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
+                                 std::to_string(sh.K) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+        check_close(dc.host(), want, tol<T>(), what);
+        // Rows of 16-byte multiples in a type with an epilogue: the bias rode on the product.
+        const auto line = [](int n) { return n * sizeof(T) % 16 == 0; };
+        const bool rows16 = line(sh.M) && line(sh.N) && line(sh.K);
+        if (rows16 && !std::is_same_v<T, double>) CHECK(gpu::detail::fused_epilogues() == fused_before + 1);
+        if (std::is_same_v<T, double> || !line(sh.N))
+          CHECK(gpu::detail::fused_epilogues() == fused_before);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("matmul_bias_gelu and matmul_dgelu equal the product, bias and GELU (or its derivative) apart; "
+                   "bf16 and fp16 fuse them",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(23);
+  constexpr bool fuses = sizeof(T) == 2;
+  for (const bool with_bias : {true, false}) {
+    for (const bool tb : {false, true}) {
+      const int M = 48, N = 80, K = 64;  // whole 16-byte rows for every type
+      const auto a = rng.values<T>(std::size_t(M) * K);
+      const auto b = rng.values<T>(std::size_t(K) * N);
+      const auto bias = rng.values<T>(std::size_t(N));
+      const auto junk = rng.values<T>(std::size_t(M) * N);  // what the outputs overwrite
+      std::vector<double> pre(junk.d.size()), out(junk.d.size());
+      cpu::matmul(a.d.data(), b.d.data(), pre.data(), M, N, K, false, tb);
+      if (with_bias) cpu::bias_add(pre.data(), bias.d.data(), pre.data(), M, N);
+      cpu::gelu_forward(pre.data(), out.data(), pre.size());
+      Dev<T> da(a.t), db(b.t), dbias(bias.t), dpre(junk.t), dout(junk.t);
+      const std::string what = std::string(with_bias ? " with bias" : " without bias") + (tb ? " Bt" : "");
+      long before = gpu::detail::fused_epilogues();
+      gpu::matmul_bias_gelu(da.get(), db.get(), with_bias ? dbias.get() : nullptr, dpre.get(), dout.get(), M, N, K,
+                            false, tb, stream());
+      check_close(dpre.host(), pre, tol<T>(), "matmul_bias_gelu's input to the GELU" + what);
+      check_close(dout.host(), out, tol<T>(), "matmul_bias_gelu" + what);
+      CHECK(gpu::detail::fused_epilogues() == before + (fuses ? 1 : with_bias && !std::is_same_v<T, double>));
+
+      // Backward: a product of the GELU's output's shape (here dy (M x K) times op(b)), times GELU'(pre).
+      const auto dy = rng.values<T>(std::size_t(M) * K), pre_t = rounded<T>(pre);
+      std::vector<double> want(junk.d.size());
+      cpu::matmul(dy.d.data(), b.d.data(), want.data(), M, N, K, false, tb);
+      cpu::gelu_backward(pre_t.d.data(), want.data(), want.data(), want.size());
+      Dev<T> ddy(dy.t), dpre_t(pre_t.t), dgrad(junk.t);
+      before = gpu::detail::fused_epilogues();
+      gpu::matmul_dgelu(ddy.get(), db.get(), dpre_t.get(), dgrad.get(), M, N, K, false, tb, stream());
+      check_close(dgrad.host(), want, tol<T>(), "matmul_dgelu" + what);
+      CHECK(gpu::detail::fused_epilogues() == before + (fuses ? 1 : 0));
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("matmul: batches by strides, a shared operand (stride 0), odd alignment, K = 0",
                    "[cuda][matmul]", LOOM_TYPES) {
   using T = TestType;
@@ -323,7 +425,8 @@ TEMPLATE_TEST_CASE("layer norm forward and backward match the CPU", "[cuda][laye
   struct Shape {
     int R, C;
   };
-  for (const Shape sh : {Shape{7, 64}, Shape{33, 769}, Shape{5, 5000}, Shape{300, 48}}) {  // every block size
+  // Every block size, and rows of one warp each (whole 16-byte packs, up to 1024 columns: 64, 48, 768, 1024).
+  for (const Shape sh : {Shape{7, 64}, Shape{33, 769}, Shape{5, 5000}, Shape{300, 48}, Shape{9, 768}, Shape{6, 1024}}) {
     const std::size_t n = std::size_t(sh.R) * sh.C;
     const auto x = rng.values<T>(n, -2.0, 3.0), w = rng.values<T>(sh.C, 0.5, 1.5), b = rng.values<T>(sh.C);
     std::vector<double> out(n), mean(sh.R), rstd(sh.R);
@@ -439,28 +542,31 @@ TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary
   check_close(dse.host(), se, tol_acc<T>(), "cross_entropy_forward sumexp");
 
   // Two slices [0, split) and [split, V): each function against the CPU on the same inputs, and the combination
-  // (as the vocabulary-parallel layer does it across ranks) against the whole.
+  // (as the vocabulary-parallel layer does it across ranks) against the whole. The slices' rows lie further apart
+  // than their widths, the gaps holding 99: the first's on whole 128-byte lines (16-byte loads), the second's not.
   const int widths[2] = {split, V - split}, starts[2] = {0, split};
+  const int pitch[2] = {(split + 63) / 64 * 64, V - split + 13};
   std::vector<Values<T>> slices;
   std::vector<std::vector<double>> smax(2, std::vector<double>(R)), ssum(2, std::vector<double>(R)),
       stgt(2, std::vector<double>(R));
   std::vector<Dev<A>> dsmax, dssum, dstgt;
   std::vector<Dev<T>> dslices;
   for (int s = 0; s < 2; ++s) {
-    std::vector<double> part(std::size_t(R) * widths[s]);
+    std::vector<double> part(std::size_t(R) * pitch[s], 99.0);
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < widths[s]; ++v)
-        part[std::size_t(r) * widths[s] + v] = logits.d[std::size_t(r) * V + starts[s] + v];
+        part[std::size_t(r) * pitch[s] + v] = logits.d[std::size_t(r) * V + starts[s] + v];
     slices.push_back(rounded<T>(part));
     const auto& sl = slices.back();
-    cpu::ce_partials(sl.d.data(), smax[s].data(), ssum[s].data(), R, widths[s]);
-    cpu::ce_target_logit(sl.d.data(), targets.data(), stgt[s].data(), R, widths[s], starts[s]);
+    cpu::ce_partials(sl.d.data(), smax[s].data(), ssum[s].data(), R, widths[s], pitch[s]);
+    cpu::ce_target_logit(sl.d.data(), targets.data(), stgt[s].data(), R, widths[s], starts[s], pitch[s]);
     dslices.emplace_back(sl.t);
     dsmax.emplace_back(R);
     dssum.emplace_back(R);
     dstgt.emplace_back(R);
-    gpu::ce_partials(dslices[s].get(), dsmax[s].get(), dssum[s].get(), R, widths[s], stream());
-    gpu::ce_target_logit(dslices[s].get(), dtargets.get(), dstgt[s].get(), R, widths[s], starts[s], stream());
+    gpu::ce_partials(dslices[s].get(), dsmax[s].get(), dssum[s].get(), R, widths[s], pitch[s], stream());
+    gpu::ce_target_logit(dslices[s].get(), dtargets.get(), dstgt[s].get(), R, widths[s], starts[s], pitch[s],
+                         stream());
     check_close(dsmax[s].host(), smax[s], tol_acc<T>(), "ce_partials max, slice " + std::to_string(s));
     check_close(dssum[s].host(), ssum[s], tol_acc<T>(), "ce_partials sumexp, slice " + std::to_string(s));
     check_close(dstgt[s].host(), stgt[s], tol_acc<T>(), "ce_target_logit, slice " + std::to_string(s));
@@ -491,15 +597,15 @@ TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary
   check_close(dcombined.host(), combined, tol<T>(), "ce_losses");
   check_close(dcombined.host(), losses, tol<T>(), "ce_losses over two slices against the whole");
 
-  // Backward on each slice with the global partials, written over the logits (dlogits == logits).
+  // Backward on each slice with the global partials, written over the logits (dlogits == logits); the gaps stay.
   const auto dloss = rng.values<T>(R);
   const Dev<T> ddloss(dloss.t);
   for (int s = 0; s < 2; ++s) {
-    std::vector<double> want(slices[s].d.size());
+    std::vector<double> want = slices[s].d;
     cpu::ce_backward(slices[s].d.data(), targets.data(), gmax_a.d.data(), gsum_a.d.data(), dloss.d.data(),
-                     want.data(), R, widths[s], starts[s]);
+                     want.data(), R, widths[s], starts[s], pitch[s]);
     gpu::ce_backward(dslices[s].get(), dtargets.get(), dgmax.get(), dgsum.get(), ddloss.get(), dslices[s].get(), R,
-                     widths[s], starts[s], stream());
+                     widths[s], starts[s], pitch[s], stream());
     check_close(dslices[s].host(), want, tol<T>(), "ce_backward in place, slice " + std::to_string(s));
   }
 }
@@ -660,9 +766,12 @@ TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads
       {2, 1, 2, 2, 16, false},   {2, 17, 4, 2, 16, false},  {2, 64, 4, 1, 64, false}, {1, 100, 4, 4, 64, true},
       {2, 130, 6, 2, 32, true},  {1, 130, 2, 1, 24, false}, {1, 70, 2, 2, 128, false}, {1, 200, 8, 1, 64, true},
       {3, 33, 3, 1, 48, false},  {1, 65, 2, 2, 40, true},
+      // Longer sequences through every tile position of the register-resident kernels (bf16/fp16, D = 64 or 128).
+      {2, 300, 4, 2, 64, true},  {1, 197, 4, 1, 128, false},
       // Ring attention's blocks: every query over another rank's keys, fewer, more or as many as the queries.
       {2, 33, 4, 2, 16, false, 17, false}, {1, 64, 2, 1, 64, false, 130, false}, {2, 70, 4, 4, 32, false, 70, false},
       {1, 1, 2, 2, 16, false, 65, false},  {2, 96, 4, 2, 64, false, 32, false},
+      {1, 100, 4, 2, 128, false, 150, false},
   };
   for (const AttnCase& c : cases) attention_case<T>(c, rng);
 }

@@ -45,6 +45,40 @@ struct Ops<Host> {
               float beta = 0.0f) const {
     cpu::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta);
   }
+  //! C = op(A) op(B) + bias (N values, added to every row), one product (a device fuses the bias into it).
+  template <class T>
+  void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a,
+                   bool trans_b) const {
+    cpu::matmul(A, B, C, M, N, K, trans_a, trans_b);
+    cpu::bias_add(C, bias, C, M, N);
+  }
+  //! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre), tanh form (a device fuses both into the product).
+  template <class T>
+  void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                        bool trans_b) const {
+    cpu::matmul(A, B, pre, M, N, K, trans_a, trans_b);
+    if (bias) cpu::bias_add(pre, bias, pre, M, N);
+    cpu::gelu_forward(pre, C, std::size_t(M) * std::size_t(N));
+  }
+  //! C = (op(A) op(B)) GELU'(pre), element by element (a device fuses the derivative into the product).
+  template <class T>
+  void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a,
+                    bool trans_b) const {
+    cpu::matmul(A, B, C, M, N, K, trans_a, trans_b);
+    cpu::gelu_backward(pre, C, C, std::size_t(M) * std::size_t(N));
+  }
+  //! One product whose stored rows lie lda, ldb and ldc elements apart.
+  template <class T>
+  void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M,
+                 int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f) const {
+    cpu::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta);
+  }
+  //! The row stride, in elements, of a wide matrix of `cols` columns of T that products and the loss read (the
+  //! logits): on the host the columns themselves.
+  template <class T>
+  static constexpr std::ptrdiff_t row_pitch(std::ptrdiff_t cols) {
+    return cols;
+  }
   template <class T>
   void bias_add(const T* x, const T* bias, T* out, int R, int C) const {
     cpu::bias_add(x, bias, out, R, C);
@@ -115,8 +149,9 @@ struct Ops<Host> {
   }
 
   template <class T>
-  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) const {
-    cpu::ce_partials(logits, row_max, row_sumexp, R, V_local);
+  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local,
+                   std::ptrdiff_t ld = 0) const {
+    cpu::ce_partials(logits, row_max, row_sumexp, R, V_local, ld);
   }
   template <class T>
   void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R) const {
@@ -124,8 +159,8 @@ struct Ops<Host> {
   }
   template <class T>
   void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
-                       int v0) const {
-    cpu::ce_target_logit(logits, targets, target_logit, R, V_local, v0);
+                       int v0, std::ptrdiff_t ld = 0) const {
+    cpu::ce_target_logit(logits, targets, target_logit, R, V_local, v0, ld);
   }
   template <class T>
   void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses,
@@ -134,8 +169,8 @@ struct Ops<Host> {
   }
   template <class T>
   void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
-                   const T* dloss, T* dlogits, int R, int V_local, int v0) const {
-    cpu::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0);
+                   const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld = 0) const {
+    cpu::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld);
   }
 
   template <class T>
@@ -353,6 +388,11 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   typename O::device;
   { o.template scratch<T>(n).data() } -> std::convertible_to<T*>;
   o.matmul(c, c, p, i, i, i, b, b, f, f);
+  o.matmul_ld(c, ld, c, ld, p, ld, i, i, i, b, b, f, f);
+  o.matmul_bias(c, c, c, p, i, i, i, b, b);
+  o.matmul_bias_gelu(c, c, c, p, p, i, i, i, b, b);
+  o.matmul_dgelu(c, c, c, p, i, i, i, b, b);
+  { O::template row_pitch<T>(ld) } -> std::convertible_to<std::ptrdiff_t>;
   o.bias_add(c, c, p, i, i);
   o.bias_backward(c, p, i, i);
   o.add(c, c, p, n);
@@ -368,11 +408,11 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.rmsnorm_backward_input(c, c, c, ca, p, i, i);
   o.rmsnorm_backward_weight(c, c, ca, p, i, i);
   o.rope_rotate(p, ca, ca, i, i, i, i, i, b);
-  o.ce_partials(c, a, a, i, i);
+  o.ce_partials(c, a, a, i, i, ld);
   o.template ce_rescale<T>(ca, ca, a, i);
-  o.ce_target_logit(c, ids, a, i, i, i);
+  o.ce_target_logit(c, ids, a, i, i, i, ld);
   o.template ce_losses<T>(ca, ca, ca, p, i);
-  o.ce_backward(c, ids, ca, ca, c, p, i, i, i);
+  o.ce_backward(c, ids, ca, ca, c, p, i, i, i, ld);
   o.embedding_forward(ids, c, p, i, i, i, i);
   o.embedding_backward(ids, c, p, i, i, i, i);
   o.add_positions(c, p, i, i, i, i);

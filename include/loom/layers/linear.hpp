@@ -37,8 +37,13 @@ struct ColumnParallelLinear {
   //! y (N x out) = x_full W + b, where x_full (N x in) is gathered from this rank's rows of x (or is x).
   void forward(const T* x, T* x_full, const T* w, const T* b, T* y) const {
     region.enter_forward(x, x_full);
-    region.ops.matmul(x_full, w, y, region.N, out, region.C, false, false);
-    if (b) region.ops.bias_add(y, b, y, region.N, out);
+    if (b) region.ops.matmul_bias(x_full, w, b, y, region.N, out, region.C, false, false);
+    else region.ops.matmul(x_full, w, y, region.N, out, region.C, false, false);
+  }
+  //! y (N x out) = GELU(pre), pre = x_full W + b (kept for backward): an MLP's first layer.
+  void forward_gelu(const T* x, T* x_full, const T* w, const T* b, T* pre, T* y) const {
+    region.enter_forward(x, x_full);
+    region.ops.matmul_bias_gelu(x_full, w, b, pre, y, region.N, out, region.C, false, false);
   }
   //! dx (this rank's rows) from dy (N x out), through dx_full (N x in, may be dx without sequence parallelism).
   void backward_input(const T* dy, const T* w, T* dx_full, T* dx) const {
@@ -70,14 +75,22 @@ struct RowParallelLinear {
   //! y (this rank's rows x out) = the sum over ranks of x W (partial: N x out, may be y without sequence
   //! parallelism), plus b.
   void forward(const T* x, const T* w, const T* b, T* partial, T* y) const {
+    if constexpr (Tp::size == 1) {  // no partial sums: the bias joins the product
+      if (b) region.ops.matmul_bias(x, w, b, partial, region.N, region.C, in, false, false);
+      else region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
+      region.exit_forward(partial, y);
+      return;
+    }
     region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
     region.exit_forward(partial, y);
     if (b) region.ops.bias_add(y, b, y, region.rows(), region.C);
   }
-  //! dx (N x in) from dy (this rank's rows), through dy_full (N x out, may be dy without sequence parallelism).
-  void backward_input(const T* dy, T* dy_full, const T* w, T* dx) const {
+  //! dx (N x in) from dy (this rank's rows), through dy_full (N x out, may be dy without sequence parallelism);
+  //! times GELU'(gelu_in) where the input was GELU(gelu_in) (N x in), the gradient of the GELU's input.
+  void backward_input(const T* dy, T* dy_full, const T* w, T* dx, const T* gelu_in = nullptr) const {
     region.exit_backward(dy, dy_full);
-    region.ops.matmul(dy_full, w, dx, region.N, in, region.C, false, true);
+    if (gelu_in) region.ops.matmul_dgelu(dy_full, w, gelu_in, dx, region.N, in, region.C, false, true);
+    else region.ops.matmul(dy_full, w, dx, region.N, in, region.C, false, true);
   }
   //! dW += x^T dy_full; db += the column sums of this rank's rows of dy (a partial sum with sequence parallelism).
   void backward_weight(const T* x, const T* dy_full, const T* dy, T* dw, T* db) const {

@@ -59,9 +59,13 @@ struct ParallelMlp {
   const T* input_full(const T* x, const Acts& a) const { return sp ? a.in_full.data() : x; }
 
   void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
-    fc_.forward(x, sp ? a.in_full.data() : const_cast<T*>(x), w.fc_w, w.fc_b, a.h.data());
-    if (gated_) fc_.region.ops.swiglu_forward(a.h.data(), a.g.data(), fc_.region.N, proj_.in);
-    else fc_.region.ops.gelu_forward(a.h.data(), a.g.data(), a.h.numel());
+    T* x_full = sp ? a.in_full.data() : const_cast<T*>(x);
+    if (gated_) {
+      fc_.forward(x, x_full, w.fc_w, w.fc_b, a.h.data());
+      fc_.region.ops.swiglu_forward(a.h.data(), a.g.data(), fc_.region.N, proj_.in);
+    } else {
+      fc_.forward_gelu(x, x_full, w.fc_w, w.fc_b, a.h.data(), a.g.data());  // h: the GELU's input, for backward
+    }
     proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
   }
   void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx) const {
@@ -71,8 +75,7 @@ struct ParallelMlp {
       proj_.backward_input(dy, sp ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, dg);
       fc_.region.ops.swiglu_backward(a.h.data(), dg, dh, fc_.region.N, proj_.in);
     } else {
-      proj_.backward_input(dy, sp ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, dh);
-      fc_.region.ops.gelu_backward(a.h.data(), dh, dh, a.h.numel());
+      proj_.backward_input(dy, sp ? g.dy_full.data() : const_cast<T*>(dy), w.proj_w, dh, a.h.data());
     }
     fc_.backward_input(dh, w.fc_w, sp ? g.dx_full.data() : dx, dx);
   }

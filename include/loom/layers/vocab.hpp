@@ -56,18 +56,19 @@ struct VocabParallelCrossEntropy {
   int N;
   VocabSlice slice;
   kernels::Ops<Dev> ops{};
+  std::ptrdiff_t ld = 0;  //!< elements between the logits' rows (0: slice.count)
 
   //! losses (N) and the global row_max and row_sumexp (N each) that backward needs; targets in Dev's memory.
   void forward(const T* logits, const std::int32_t* targets, T* losses, acc* row_max, acc* row_sumexp) const {
     if (N <= 0) return;
     const std::size_t n = static_cast<unsigned>(N);  // through unsigned: GCC 12 then sees no negative N in copies
     auto local_max = ops.template scratch<acc>(n), sums = ops.template scratch<acc>(2 * n);
-    ops.ce_partials(logits, local_max.data(), row_sumexp, N, slice.count);
+    ops.ce_partials(logits, local_max.data(), row_sumexp, N, slice.count, ld);
     ops.copy(local_max.data(), row_max, n);
     tp->all_reduce_acc(row_max, N, comm::Reduce::max);
     ops.template ce_rescale<T>(local_max.data(), row_max, row_sumexp, N);
     ops.copy(row_sumexp, sums.data(), n);
-    ops.ce_target_logit(logits, targets, sums.data() + N, N, slice.count, slice.first);
+    ops.ce_target_logit(logits, targets, sums.data() + N, N, slice.count, slice.first, ld);
     tp->all_reduce_acc(sums.data(), 2 * n, comm::Reduce::sum);
     ops.copy(sums.data(), row_sumexp, n);
     ops.template ce_losses<T>(row_max, row_sumexp, sums.data() + N, losses, N);
@@ -75,7 +76,7 @@ struct VocabParallelCrossEntropy {
   //! dlogits (may be logits) from dloss (N).
   void backward(const T* logits, const std::int32_t* targets, const acc* row_max, const acc* row_sumexp,
                 const T* dloss, T* dlogits) const {
-    ops.ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, N, slice.count, slice.first);
+    ops.ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, N, slice.count, slice.first, ld);
   }
 };
 

@@ -12,6 +12,8 @@
 #define LOOM_CPU_KERNELS_FOR(prefix, T)                                                                               \
   prefix template void matmul<T>(const T*, const T*, T*, int, int, int, bool, bool, float, float, int,              \
                                  std::ptrdiff_t, std::ptrdiff_t, std::ptrdiff_t);                                   \
+  prefix template void matmul_ld<T>(const T*, std::ptrdiff_t, const T*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, \
+                                    int, bool, bool, float, float);                                                 \
   prefix template void bias_add<T>(const T*, const T*, T*, int, int);                                               \
   prefix template void bias_backward<T>(const T*, T*, int, int);                                                    \
   prefix template void add<T>(const T*, const T*, T*, std::size_t);                                                 \
@@ -30,12 +32,12 @@
                                                    T*, int, int);                                                   \
   prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc_t<T>*, const acc_t<T>*, T*, T*,  \
                                                     int, int);                                                      \
-  prefix template void ce_partials<T>(const T*, acc_t<T>*, acc_t<T>*, int, int);                                    \
+  prefix template void ce_partials<T>(const T*, acc_t<T>*, acc_t<T>*, int, int, std::ptrdiff_t);                    \
   prefix template void ce_rescale<T>(const acc_t<T>*, const acc_t<T>*, acc_t<T>*, int);                            \
-  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc_t<T>*, int, int, int);                \
+  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc_t<T>*, int, int, int, std::ptrdiff_t); \
   prefix template void ce_losses<T>(const acc_t<T>*, const acc_t<T>*, const acc_t<T>*, T*, int);                    \
   prefix template void ce_backward<T>(const T*, const std::int32_t*, const acc_t<T>*, const acc_t<T>*, const T*,   \
-                                      T*, int, int, int);                                                           \
+                                      T*, int, int, int, std::ptrdiff_t);                                           \
   prefix template void cross_entropy_forward<T>(const T*, const std::int32_t*, T*, acc_t<T>*, acc_t<T>*, int, int); \
   prefix template void embedding_forward<T>(const std::int32_t*, const T*, T*, int, int, int, int);                 \
   prefix template void embedding_backward<T>(const std::int32_t*, const T*, T*, int, int, int, int);                \

@@ -27,6 +27,12 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
             float beta = 0.0f, int batch = 1, std::ptrdiff_t stride_a = 0, std::ptrdiff_t stride_b = 0,
             std::ptrdiff_t stride_c = 0);
 
+//! One product C = alpha * op(A) * op(B) + beta * C whose stored rows lie lda, ldb and ldc elements apart (at least
+//! their widths: K or M for A, N or K for B, N for C).
+template <class T>
+void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
+               int K, bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f);
+
 // --- element-wise ---------------------------------------------------------------------------------------------
 //! out[r, c] = x[r, c] + bias[c] for R rows of C columns; out may be x.
 template <class T>
@@ -94,16 +100,17 @@ void rope_rotate(T* x, const acc_t<T>* cos, const acc_t<T>* sin, int n, int ld, 
 // logits is R x V_local, holding vocabulary entries [v0, v0 + V_local) of V. Single rank: v0 = 0, V_local = V.
 // With the vocabulary sharded, the caller combines the partials across shards: max = all_reduce(max);
 // sumexp = all_reduce(sum of sumexp_local * exp(max_local - max)); target logit = all_reduce(sum).
+// The logits' rows lie ld elements apart (0: V_local, dense); a device pads them to whole cache lines.
 //! Per row: max over the slice, and sum of exp(logit - max) over the slice.
 template <class T>
-void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local);
+void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local, std::ptrdiff_t ld = 0);
 //! Rescales local partials to a new (global) max: sumexp *= exp(local_max - global_max).
 template <class T>
 void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R);
 //! Per row: the logit of targets[r] when it lies in this slice, else 0.
 template <class T>
 void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
-                     int v0);
+                     int v0, std::ptrdiff_t ld = 0);
 //! losses[r] = log(sumexp[r]) + max[r] - target_logit[r], from global partials.
 template <class T>
 void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses, int R);
@@ -111,7 +118,7 @@ void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<
 //! may write over logits (dlogits == logits).
 template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
-                 const T* dloss, T* dlogits, int R, int V_local, int v0);
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld = 0);
 //! The whole single-slice cross-entropy: losses[r] and the partials (R each) for ce_backward.
 template <class T>
 void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses, acc_t<T>* row_max,

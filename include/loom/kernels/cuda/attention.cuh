@@ -4,13 +4,16 @@
 // that every query sees (causal = false: ring attention's blocks of another rank's keys). GQA/MQA: query head h
 // reads key/value head h / (Hq / Hkv).
 //
-// Tile products go through a policy: Wmma (bf16/fp16 with D a multiple of 16: tensor cores through WMMA, 64 x 64
-// tiles, fp32 accumulation) or Simt (float, double, and the other head sizes: plain FMAs in the accumulation type).
-// Both keep accumulators in shared memory, so the softmax and the masks are written once for both.
+// bf16 and fp16 with head size 64 or 128 run the register-resident kernels of attention_mma.cuh (mma.sync, every
+// accumulator in registers). The other cases' tile products go through a policy: Wmma (bf16/fp16 with D a multiple
+// of 16: tensor cores through WMMA, 64 x 64 tiles, fp32 accumulation) or Simt (float, double, and the other head
+// sizes: plain FMAs in the accumulation type). Both keep accumulators in shared memory, so the softmax and the
+// masks are written once for both.
 // Backward is deterministic: one kernel per key tile sums dK and dV over the query tiles (and, for GQA, the query
 // heads of its group), another per query tile sums dQ over the key tiles; no atomics.
 #pragma once
 
+#include <loom/kernels/cuda/attention_mma.cuh>
 #include <loom/kernels/cuda/device.cuh>
 
 #include <mma.h>
@@ -166,34 +169,10 @@ __device__ __forceinline__ A group_sum(A x) {
   return x;
 }
 
-//! `tile` rows of D elements from global memory (rows ld apart) into shared memory (rows lds apart); rows from
-//! `valid` on are zero.
+//! `tile` rows of D elements from global memory into shared memory (load_rows).
 template <class P, class T>
 __device__ void load_tile(typename P::S* dst, int lds, const T* src, std::ptrdiff_t ld, int valid, int D) {
-  using S = typename P::S;
-  constexpr int n = P::tile;
-  if constexpr (std::is_same_v<S, T>) {
-    constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && ld % V == 0 && lds % V == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0) {
-      const int per_row = D / V;
-      for (int e = threadIdx.x; e < n * per_row; e += P::threads) {
-        const int r = e / per_row, c = (e % per_row) * V;
-        Pack<T, V> x;
-        if (r < valid) {
-          x = load_pack<V>(src + r * ld + c);
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; ++j) x.v[j] = narrow<T>(0.0f);
-        }
-        store_pack(dst + r * lds + c, x);
-      }
-      return;
-    }
-  }
-  for (int e = threadIdx.x; e < n * D; e += P::threads) {
-    const int r = e / D, c = e % D;
-    dst[r * lds + c] = r < valid ? narrow<S>(widen(src[r * ld + c])) : narrow<S>(0.0f);
-  }
+  load_rows<P>(dst, lds, src, ld, P::tile, valid, D);
 }
 
 template <class A>
@@ -473,10 +452,39 @@ void with_policy(int D, F&& f) {
   f(Simt<T>{});
 }
 
+//! Calls f(Mma<T, D>{}) and returns true where the register-resident kernels take T and s.D (bf16 or fp16, head
+//! size 64 or 128) and the device offers the shared memory of all three; false otherwise.
+template <class T, class F>
+bool with_registers(int D, F&& f) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+    const auto run = [&](auto policy) {
+      using P = decltype(policy);
+      const std::size_t most =
+          std::max({forward_mma_bytes<P>(), backward_kv_mma_bytes<P>(), backward_q_mma_bytes<P>()});
+      if (most > static_cast<std::size_t>(max_shared_per_block())) return false;
+      f(policy);
+      return true;
+    };
+    if (D == 64) return run(Mma<T, 64>{});
+    if (D == 128) return run(Mma<T, 128>{});
+  }
+  return false;
+}
+
 template <class T>
 void forward(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, const AttentionShape& s, cudaStream_t stream) {
   check_device_shape(s);
   if (s.B == 0 || s.T == 0) return;
+  const dim3 grid_of_queries((s.T + 63) / 64, s.Hq, s.B);
+  if (with_registers<T>(s.D, [&](auto policy) {
+        using P = decltype(policy);
+        const std::size_t bytes = forward_mma_bytes<P>();
+        auto kernel = forward_mma_kernel<P, T>;
+        prepare(kernel, bytes, s, "attention_forward");
+        kernel<<<grid_of_queries, P::threads, bytes, stream>>>(q, k, v, out, lse, s);
+        check_launch("attention_forward");
+      }))
+    return;
   with_policy<T, false>(s.D, [&](auto policy) {
     using P = decltype(policy);
     const std::size_t bytes = ForwardSmem<P>(s.D).bytes;
@@ -497,6 +505,21 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   CudaBuffer<acc_t<T>> delta(rows, stream);
   delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(dout, out, delta.data(), s);
   check_launch("attention_backward");
+  if (with_registers<T>(s.D, [&](auto policy) {
+        using P = decltype(policy);
+        const int tiles = (s.T + P::tile - 1) / P::tile, key_tiles = (s.keys() + P::tile - 1) / P::tile;
+        const std::size_t kv_bytes = backward_kv_mma_bytes<P>(), q_bytes = backward_q_mma_bytes<P>();
+        auto kv_kernel = backward_kv_mma_kernel<P, T>;
+        auto q_kernel = backward_q_mma_kernel<P, T>;
+        prepare(kv_kernel, kv_bytes, s, "attention_backward");
+        prepare(q_kernel, q_bytes, s, "attention_backward");
+        kv_kernel<<<dim3(key_tiles, s.Hkv, s.B), P::threads, kv_bytes, stream>>>(dout, q, k, v, lse, delta.data(),
+                                                                                   dk, dv, s);
+        check_launch("attention_backward");
+        q_kernel<<<dim3(tiles, s.Hq, s.B), P::threads, q_bytes, stream>>>(dout, q, k, v, lse, delta.data(), dq, s);
+        check_launch("attention_backward");
+      }))
+    return;
   with_policy<T, true>(s.D, [&](auto policy) {
     using P = decltype(policy);
     const int tiles = (s.T + P::tile - 1) / P::tile, key_tiles = (s.keys() + P::tile - 1) / P::tile;

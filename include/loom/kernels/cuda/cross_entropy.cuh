@@ -1,6 +1,6 @@
 // Cross-entropy over a slice [v0, v0 + V_local) of the vocabulary on the device: per-row max and sum-exp partials
-// (one block per row, cub::BlockReduce), their rescaling to a global max, the target logit, the losses and the
-// gradient of the logits. The caller combines partials across vocabulary shards as on the CPU.
+// (one block per row, one pass, cub::BlockReduce), their rescaling to a global max, the target logit, the losses
+// and the gradient of the logits. The caller combines partials across vocabulary shards as on the CPU.
 #pragma once
 
 #include <loom/kernels/cuda/layernorm.cuh>
@@ -18,34 +18,59 @@ struct MaxOp {
   }
 };
 
-//! Max and sum of exp(logit - max) over one row, shared by every thread of the block.
+//! Calls f(v, x) for v = 0 .. V - 1 of row lr, x = lr[v] widened, this thread's share of a block of Block threads:
+//! 16 bytes a load where the row starts on 16 bytes (a device pitch makes every row do), one by one otherwise.
+template <int Block, class T, class F>
+__device__ __forceinline__ void for_row(const T* lr, int V, F&& f) {
+  constexpr int W = vec_width<T>;
+  int done = 0;
+  if (reinterpret_cast<std::uintptr_t>(lr) % 16 == 0) {
+    const int packs = V / W;
+    for (int i = threadIdx.x; i < packs; i += Block) {
+      const auto x = load_pack<W>(lr + i * W);
+#pragma unroll
+      for (int j = 0; j < W; ++j) f(i * W + j, widen(x.v[j]));
+    }
+    done = packs * W;
+  }
+  for (int v = done + threadIdx.x; v < V; v += Block) f(v, widen(lr[v]));
+}
+
+//! Max and sum of exp(logit - max) over one row in one pass (each thread rescales its running sum when its max
+//! grows; the block then brings the threads' sums to the row's max), shared by every thread of the block.
 template <class T, int Block>
 __device__ void row_max_sumexp(const T* lr, int V, acc_t<T>& m_out, acc_t<T>& s_out) {
   using A = acc_t<T>;
   using Reduce = cub::BlockReduce<A, Block>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ A s_m, s_s;
-  A m = neg_inf<A>();
-  for (int v = threadIdx.x; v < V; v += Block) m = MaxOp{}(m, widen(lr[v]));
-  m = Reduce(tmp).Reduce(m, MaxOp{});
-  if (threadIdx.x == 0) s_m = m;
+  A m = neg_inf<A>(), s = 0;
+  for_row<Block>(lr, V, [&](int, A x) {
+    if (x > m) {
+      s = s * exp_(m - x) + A(1);  // 0 * exp(-inf) = 0 on the first
+      m = x;
+    } else if (x != neg_inf<A>()) {
+      s += exp_(x - m);
+    }
+  });
+  const A row_m = Reduce(tmp).Reduce(m, MaxOp{});
+  if (threadIdx.x == 0) s_m = row_m;
   __syncthreads();
-  m = s_m;
-  A s = 0;
-  for (int v = threadIdx.x; v < V; v += Block) s += exp_(widen(lr[v]) - m);
-  s = Reduce(tmp).Sum(s);
-  if (threadIdx.x == 0) s_s = s;
+  const A mm = s_m;
+  const A mine = m == neg_inf<A>() ? A(0) : s * exp_(m - mm);
+  const A sum = Reduce(tmp).Sum(mine);
+  if (threadIdx.x == 0) s_s = sum;
   __syncthreads();
-  m_out = m;
+  m_out = mm;
   s_out = s_s;
 }
 
 template <class T, int Block>
 __global__ void __launch_bounds__(Block)
-    ce_partials_kernel(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int V) {
+    ce_partials_kernel(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int V, std::ptrdiff_t ld) {
   const std::size_t row = blockIdx.x;
   acc_t<T> m, s;
-  row_max_sumexp<T, Block>(logits + row * V, V, m, s);
+  row_max_sumexp<T, Block>(logits + row * ld, V, m, s);
   if (threadIdx.x == 0) {
     row_max[row] = m;
     row_sumexp[row] = s;
@@ -79,11 +104,11 @@ __global__ void ce_rescale_kernel(const A* local_max, const A* global_max, A* su
 
 template <class T>
 __global__ void ce_target_logit_kernel(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R,
-                                       int V, int v0) {
+                                       int V, int v0, std::ptrdiff_t ld) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
   const long long t = static_cast<long long>(targets[r]) - v0;
-  target_logit[r] = (t >= 0 && t < V) ? widen(logits[std::size_t(r) * V + t]) : acc_t<T>(0);
+  target_logit[r] = (t >= 0 && t < V) ? widen(logits[std::size_t(r) * ld + t]) : acc_t<T>(0);
 }
 
 template <class T>
@@ -94,34 +119,47 @@ __global__ void ce_losses_kernel(const acc_t<T>* row_max, const acc_t<T>* row_su
   losses[r] = narrow<T>(log_(row_sumexp[r]) + row_max[r] - target_logit[r]);
 }
 
-// dlogits may be logits: each element is read, then written, by one thread.
+// dlogits may be logits: each element (or pack) is read, then written, by one thread.
 template <class T, int Block>
 __global__ void __launch_bounds__(Block)
     ce_backward_kernel(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max,
-                       const acc_t<T>* row_sumexp, const T* dloss, T* dlogits, int V, int v0) {
+                       const acc_t<T>* row_sumexp, const T* dloss, T* dlogits, int V, int v0, std::ptrdiff_t ld) {
   using A = acc_t<T>;
+  constexpr int W = vec_width<T>;
   const std::size_t row = blockIdx.x;
   const A m = row_max[row], inv = A(1) / row_sumexp[row], g = widen(dloss[row]);
   const long long t = static_cast<long long>(targets[row]) - v0;
-  const T* lr = logits + row * V;
-  T* dr = dlogits + row * V;
-  for (int v = threadIdx.x; v < V; v += Block) {
-    const A p = exp_(widen(lr[v]) - m) * inv;
-    dr[v] = narrow<T>(g * (p - (v == t ? A(1) : A(0))));
+  const T* lr = logits + row * ld;
+  T* dr = dlogits + row * ld;
+  const auto grad = [&](int v, A x) { return narrow<T>(g * (exp_(x - m) * inv - (v == t ? A(1) : A(0)))); };
+  int done = 0;
+  if (reinterpret_cast<std::uintptr_t>(lr) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dr) % 16 == 0) {
+    const int packs = V / W;
+    for (int i = threadIdx.x; i < packs; i += Block) {
+      auto x = load_pack<W>(lr + i * W);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x.v[j] = grad(i * W + j, widen(x.v[j]));
+      store_pack(dr + i * W, x);
+    }
+    done = packs * W;
   }
+  for (int v = done + threadIdx.x; v < V; v += Block) dr[v] = grad(v, widen(lr[v]));
 }
 
 inline unsigned blocks_for(int n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace detail
 
+// The logits' rows lie ld elements apart (0: V_local, dense); rows that start on 16 bytes are read 16 bytes at a time.
+
 //! Per row: max over the slice, and sum of exp(logit - max) over the slice.
 template <Floating T>
-void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local, cudaStream_t stream) {
+void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local, std::ptrdiff_t ld,
+                 cudaStream_t stream) {
   if (R <= 0) return;
   detail::with_row_block(V_local, [&](auto block) {
     detail::ce_partials_kernel<device_t<T>, block()>
-        <<<R, block(), 0, stream>>>(detail::dev(logits), row_max, row_sumexp, V_local);
+        <<<R, block(), 0, stream>>>(detail::dev(logits), row_max, row_sumexp, V_local, ld ? ld : V_local);
   });
   detail::check_launch("ce_partials");
 }
@@ -137,10 +175,10 @@ void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>*
 //! Per row: the logit of targets[r] when it lies in this slice, else 0.
 template <Floating T>
 void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local, int v0,
-                     cudaStream_t stream) {
+                     std::ptrdiff_t ld, cudaStream_t stream) {
   if (R <= 0) return;
-  detail::ce_target_logit_kernel<<<detail::blocks_for(R, 256), 256, 0, stream>>>(detail::dev(logits), targets,
-                                                                                 target_logit, R, V_local, v0);
+  detail::ce_target_logit_kernel<<<detail::blocks_for(R, 256), 256, 0, stream>>>(
+      detail::dev(logits), targets, target_logit, R, V_local, v0, ld ? ld : V_local);
   detail::check_launch("ce_target_logit");
 }
 
@@ -158,11 +196,12 @@ void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<
 //! dlogits may be logits.
 template <Floating T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
-                 const T* dloss, T* dlogits, int R, int V_local, int v0, cudaStream_t stream) {
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld, cudaStream_t stream) {
   if (R <= 0) return;
   detail::with_row_block(V_local, [&](auto block) {
-    detail::ce_backward_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
-        detail::dev(logits), targets, row_max, row_sumexp, detail::dev(dloss), detail::dev(dlogits), V_local, v0);
+    detail::ce_backward_kernel<device_t<T>, block()>
+        <<<R, block(), 0, stream>>>(detail::dev(logits), targets, row_max, row_sumexp, detail::dev(dloss),
+                                    detail::dev(dlogits), V_local, v0, ld ? ld : V_local);
   });
   detail::check_launch("ce_backward");
 }

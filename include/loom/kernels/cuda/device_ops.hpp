@@ -35,14 +35,55 @@ struct Ops<Cuda> {
     return Scratch<U>(n, stream);
   }
 
+  //! The profile's span of a product, named by its shape and what its epilogue adds (`what`).
+  cuda::ProfileScope product_span(int M, int N, int K, bool trans_a, bool trans_b, const char* what) const {
+    const auto name = [&] {
+      return loom::detail::cat("matmul ", M, "x", N, "x", K, trans_a ? " At" : "", trans_b ? " Bt" : "", what);
+    };
+    return cuda::ProfileScope(stream, name, 2.0 * M * N * K);
+  }
+
   template <class T>
   void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f,
               float beta = 0.0f) const {
-    const auto name = [&] {
-      return loom::detail::cat("matmul ", M, "x", N, "x", K, trans_a ? " At" : "", trans_b ? " Bt" : "");
-    };
-    const cuda::ProfileScope span(stream, name, 2.0 * M * N * K);
+    const auto span = product_span(M, N, K, trans_a, trans_b, "");
     cuda::entry::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream);
+  }
+  //! C = op(A) op(B) + bias (N values, added to every row), one product: the bias in cuBLASLt's epilogue.
+  template <class T>
+  void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a,
+                   bool trans_b) const {
+    const auto span = product_span(M, N, K, trans_a, trans_b, " +bias");
+    cuda::entry::matmul_bias(A, B, bias, C, M, N, K, trans_a, trans_b, stream);
+  }
+  //! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre): one product, the GELU in cuBLASLt's epilogue.
+  template <class T>
+  void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                        bool trans_b) const {
+    const auto span = product_span(M, N, K, trans_a, trans_b, " +gelu");
+    cuda::entry::matmul_bias_gelu(A, B, bias, pre, C, M, N, K, trans_a, trans_b, stream);
+  }
+  //! C = (op(A) op(B)) GELU'(pre): one product, the derivative in cuBLASLt's epilogue.
+  template <class T>
+  void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a,
+                    bool trans_b) const {
+    const auto span = product_span(M, N, K, trans_a, trans_b, " *dgelu");
+    cuda::entry::matmul_dgelu(A, B, pre, C, M, N, K, trans_a, trans_b, stream);
+  }
+  //! One product whose stored rows lie lda, ldb and ldc elements apart.
+  template <class T>
+  void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M,
+                 int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f) const {
+    const auto span = product_span(M, N, K, trans_a, trans_b, "");
+    cuda::entry::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
+  }
+  //! The row stride, in elements, of a wide matrix of `cols` columns of T that products and the loss read (the
+  //! logits): whole 128-byte lines, which the tensor cores' fast products and 16-byte loads need (GPT-2's 50257
+  //! columns of bf16 become 50304).
+  template <class T>
+  static constexpr std::ptrdiff_t row_pitch(std::ptrdiff_t cols) {
+    constexpr std::ptrdiff_t line = 128 / static_cast<std::ptrdiff_t>(sizeof(T));
+    return (cols + line - 1) / line * line;
   }
   template <class T>
   void bias_add(const T* x, const T* bias, T* out, int R, int C) const {
@@ -129,9 +170,10 @@ struct Ops<Cuda> {
   }
 
   template <class T>
-  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) const {
+  void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local,
+                   std::ptrdiff_t ld = 0) const {
     const cuda::ProfileScope span("ce_partials", stream);
-    cuda::entry::ce_partials(logits, row_max, row_sumexp, R, V_local, stream);
+    cuda::entry::ce_partials(logits, row_max, row_sumexp, R, V_local, ld, stream);
   }
   template <class T>
   void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>* sumexp, int R) const {
@@ -140,9 +182,9 @@ struct Ops<Cuda> {
   }
   template <class T>
   void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
-                       int v0) const {
+                       int v0, std::ptrdiff_t ld = 0) const {
     const cuda::ProfileScope span("ce_target_logit", stream);
-    cuda::entry::ce_target_logit(logits, targets, target_logit, R, V_local, v0, stream);
+    cuda::entry::ce_target_logit(logits, targets, target_logit, R, V_local, v0, ld, stream);
   }
   template <class T>
   void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<T>* target_logit, T* losses,
@@ -152,9 +194,9 @@ struct Ops<Cuda> {
   }
   template <class T>
   void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
-                   const T* dloss, T* dlogits, int R, int V_local, int v0) const {
+                   const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld = 0) const {
     const cuda::ProfileScope span("ce_backward", stream);
-    cuda::entry::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, stream);
+    cuda::entry::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld, stream);
   }
 
   template <class T>

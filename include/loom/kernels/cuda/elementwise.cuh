@@ -26,8 +26,10 @@ __global__ void __launch_bounds__(colsum_cols* colsum_lanes)
   A acc[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) acc[k] = A(0);
-  if (c < C)
-    for (int r = r0 + ty; r < r1; r += colsum_lanes) op.add(r, c, acc);
+  if (c < C) {
+#pragma unroll 4
+    for (int r = r0 + ty; r < r1; r += colsum_lanes) op.add(r, c, acc);  // four rows' loads in flight
+  }
 #pragma unroll
   for (int k = 0; k < K; ++k) sh[k][ty][tx] = acc[k];
   __syncthreads();
@@ -68,8 +70,10 @@ void column_sums(const Op& op, int R, int C, cudaStream_t stream, const char* na
   using A = typename Op::acc;
   if (R <= 0 || C <= 0) return;
   const int col_blocks = (C + colsum_cols - 1) / colsum_cols;
-  const int max_chunks = std::max(1, (R + 63) / 64);  // at least 64 rows per chunk
-  int chunks = std::clamp((2 * multiprocessors() + col_blocks - 1) / col_blocks, 1, max_chunks);
+  // Eight blocks (64 warps of loads) per multiprocessor where the rows allow it, at least 32 rows per chunk: the
+  // sums are bound by memory, and a narrow matrix (a bias of 768 columns) has few column blocks to spread.
+  const int max_chunks = std::max(1, (R + 31) / 32);
+  int chunks = std::clamp((8 * multiprocessors() + col_blocks - 1) / col_blocks, 1, max_chunks);
   chunks = std::min(chunks, 65535);
   const int rows_per_chunk = (R + chunks - 1) / chunks;
   chunks = (R + rows_per_chunk - 1) / rows_per_chunk;

@@ -247,6 +247,26 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
   cuda::matmul(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream);
 }
 template <class T>
+void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                 cudaStream_t stream) {
+  cuda::matmul_bias(A, B, bias, C, M, N, K, trans_a, trans_b, stream);
+}
+template <class T>
+void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                      bool trans_b, cudaStream_t stream) {
+  cuda::matmul_bias_gelu(A, B, bias, pre, C, M, N, K, trans_a, trans_b, stream);
+}
+template <class T>
+void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                  cudaStream_t stream) {
+  cuda::matmul_dgelu(A, B, pre, C, M, N, K, trans_a, trans_b, stream);
+}
+template <class T>
+void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
+               int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
+  cuda::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
+}
+template <class T>
 void bias_add(const T* x, const T* bias, T* out, int R, int C, cudaStream_t stream) {
   cuda::bias_add(x, bias, out, R, C, stream);
 }
@@ -313,8 +333,9 @@ void layernorm_backward_weight(const T* dout, const T* x, const acc<T>* mean, co
   cuda::layernorm_backward_weight(dout, x, mean, rstd, dw, db, R, C, stream);
 }
 template <class T>
-void ce_partials(const T* logits, acc<T>* row_max, acc<T>* row_sumexp, int R, int V_local, cudaStream_t stream) {
-  cuda::ce_partials(logits, row_max, row_sumexp, R, V_local, stream);
+void ce_partials(const T* logits, acc<T>* row_max, acc<T>* row_sumexp, int R, int V_local, std::ptrdiff_t ld,
+                 cudaStream_t stream) {
+  cuda::ce_partials(logits, row_max, row_sumexp, R, V_local, ld, stream);
 }
 template <class T>
 void ce_rescale(const acc<T>* local_max, const acc<T>* global_max, acc<T>* sumexp, int R, cudaStream_t stream) {
@@ -322,8 +343,8 @@ void ce_rescale(const acc<T>* local_max, const acc<T>* global_max, acc<T>* sumex
 }
 template <class T>
 void ce_target_logit(const T* logits, const std::int32_t* targets, acc<T>* target_logit, int R, int V_local, int v0,
-                     cudaStream_t stream) {
-  cuda::ce_target_logit(logits, targets, target_logit, R, V_local, v0, stream);
+                     std::ptrdiff_t ld, cudaStream_t stream) {
+  cuda::ce_target_logit(logits, targets, target_logit, R, V_local, v0, ld, stream);
 }
 template <class T>
 void ce_losses(const acc<T>* row_max, const acc<T>* row_sumexp, const acc<T>* target_logit, T* losses, int R,
@@ -332,8 +353,8 @@ void ce_losses(const acc<T>* row_max, const acc<T>* row_sumexp, const acc<T>* ta
 }
 template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc<T>* row_max, const acc<T>* row_sumexp,
-                 const T* dloss, T* dlogits, int R, int V_local, int v0, cudaStream_t stream) {
-  cuda::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, stream);
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld, cudaStream_t stream) {
+  cuda::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld, stream);
 }
 template <class T>
 void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local,

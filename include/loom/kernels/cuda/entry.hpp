@@ -24,6 +24,18 @@ template <class T>
 void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta,
             cudaStream_t stream);
 template <class T>
+void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                 cudaStream_t stream);
+template <class T>
+void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                      bool trans_b, cudaStream_t stream);
+template <class T>
+void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                  cudaStream_t stream);
+template <class T>
+void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
+               int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream);
+template <class T>
 void bias_add(const T* x, const T* bias, T* out, int R, int C, cudaStream_t stream);
 template <class T>
 void bias_backward(const T* dout, T* dbias, int R, int C, cudaStream_t stream);
@@ -60,18 +72,19 @@ template <class T>
 void layernorm_backward_weight(const T* dout, const T* x, const acc<T>* mean, const acc<T>* rstd, T* dw, T* db,
                                int R, int C, cudaStream_t stream);
 template <class T>
-void ce_partials(const T* logits, acc<T>* row_max, acc<T>* row_sumexp, int R, int V_local, cudaStream_t stream);
+void ce_partials(const T* logits, acc<T>* row_max, acc<T>* row_sumexp, int R, int V_local, std::ptrdiff_t ld,
+                 cudaStream_t stream);
 template <class T>
 void ce_rescale(const acc<T>* local_max, const acc<T>* global_max, acc<T>* sumexp, int R, cudaStream_t stream);
 template <class T>
 void ce_target_logit(const T* logits, const std::int32_t* targets, acc<T>* target_logit, int R, int V_local, int v0,
-                     cudaStream_t stream);
+                     std::ptrdiff_t ld, cudaStream_t stream);
 template <class T>
 void ce_losses(const acc<T>* row_max, const acc<T>* row_sumexp, const acc<T>* target_logit, T* losses, int R,
                cudaStream_t stream);
 template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc<T>* row_max, const acc<T>* row_sumexp,
-                 const T* dloss, T* dlogits, int R, int V_local, int v0, cudaStream_t stream);
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld, cudaStream_t stream);
 template <class T>
 void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local,
                        cudaStream_t stream);
@@ -154,6 +167,12 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
 // (prefix: extern, or nothing for the definitions in src/cuda_kernels_*.cu).
 #define LOOM_CUDA_KERNELS_FOR(prefix, T)                                                                              \
   prefix template void matmul<T>(const T*, const T*, T*, int, int, int, bool, bool, float, float, cudaStream_t);      \
+  prefix template void matmul_bias<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);     \
+  prefix template void matmul_bias_gelu<T>(const T*, const T*, const T*, T*, T*, int, int, int, bool, bool,           \
+                                           cudaStream_t);                                                             \
+  prefix template void matmul_dgelu<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);    \
+  prefix template void matmul_ld<T>(const T*, std::ptrdiff_t, const T*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, \
+                                    int, bool, bool, float, float, cudaStream_t);                                     \
   prefix template void bias_add<T>(const T*, const T*, T*, int, int, cudaStream_t);                                   \
   prefix template void bias_backward<T>(const T*, T*, int, int, cudaStream_t);                                        \
   prefix template void add<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                                     \
@@ -174,12 +193,13 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
                                                    T*, int, int, cudaStream_t);                                       \
   prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc<T>*, const acc<T>*, T*, T*,         \
                                                     int, int, cudaStream_t);                                          \
-  prefix template void ce_partials<T>(const T*, acc<T>*, acc<T>*, int, int, cudaStream_t);                            \
+  prefix template void ce_partials<T>(const T*, acc<T>*, acc<T>*, int, int, std::ptrdiff_t, cudaStream_t);            \
   prefix template void ce_rescale<T>(const acc<T>*, const acc<T>*, acc<T>*, int, cudaStream_t);                       \
-  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc<T>*, int, int, int, cudaStream_t);       \
+  prefix template void ce_target_logit<T>(const T*, const std::int32_t*, acc<T>*, int, int, int, std::ptrdiff_t,      \
+                                          cudaStream_t);                                                              \
   prefix template void ce_losses<T>(const acc<T>*, const acc<T>*, const acc<T>*, T*, int, cudaStream_t);              \
   prefix template void ce_backward<T>(const T*, const std::int32_t*, const acc<T>*, const acc<T>*, const T*,          \
-                                      T*, int, int, int, cudaStream_t);                                               \
+                                      T*, int, int, int, std::ptrdiff_t, cudaStream_t);                               \
   prefix template void embedding_forward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);     \
   prefix template void embedding_backward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);    \
   prefix template void add_positions<T>(const T*, T*, int, int, int, int, cudaStream_t);                              \

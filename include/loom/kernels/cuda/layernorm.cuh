@@ -1,4 +1,5 @@
-// Layer norm on the device: one block per row reduces with cub::BlockReduce; the weight gradients are column sums.
+// Layer norm on the device: one warp per row held in registers where the row is at most 1024 aligned columns, else
+// one block per row reducing with cub::BlockReduce; the weight gradients are column sums.
 #pragma once
 
 #include <loom/kernels/cuda/elementwise.cuh>
@@ -77,6 +78,108 @@ __global__ void __launch_bounds__(Block)
   }
 }
 
+// Rows of up to warp_row_max columns whose packs of 16 bytes line up (the widths of GPT-2 and the like): one warp a
+// row, the row kept in registers and read from memory once, the sums reduced with shuffles; no block barriers.
+inline constexpr int warp_row_max = 1024;
+inline constexpr int warp_rows_per_block = 4;
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+//! Whether rows of C columns at these addresses take the one-warp kernels.
+template <class T>
+bool warp_rows(int C, std::initializer_list<const void*> ptrs) {
+  return C <= warp_row_max && C % vec_width<T> == 0 && vec_ok(ptrs);
+}
+
+template <class T>
+__global__ void __launch_bounds__(32 * warp_rows_per_block)
+    layernorm_forward_warp_kernel(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R,
+                                  int C, double eps) {
+  using A = acc_t<T>;
+  constexpr int V = vec_width<T>, P = warp_row_max / (32 * V);  // packs a lane holds at most
+  const int row = blockIdx.x * warp_rows_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= R) return;  // whole warps leave together
+  const int packs = C / V;
+  const T* xr = x + std::size_t(row) * C;
+  A v[P][V];
+  A sum = 0;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int p = i * 32 + lane;
+    if (p >= packs) break;
+    const auto xp = load_pack<V>(xr + p * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) sum += v[i][j] = widen(xp.v[j]);
+  }
+  const A m = warp_sum(sum) / A(C);
+  A var = 0;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    if (i * 32 + lane >= packs) break;
+#pragma unroll
+    for (int j = 0; j < V; ++j) var += (v[i][j] - m) * (v[i][j] - m);
+  }
+  const A rs = A(1) / sqrt_(warp_sum(var) / A(C) + A(eps));
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+  T* yr = out + std::size_t(row) * C;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int p = i * 32 + lane;
+    if (p >= packs) break;
+    const auto wp = load_pack<V>(w + p * V), bp = load_pack<V>(b + p * V);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) y.v[j] = narrow<T>((v[i][j] - m) * rs * widen(wp.v[j]) + widen(bp.v[j]));
+    store_pack(yr + p * V, y);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(32 * warp_rows_per_block)
+    layernorm_backward_input_warp_kernel(const T* dout, const T* x, const T* w, const acc_t<T>* mean,
+                                         const acc_t<T>* rstd, T* dx, int R, int C) {
+  using A = acc_t<T>;
+  constexpr int V = vec_width<T>, P = warp_row_max / (32 * V);
+  const int row = blockIdx.x * warp_rows_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= R) return;
+  const int packs = C / V;
+  const std::size_t at = std::size_t(row) * C;
+  const A m = mean[row], rs = rstd[row];
+  A gw[P][V], xh[P][V];  // dout * w and the normalised input
+  A sum_g = 0, sum_gx = 0;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int p = i * 32 + lane;
+    if (p >= packs) break;
+    const auto gp = load_pack<V>(dout + at + p * V), xp = load_pack<V>(x + at + p * V), wp = load_pack<V>(w + p * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      gw[i][j] = widen(gp.v[j]) * widen(wp.v[j]);
+      xh[i][j] = (widen(xp.v[j]) - m) * rs;
+      sum_g += gw[i][j];
+      sum_gx += gw[i][j] * xh[i][j];
+    }
+  }
+  const A mean_g = warp_sum(sum_g) / A(C), mean_gx = warp_sum(sum_gx) / A(C);
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int p = i * 32 + lane;
+    if (p >= packs) break;
+    Pack<T, V> d;
+#pragma unroll
+    for (int j = 0; j < V; ++j) d.v[j] = narrow<T>(rs * (gw[i][j] - mean_g - xh[i][j] * mean_gx));
+    store_pack(dx + at + p * V, d);
+  }
+}
+
 template <class T>
 struct LayernormWeight {
   using acc = acc_t<T>;
@@ -115,10 +218,17 @@ template <Floating T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
                        double eps, cudaStream_t stream) {
   if (R <= 0) return;
-  detail::with_row_block(C, [&](auto block) {
-    detail::layernorm_forward_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
-        detail::dev(x), detail::dev(w), detail::dev(b), detail::dev(out), mean, rstd, C, eps);
-  });
+  using D = device_t<T>;
+  if (detail::warp_rows<D>(C, {x, w, b, out})) {
+    detail::layernorm_forward_warp_kernel<D>
+        <<<(R + detail::warp_rows_per_block - 1) / detail::warp_rows_per_block, 32 * detail::warp_rows_per_block, 0,
+           stream>>>(detail::dev(x), detail::dev(w), detail::dev(b), detail::dev(out), mean, rstd, R, C, eps);
+  } else {
+    detail::with_row_block(C, [&](auto block) {
+      detail::layernorm_forward_kernel<D, block()><<<R, block(), 0, stream>>>(
+          detail::dev(x), detail::dev(w), detail::dev(b), detail::dev(out), mean, rstd, C, eps);
+    });
+  }
   detail::check_launch("layernorm_forward");
 }
 //! With the CPU's default eps = 1e-5.
@@ -133,10 +243,17 @@ template <Floating T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
                               T* dx, int R, int C, cudaStream_t stream) {
   if (R <= 0) return;
-  detail::with_row_block(C, [&](auto block) {
-    detail::layernorm_backward_input_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
-        detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), C);
-  });
+  using D = device_t<T>;
+  if (detail::warp_rows<D>(C, {dout, x, w, dx})) {
+    detail::layernorm_backward_input_warp_kernel<D>
+        <<<(R + detail::warp_rows_per_block - 1) / detail::warp_rows_per_block, 32 * detail::warp_rows_per_block, 0,
+           stream>>>(detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), R, C);
+  } else {
+    detail::with_row_block(C, [&](auto block) {
+      detail::layernorm_backward_input_kernel<D, block()><<<R, block(), 0, stream>>>(
+          detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), C);
+    });
+  }
   detail::check_launch("layernorm_backward_input");
 }
 

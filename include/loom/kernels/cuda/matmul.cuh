@@ -47,6 +47,20 @@ struct BlasTypes<__half> {
 //! The most workspace a product may use (what cuBLAS recommends for Hopper).
 inline constexpr std::size_t gemm_workspace_limit = std::size_t{32} << 20;
 
+//! What cuBLASLt does to a product as it stores it (GemmKey::epilogue): nothing, add a bias to every row, the same
+//! and then GELU (tanh form) keeping its input (forward of an MLP's first layer, with or without the bias), or
+//! multiply by the GELU's derivative at a kept input (backward).
+enum class Epilogue { plain, bias, gelu_bias, gelu, dgelu };
+inline cublasLtEpilogue_t epilogue_of(Epilogue e) {
+  switch (e) {
+    case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::gelu: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
 //! Everything the algorithm choice depends on.
 struct GemmKey {
   cudaDataType_t type;
@@ -55,6 +69,7 @@ struct GemmKey {
   std::int64_t stride_a, stride_b, stride_c;
   int align_a, align_b, align_c;
   std::int64_t ld_a = 0, ld_b = 0, ld_c = 0;  //!< row strides of the row-major operands; 0: dense
+  Epilogue epilogue = Epilogue::plain;        //!< what cuBLASLt does to the product as it stores it
   bool operator==(const GemmKey&) const = default;
 };
 struct GemmKeyHash {
@@ -74,6 +89,7 @@ struct GemmKeyHash {
     mix(k.ld_a);
     mix(k.ld_b);
     mix(k.ld_c);
+    mix(static_cast<int>(k.epilogue));
     return h;
   }
 };
@@ -133,6 +149,15 @@ class BlasContext {
     const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (k.epilogue != Epilogue::plain) {  // a bias: one value per row of the column-major C^T, per column of our C
+      const cublasLtEpilogue_t epilogue = epilogue_of(k.epilogue);
+      LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      if (k.epilogue != Epilogue::bias) {  // the GELU's input, stored (forward) or read (backward) laid out as C
+        const std::int64_t aux_ld = k.N;
+        LOOM_CUBLAS(
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+      }
+    }
     // Column-major views of the row-major operands: B (K x N, or N x K when trans_b), A (M x K, or K x M), C (M x N).
     const std::uint64_t M = k.M, N = k.N, K = k.K;
     LOOM_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, BT::data, k.trans_b ? K : N, k.trans_b ? N : K,
@@ -252,18 +277,18 @@ inline std::atomic<long>& padded_products() {
   return n;
 }
 
-//! Runs the product on padded copies of its operands whose row strides are not multiples of 16 bytes, when that
-//! pays (pad_min_flops, pad_min_intensity); returns whether it did.
+//! Runs the product on padded copies of its operands whose row strides (lda, ldb, ldc) are not multiples of 16
+//! bytes, when that pays (pad_min_flops, pad_min_intensity); returns whether it did.
 template <class T>
-bool padded_product(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, bool trans_b, float alpha,
-                    float beta, cudaStream_t stream) {
+bool padded_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C, std::int64_t ldc, int M, int N,
+                    int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
   constexpr std::int64_t unit = 128 / sizeof(T);  // padded rows: whole 128-byte lines
   struct Operand {
     std::int64_t rows, ld;
     bool pad() const { return ld * std::int64_t(sizeof(T)) % 16 != 0; }
     std::int64_t padded() const { return (ld + unit - 1) / unit * unit; }
   };
-  const Operand a{trans_a ? K : M, trans_a ? M : K}, b{trans_b ? N : K, trans_b ? K : N}, c{M, N};
+  const Operand a{trans_a ? K : M, lda}, b{trans_b ? N : K, ldb}, c{M, ldc};
   if (!a.pad() && !b.pad() && !c.pad()) return false;
   const double flops = 2.0 * M * N * K;
   double moved = 0;  // each copy reads and writes the operand; C is copied back, and in first where beta is not 0
@@ -277,13 +302,14 @@ bool padded_product(const T* A, const T* B, T* C, int M, int N, int K, bool tran
   CudaBuffer<T> pa(a.pad() ? std::size_t(a.rows * a.padded()) : 0, stream);
   CudaBuffer<T> pb(b.pad() ? std::size_t(b.rows * b.padded()) : 0, stream);
   CudaBuffer<T> pc(c.pad() ? std::size_t(c.rows * c.padded()) : 0, stream);
-  if (a.pad()) copy(A, a.ld, pa.data(), a.padded(), a.rows, a.ld);
-  if (b.pad()) copy(B, b.ld, pb.data(), b.padded(), b.rows, b.ld);
-  if (c.pad() && beta != 0) copy(C, c.ld, pc.data(), c.padded(), c.rows, c.ld);
+  const std::int64_t width_a = trans_a ? M : K, width_b = trans_b ? K : N;
+  if (a.pad()) copy(A, a.ld, pa.data(), a.padded(), a.rows, width_a);
+  if (b.pad()) copy(B, b.ld, pb.data(), b.padded(), b.rows, width_b);
+  if (c.pad() && beta != 0) copy(C, c.ld, pc.data(), c.padded(), c.rows, N);
   strided_product(a.pad() ? pa.data() : A, a.pad() ? a.padded() : a.ld, b.pad() ? pb.data() : B,
                   b.pad() ? b.padded() : b.ld, c.pad() ? pc.data() : C, c.pad() ? c.padded() : c.ld, M, N, K,
                   trans_a, trans_b, alpha, beta, stream);
-  if (c.pad()) copy(pc.data(), c.padded(), C, c.ld, c.rows, c.ld);
+  if (c.pad()) copy(pc.data(), c.padded(), C, c.ld, c.rows, N);
   ++padded_products();
   return true;
 }
@@ -304,7 +330,9 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
     return;
   }
   if (batch == 1) stride_a = stride_b = stride_c = 0;
-  if (batch == 1 && padded_product(A, B, C, M, N, K, trans_a, trans_b, alpha, beta, stream)) return;
+  if (batch == 1 && padded_product(A, trans_a ? M : K, B, trans_b ? K : N, C, N, M, N, K, trans_a, trans_b, alpha,
+                                   beta, stream))
+    return;
   const GemmKey key{BT::data,
                     M,
                     N,
@@ -321,6 +349,109 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
   run_product(key, A, B, C, alpha, beta, stream);
 }
 
+//! How many products this process ran with a bias or a GELU in cuBLASLt's epilogue (what the tests check).
+inline std::atomic<long>& fused_epilogues() {
+  static std::atomic<long> n{0};
+  return n;
+}
+
+//! C = op(A) op(B) through cuBLASLt's epilogue e (bias: N values; aux: the GELU's input, M x N), dense operands;
+//! returns false, having done nothing, where the type, the rows' alignment or the heuristic rule it out. The GELU
+//! epilogues take 16-bit types only (cuBLASLt's GELU is not float's accuracy).
+template <class T>
+bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux, T* C, int M, int N, int K,
+                      bool trans_a, bool trans_b, cudaStream_t stream) {
+  using BT = BlasTypes<T>;
+  const auto rows16 = [](std::int64_t ld) { return ld * std::int64_t(sizeof(T)) % 16 == 0; };
+  const bool gelu = e != Epilogue::bias;
+  if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K == 0 || !rows16(trans_a ? M : K) ||
+      !rows16(trans_b ? K : N) || !rows16(N) || (bias && !aligned(bias, 16)) || (aux && !aligned(aux, 16)))
+    return false;
+  GemmKey key{BT::data, M, N, K, 1, trans_a, trans_b, 0, 0, 0, alignment_of(A, 0, 1), alignment_of(B, 0, 1),
+              alignment_of(C, 0, 1)};
+  key.epilogue = e;
+  BlasContext& ctx = blas_context();
+  const GemmPlan& plan = ctx.plan<T>(key);
+  if (!plan.found) return false;
+  using Scalar = typename BT::Scalar;
+  const Scalar one = 1, zero = 0;
+  if (bias) LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux) LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                      sizeof(aux)));
+  CudaBuffer<unsigned char> workspace(plan.workspace, stream);
+  LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &one, B, plan.a, A, plan.b, &zero, C, plan.c, C, plan.c, &plan.algo,
+                             workspace.data(), plan.workspace, stream));
+  ++fused_epilogues();
+  return true;
+}
+
+template <class T>
+void check_sizes(int M, int N, int K) {
+  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
+}
+
+//! C = op(A) op(B) + bias on every row.
+template <class T>
+void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                 cudaStream_t stream) {
+  check_sizes<T>(M, N, K);
+  if (M == 0 || N == 0) return;
+  if (epilogue_product<T>(Epilogue::bias, A, B, bias, nullptr, C, M, N, K, trans_a, trans_b, stream)) return;
+  matmul(A, B, C, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+  bias_add(C, bias, C, M, N, stream);
+}
+
+//! pre = op(A) op(B) (+ bias on every row, where bias is given), C = GELU(pre).
+template <class T>
+void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                      bool trans_b, cudaStream_t stream) {
+  check_sizes<T>(M, N, K);
+  if (M == 0 || N == 0) return;
+  if (epilogue_product<T>(bias ? Epilogue::gelu_bias : Epilogue::gelu, A, B, bias, pre, C, M, N, K, trans_a,
+                          trans_b, stream))
+    return;
+  if (bias) matmul_bias(A, B, bias, pre, M, N, K, trans_a, trans_b, stream);
+  else matmul(A, B, pre, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+  gelu_forward(pre, C, std::size_t(M) * N, stream);
+}
+
+//! C = (op(A) op(B)) GELU'(pre), element by element.
+template <class T>
+void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                  cudaStream_t stream) {
+  check_sizes<T>(M, N, K);
+  if (M == 0 || N == 0) return;
+  if (epilogue_product<T>(Epilogue::dgelu, A, B, nullptr, const_cast<T*>(pre), C, M, N, K, trans_a, trans_b,
+                          stream))
+    return;
+  matmul(A, B, C, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+  gelu_backward(pre, C, C, std::size_t(M) * N, stream);
+}
+
+template <class T>
+void matmul_ld(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C, std::int64_t ldc, int M, int N, int K,
+               bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
+  const std::int64_t width_a = trans_a ? M : K, width_b = trans_b ? K : N;
+  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
+  LOOM_CHECK(lda >= std::max<std::int64_t>(width_a, 1) && ldb >= std::max<std::int64_t>(width_b, 1) &&
+                 ldc >= std::max(N, 1),
+             "matmul: a row stride shorter than its row (lda=", lda, " for ", width_a, " columns, ldb=", ldb, " for ",
+             width_b, ", ldc=", ldc, " for ", N, ")");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // C = beta C, row by row
+    if (beta == 0) {
+      LOOM_CUDA(cudaMemset2DAsync(C, std::size_t(ldc) * sizeof(T), 0, std::size_t(N) * sizeof(T), std::size_t(M),
+                                  stream));
+    } else {
+      for (int r = 0; r < M; ++r)
+        launch_map(Scale<T>{C + r * ldc, acc_t<T>(beta)}, std::size_t(N), false, stream, "matmul");
+    }
+    return;
+  }
+  if (padded_product(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream)) return;
+  strided_product(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
+}
+
 }  // namespace detail
 
 //! C = alpha * op(A) * op(B) + beta * C, for `batch` independent products; op(A) is M x K (A stored M x K, or K x M
@@ -332,6 +463,40 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
             cudaStream_t stream) {
   detail::matmul(detail::dev(A), detail::dev(B), detail::dev(C), M, N, K, trans_a, trans_b, alpha, beta, batch,
                  stride_a, stride_b, stride_c, stream);
+}
+//! One product C = alpha op(A) op(B) + beta C whose stored rows lie lda, ldb and ldc elements apart (at least
+//! their widths); strides of 16-byte multiples take the tensor cores' fast kernels (row_pitch), others go through
+//! padded copies where that pays.
+template <Floating T>
+void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
+               int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
+  detail::matmul_ld(detail::dev(A), lda, detail::dev(B), ldb, detail::dev(C), ldc, M, N, K, trans_a, trans_b, alpha,
+                    beta, stream);
+}
+// Products that do more as they store C, in cuBLASLt's epilogue where it has one for the type and the shape
+// (detail::fused_epilogues counts them), else in a second pass.
+
+//! C = op(A) op(B) + bias, the bias (N values) added to every row: one product.
+template <Floating T>
+void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                 cudaStream_t stream) {
+  detail::matmul_bias(detail::dev(A), detail::dev(B), detail::dev(bias), detail::dev(C), M, N, K, trans_a, trans_b,
+                      stream);
+}
+//! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre), tanh form: an MLP's first layer, keeping the GELU's
+//! input for backward. The epilogue computes GELU from pre before pre is rounded to T (bf16 and fp16 only).
+template <Floating T>
+void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
+                      bool trans_b, cudaStream_t stream) {
+  detail::matmul_bias_gelu(detail::dev(A), detail::dev(B), detail::dev(bias), detail::dev(pre), detail::dev(C), M, N,
+                           K, trans_a, trans_b, stream);
+}
+//! C = (op(A) op(B)) GELU'(pre), element by element: the gradient of an MLP's hidden layer from its output's.
+template <Floating T>
+void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a, bool trans_b,
+                  cudaStream_t stream) {
+  detail::matmul_dgelu(detail::dev(A), detail::dev(B), detail::dev(pre), detail::dev(C), M, N, K, trans_a, trans_b,
+                       stream);
 }
 //! C = op(A) op(B), one product.
 template <Floating T>

@@ -103,7 +103,7 @@ struct GptActivations {
         st.lnf_mean = AccBuf({rows});
         st.lnf_rstd = AccBuf({rows});
         if (Tp::sequence_parallel) st.lnf_full = Buf({N, d});
-        st.logits = Buf({N, s.vocab_rows});
+        st.logits = Buf({N, kernels::Ops<Dev>::template row_pitch<T>(s.vocab_rows)});  // GptHead::pitch
         st.losses = Buf({N});
         st.row_max = AccBuf({N});
         st.row_sumexp = AccBuf({N});

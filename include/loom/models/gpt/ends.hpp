@@ -56,7 +56,12 @@ template <class T, class Dev, class Tp>
 class GptHead {
  public:
   GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, layers::Norm<T, Dev> norm)
-      : region_(region), ce_{region.tp, region.N, slice, region.ops}, slice_(slice), norm_(norm) {}
+      : region_(region), ce_{region.tp, region.N, slice, region.ops, pitch(slice)}, slice_(slice), norm_(norm) {}
+
+  //! Elements between the rows of the logits of this rank's vocabulary slice (a device pads them to whole lines).
+  static std::ptrdiff_t pitch(layers::VocabSlice slice) {
+    return kernels::Ops<Dev>::template row_pitch<T>(slice.count);
+  }
 
   //! The mean loss of the micro-batch in st, keeping what backward needs there (lnf_b: null for RMSNorm).
   double forward(GptSlot<T, Dev, Tp>& st, const T* wte, const T* lnf_w, const T* lnf_b) const {
@@ -66,7 +71,7 @@ class GptHead {
                   d);
     T* lnf_full = full_or(st.lnf_full, st.lnf.data());
     region_.enter_forward(st.lnf.data(), lnf_full);
-    ops.matmul(lnf_full, wte, st.logits.data(), N, slice_.count, d, false, true);
+    ops.matmul_ld(lnf_full, d, wte, d, st.logits.data(), ce_.ld, N, slice_.count, d, false, true);
     ce_.forward(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
     return ops.sum(st.losses.data(), std::size_t(N)) / N;
   }
@@ -81,7 +86,7 @@ class GptHead {
     T* logits = st.logits.data();
     ce_.backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss, logits);
     T* dfull = region_.sequence_parallel ? dlnf_full : dlnf;
-    ops.matmul(logits, wte, dfull, N, d, slice_.count, false, false);
+    ops.matmul_ld(logits, ce_.ld, wte, d, dfull, d, N, d, slice_.count, false, false);
     region_.enter_backward(dfull, dlnf);
     norm_.backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx, region_.rows(), d);
   }
@@ -89,8 +94,8 @@ class GptHead {
   void backward_weight(const GptSlot<T, Dev, Tp>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
-    ops.matmul(st.logits.data(), full_or(st.lnf_full, st.lnf.data()), dwte, slice_.count, d, N, true, false, 1.0f,
-               1.0f);
+    ops.matmul_ld(st.logits.data(), ce_.ld, full_or(st.lnf_full, st.lnf.data()), d, dwte, d, slice_.count, d, N, true,
+                  false, 1.0f, 1.0f);
     norm_.backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
                           region_.rows(), d);
   }

@@ -203,9 +203,14 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
   }
 
   //! The logits of the micro-batch in `slot`, in the part with the loss: all N = B x T rows (this rank's tokens) of
-  //! this rank's vocabulary slice, in Dev's memory; valid from its forward until its backward, which turns them into
-  //! their gradient.
+  //! this rank's vocabulary slice, logits_pitch() elements apart, in Dev's memory; valid from its forward until its
+  //! backward, which turns them into their gradient.
   const T* logits(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).logits.data(); }
+  //! Elements between the rows of logits(): the slice's width on the host, whole 128-byte lines on a device.
+  std::ptrdiff_t logits_pitch() const {
+    const auto& shape = acts_.slots.at(0).logits.shape();
+    return shape.size() == 2 ? static_cast<std::ptrdiff_t>(shape[1]) : 0;  // 0: a part without the loss
+  }
   //! This part's output of the micro-batch in `slot` (this rank's rows x d_model, in Dev's memory).
   const T* output(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).out.data(); }
   //! The gradient of this part's input from the backward (or backward_inputs) of the micro-batch in `slot` (this

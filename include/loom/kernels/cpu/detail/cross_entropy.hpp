@@ -10,10 +10,11 @@
 namespace loom::kernels::cpu {
 
 template <class T>
-void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local) {
+void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R, int V_local, std::ptrdiff_t ld) {
   detail::check_type<T>();
   using A = acc_t<T>;
   const std::size_t n = std::size_t(V_local);
+  if (ld == 0) ld = V_local;
   std::vector<A> buf;
   for (int r = 0; r < R; ++r) {
     if (n == 0) {  // an empty slice: the neutral partials
@@ -21,7 +22,7 @@ void ce_partials(const T* logits, acc_t<T>* row_max, acc_t<T>* row_sumexp, int R
       row_sumexp[r] = A(0);
       continue;
     }
-    const auto L = detail::arr(detail::load(logits + std::ptrdiff_t(r) * V_local, n, buf), n);
+    const auto L = detail::arr(detail::load(logits + std::ptrdiff_t(r) * ld, n, buf), n);
     const A mx = L.maxCoeff();
     row_max[r] = mx;
     row_sumexp[r] = (L - mx).exp().sum();
@@ -37,11 +38,12 @@ void ce_rescale(const acc_t<T>* local_max, const acc_t<T>* global_max, acc_t<T>*
 
 template <class T>
 void ce_target_logit(const T* logits, const std::int32_t* targets, acc_t<T>* target_logit, int R, int V_local,
-                     int v0) {
+                     int v0, std::ptrdiff_t ld) {
   detail::check_type<T>();
+  if (ld == 0) ld = V_local;
   for (int r = 0; r < R; ++r) {
     const std::int64_t v = std::int64_t(targets[r]) - v0;
-    target_logit[r] = (v >= 0 && v < V_local) ? static_cast<acc_t<T>>(logits[std::ptrdiff_t(r) * V_local + v])
+    target_logit[r] = (v >= 0 && v < V_local) ? static_cast<acc_t<T>>(logits[std::ptrdiff_t(r) * ld + v])
                                                : acc_t<T>(0);
   }
 }
@@ -54,13 +56,14 @@ void ce_losses(const acc_t<T>* row_max, const acc_t<T>* row_sumexp, const acc_t<
 
 template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
-                 const T* dloss, T* dlogits, int R, int V_local, int v0) {
+                 const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld) {
   detail::check_type<T>();
   using A = acc_t<T>;
   const std::size_t n = std::size_t(V_local);
+  if (ld == 0) ld = V_local;
   std::vector<A> lbuf, obuf;
   for (int r = 0; r < R; ++r) {
-    const std::ptrdiff_t o = std::ptrdiff_t(r) * V_local;
+    const std::ptrdiff_t o = std::ptrdiff_t(r) * ld;
     const A dl = static_cast<A>(dloss[r]);
     const auto L = detail::arr(detail::load(logits + o, n, lbuf), n);
     A* d = detail::result(dlogits + o, n, obuf);
@@ -76,8 +79,8 @@ void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* loss
                            acc_t<T>* row_sumexp, int R, int V) {
   detail::check_type<T>();
   std::vector<acc_t<T>> target(std::size_t(std::max(R, 0)));
-  ce_partials(logits, row_max, row_sumexp, R, V);
-  ce_target_logit(logits, targets, target.data(), R, V, 0);
+  ce_partials(logits, row_max, row_sumexp, R, V, 0);
+  ce_target_logit(logits, targets, target.data(), R, V, 0, 0);
   ce_losses<T>(row_max, row_sumexp, target.data(), losses, R);
 }
 

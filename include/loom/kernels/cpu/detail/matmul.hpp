@@ -26,19 +26,28 @@ void gemm_eval(const Lhs& a, const Rhs& b, Dst&& c, A alpha, A beta) {
   else run(a, b);
 }
 
+//! Row strides of the stored operands and of C, in elements.
+struct Strides {
+  std::ptrdiff_t a, b, c;
+};
+template <bool TA, bool TB>
+Strides dense(int M, int N, int K) {
+  return {TA ? M : K, TB ? K : N, N};
+}
+
 template <bool TA, bool TB, class T>
-void gemm_direct(const T* A, const T* B, T* C, int M, int N, int K, T alpha, T beta) {
-  const auto a = mat(A, TA ? K : M, TA ? M : K, TA ? M : K);
-  const auto b = mat(B, TB ? N : K, TB ? K : N, TB ? K : N);
-  gemm_eval<TA, TB>(a, b, mat(C, M, N, N), alpha, beta);
+void gemm_direct(const T* A, const T* B, T* C, int M, int N, int K, T alpha, T beta, Strides ld) {
+  const auto a = mat(A, TA ? K : M, TA ? M : K, ld.a);
+  const auto b = mat(B, TB ? N : K, TB ? K : N, ld.b);
+  gemm_eval<TA, TB>(a, b, mat(C, M, N, ld.c), alpha, beta);
 }
 
 //! bf16/fp16: C is computed in float blocks of MB x NB over K blocks of KB; the operand blocks are converted once
 //! per C block, which costs little beside the block's 2 MB NB K flops.
 template <bool TA, bool TB, class T>
-void gemm_blocked(const T* A, const T* B, T* C, int M, int N, int K, float alpha, float beta) {
+void gemm_blocked(const T* A, const T* B, T* C, int M, int N, int K, float alpha, float beta, Strides ld) {
   constexpr int MB = 256, NB = 256, KB = 256;
-  const int lda = TA ? M : K, ldb = TB ? K : N;
+  const std::ptrdiff_t lda = ld.a, ldb = ld.b;
   std::vector<float> abuf(std::size_t(std::min(M, MB)) * std::min(K, KB));
   std::vector<float> bbuf(std::size_t(std::min(K, KB)) * std::min(N, NB));
   std::vector<float> cbuf(std::size_t(std::min(M, MB)) * std::min(N, NB));
@@ -61,7 +70,7 @@ void gemm_blocked(const T* A, const T* B, T* C, int M, int N, int K, float alpha
                 .template cast<float>();
         gemm_eval<TA, TB>(a, b, c, 1.0f, k0 == 0 ? 0.0f : 1.0f);
       }
-      auto out = mat(C + std::ptrdiff_t(m0) * N + n0, mb, nb, N);
+      auto out = mat(C + std::ptrdiff_t(m0) * ld.c + n0, mb, nb, ld.c);
       if (beta == 0.0f) out = (alpha * c).template cast<T>();
       else out = (alpha * c + beta * out.template cast<float>()).template cast<T>();
     }
@@ -69,15 +78,16 @@ void gemm_blocked(const T* A, const T* B, T* C, int M, int N, int K, float alpha
 }
 
 template <bool TA, bool TB, class T>
-void gemm_one(const T* A, const T* B, T* C, int M, int N, int K, float alpha, float beta) {
-  if constexpr (is_low_precision_v<T>) gemm_blocked<TA, TB>(A, B, C, M, N, K, alpha, beta);
-  else gemm_direct<TA, TB>(A, B, C, M, N, K, T(alpha), T(beta));
+void gemm_one(const T* A, const T* B, T* C, int M, int N, int K, float alpha, float beta, Strides ld) {
+  if constexpr (is_low_precision_v<T>) gemm_blocked<TA, TB>(A, B, C, M, N, K, alpha, beta, ld);
+  else gemm_direct<TA, TB>(A, B, C, M, N, K, T(alpha), T(beta), ld);
 }
 
 template <bool TA, bool TB, class T>
 void gemm_batched(const T* A, const T* B, T* C, int M, int N, int K, float alpha, float beta, int batch,
                   std::ptrdiff_t sa, std::ptrdiff_t sb, std::ptrdiff_t sc) {
-  for (int i = 0; i < batch; ++i) gemm_one<TA, TB>(A + i * sa, B + i * sb, C + i * sc, M, N, K, alpha, beta);
+  for (int i = 0; i < batch; ++i)
+    gemm_one<TA, TB>(A + i * sa, B + i * sb, C + i * sc, M, N, K, alpha, beta, dense<TA, TB>(M, N, K));
 }
 
 }  // namespace loom::kernels::cpu::detail
@@ -94,6 +104,19 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
   else if (trans_a) gemm_batched<true, false>(A, B, C, M, N, K, alpha, beta, batch, stride_a, stride_b, stride_c);
   else if (trans_b) gemm_batched<false, true>(A, B, C, M, N, K, alpha, beta, batch, stride_a, stride_b, stride_c);
   else gemm_batched<false, false>(A, B, C, M, N, K, alpha, beta, batch, stride_a, stride_b, stride_c);
+}
+
+template <class T>
+void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
+               int K, bool trans_a, bool trans_b, float alpha, float beta) {
+  detail::check_type<T>();
+  if (M <= 0 || N <= 0) return;
+  using detail::gemm_one;
+  const detail::Strides ld{lda, ldb, ldc};
+  if (trans_a && trans_b) gemm_one<true, true>(A, B, C, M, N, K, alpha, beta, ld);
+  else if (trans_a) gemm_one<true, false>(A, B, C, M, N, K, alpha, beta, ld);
+  else if (trans_b) gemm_one<false, true>(A, B, C, M, N, K, alpha, beta, ld);
+  else gemm_one<false, false>(A, B, C, M, N, K, alpha, beta, ld);
 }
 
 }  // namespace loom::kernels::cpu
