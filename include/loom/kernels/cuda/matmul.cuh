@@ -149,14 +149,26 @@ class BlasContext {
     const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (k.epilogue != Epilogue::plain) {  // a bias: one value per row of the column-major C^T, per column of our C
+    if (k.epilogue != Epilogue::plain) {
+      // A bias is one value per row of the column-major C^T, per column of our C; the GELU's input is stored
+      // (forward) or read (backward) laid out as C. The heuristic reads the pointers' alignment from their values:
+      // stand-ins on 16 bytes, all that epilogue_product checks. Whatever the library refuses leaves the plan
+      // without an algorithm, and the caller runs the epilogue as a pass of its own.
       const cublasLtEpilogue_t epilogue = epilogue_of(k.epilogue);
-      LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-      if (k.epilogue != Epilogue::bias) {  // the GELU's input, stored (forward) or read (backward) laid out as C
-        const std::int64_t aux_ld = k.N;
-        LOOM_CUBLAS(
-            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-      }
+      const void* stand_in = reinterpret_cast<const void*>(std::uintptr_t{16});
+      const std::int64_t aux_ld = k.N;
+      const bool gelu = k.epilogue != Epilogue::bias;
+      const bool with_bias = k.epilogue == Epilogue::bias || k.epilogue == Epilogue::gelu_bias;
+      cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                         sizeof(epilogue));
+      if (st == CUBLAS_STATUS_SUCCESS && with_bias)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in));
+      if (st == CUBLAS_STATUS_SUCCESS && gelu)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
+      if (st == CUBLAS_STATUS_SUCCESS && gelu)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &stand_in,
+                                            sizeof(stand_in));
+      if (st != CUBLAS_STATUS_SUCCESS) return p;
     }
     // Column-major views of the row-major operands: B (K x N, or N x K when trans_b), A (M x K, or K x M), C (M x N).
     const std::uint64_t M = k.M, N = k.N, K = k.K;
@@ -196,8 +208,9 @@ class BlasContext {
       return cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
     }();
     cublasLtMatmulPreferenceDestroy(pref);
-    // No algorithm for this combination (e.g. an unusual stride) is not an error: the fallback runs it.
-    if (rc != CUBLAS_STATUS_NOT_SUPPORTED) LOOM_CUBLAS(rc);
+    // No algorithm for this combination (e.g. an unusual stride, an epilogue the library lacks) is not an error:
+    // the fallback runs it.
+    if (rc != CUBLAS_STATUS_NOT_SUPPORTED && k.epilogue == Epilogue::plain) LOOM_CUBLAS(rc);
     if (rc == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       p->algo = result.algo;
       p->workspace = result.workspaceSize;
@@ -375,9 +388,10 @@ bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux,
   if (!plan.found) return false;
   using Scalar = typename BT::Scalar;
   const Scalar one = 1, zero = 0;
-  if (bias) LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  if (aux) LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
-                                                      sizeof(aux)));
+  if (bias)
+    LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux)
+    LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   CudaBuffer<unsigned char> workspace(plan.workspace, stream);
   LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &one, B, plan.a, A, plan.b, &zero, C, plan.c, C, plan.c, &plan.algo,
                              workspace.data(), plan.workspace, stream));
@@ -433,11 +447,10 @@ void matmul_ld(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C,
                bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
   const std::int64_t width_a = trans_a ? M : K, width_b = trans_b ? K : N;
   LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
-  LOOM_CHECK(lda >= std::max<std::int64_t>(width_a, 1) && ldb >= std::max<std::int64_t>(width_b, 1) &&
-                 ldc >= std::max(N, 1),
+  if (M == 0 || N == 0) return;
+  LOOM_CHECK(lda >= std::max<std::int64_t>(width_a, 1) && ldb >= std::max<std::int64_t>(width_b, 1) && ldc >= N,
              "matmul: a row stride shorter than its row (lda=", lda, " for ", width_a, " columns, ldb=", ldb, " for ",
              width_b, ", ldc=", ldc, " for ", N, ")");
-  if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta C, row by row
     if (beta == 0) {
       LOOM_CUDA(cudaMemset2DAsync(C, std::size_t(ldc) * sizeof(T), 0, std::size_t(N) * sizeof(T), std::size_t(M),
