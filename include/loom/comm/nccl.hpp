@@ -2,7 +2,9 @@
 // are device memory (std::span<T> over it), or host memory, which an operation stages through device memory on its
 // stream (a trainer's scalars: a loss, a norm, a flag). Every operation is bounded by the timeout: on expiry the
 // communicator is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and
-// rank. NCCL and CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with mpirun, one rank per GPU.
+// rank. Communicators are non-blocking, so that their set-up and the connections a first operation makes are bounded
+// by the timeout too. NCCL and CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with
+// mpirun, one rank per GPU.
 #pragma once
 
 #if !defined(LOOM_HAS_CUDA) || !defined(LOOM_HAS_MPI)
@@ -54,6 +56,11 @@ inline void nccl_check(ncclResult_t rc, std::string_view call) {
   if (rc == ncclSuccess) return;
   throw BackendError(loom::detail::cat("loom: ", call_name(call), " failed: ", nccl_text(rc)));
 }
+//! As nccl_check, for a call on a non-blocking communicator: ncclInProgress means it goes on in the background
+//! (NcclComm::settle waits for it).
+inline void nccl_issue(ncclResult_t rc, std::string_view call) {
+  if (rc != ncclInProgress) nccl_check(rc, call);
+}
 
 }  // namespace detail
 
@@ -66,6 +73,7 @@ inline void nccl_check(ncclResult_t rc, std::string_view call) {
 #ifndef LOOM_NCCL
 #define LOOM_NCCL(call) ::loom::comm::detail::nccl_check((call), #call)
 #endif
+#define LOOM_NCCL_ISSUE(call) ::loom::comm::detail::nccl_issue((call), #call)
 
 namespace loom::comm {
 
@@ -172,12 +180,16 @@ class NcclComm : public Frontend<NcclComm> {
       LOOM_CUDA(cudaMalloc(&scratch_, sizeof(std::int32_t)));
       LOOM_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(std::int32_t), stream_));
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 1;
+      // Non-blocking: set-up and the connections a first operation makes go on in the background, which settle()
+      // bounds by the timeout (a blocking communicator would wait for a missing member without end).
+      config.blocking = 0;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
       const std::string name = info_.describe();
       config.commName = name.c_str();  // names the group in NCCL's own logs
 #endif
-      LOOM_NCCL(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+      LOOM_NCCL_ISSUE(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+      settle(loom::detail::cat("loom: setting up the NCCL communicator of group ", info_.describe()),
+             Clock::now() + timeout_);
       LOOM_CUDA(cudaStreamSynchronize(stream_));
     } catch (...) {
       release(true);
@@ -214,15 +226,24 @@ class NcclComm : public Frontend<NcclComm> {
                                     global_rank(), ": the NCCL communicator was aborted by an earlier failure"));
     LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
     const std::uint64_t seq = ++seq_;
+    const auto t0 = Clock::now();
     try {
       staged = stage(op);
       enqueue(op);
+    } catch (...) {
+      abort_comm();
+      throw;
+    }
+    // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
+    // two ranks connects them in the background).
+    settle(what_of(op, seq), t0 + timeout_);
+    try {
       LOOM_CUDA(cudaEventRecord(done_, stream_));
     } catch (...) {
       abort_comm();
       throw;
     }
-    wait(op, seq);
+    wait(op, seq, t0);
     staged.back();  // once the operation is done: a copy to pageable memory blocks the thread
   }
 
@@ -246,29 +267,29 @@ class NcclComm : public Frontend<NcclComm> {
     }
     switch (op.kind) {
       case Collective::barrier:
-        LOOM_NCCL(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+        LOOM_NCCL_ISSUE(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
         return;
       case Collective::all_reduce:
-        if (c) LOOM_NCCL(ncclAllReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
+        if (c) LOOM_NCCL_ISSUE(ncclAllReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
         return;
       case Collective::reduce_scatter:
-        if (c) LOOM_NCCL(ncclReduceScatter(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
+        if (c) LOOM_NCCL_ISSUE(ncclReduceScatter(op.send, op.recv, c, t, detail::nccl_op(op.reduce), comm_, stream_));
         return;
       case Collective::all_gather:
-        if (c) LOOM_NCCL(ncclAllGather(op.send, op.recv, c, t, comm_, stream_));
+        if (c) LOOM_NCCL_ISSUE(ncclAllGather(op.send, op.recv, c, t, comm_, stream_));
         return;
       case Collective::broadcast:
-        if (c) LOOM_NCCL(ncclBroadcast(op.recv, op.recv, c, t, op.root, comm_, stream_));
+        if (c) LOOM_NCCL_ISSUE(ncclBroadcast(op.recv, op.recv, c, t, op.root, comm_, stream_));
         return;
       case Collective::reduce:
-        if (c) LOOM_NCCL(ncclReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), op.root, comm_, stream_));
+        if (c) LOOM_NCCL_ISSUE(ncclReduce(op.send, op.recv, c, t, detail::nccl_op(op.reduce), op.root, comm_, stream_));
         return;
       case Collective::all_to_all:
         if (c)
           grouped([&] {
             for (int q = 0; q < size_; ++q) {
-              LOOM_NCCL(ncclSend(at(op.send, q * c * es), c, t, q, comm_, stream_));
-              LOOM_NCCL(ncclRecv(at_mut(op.recv, q * c * es), c, t, q, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclSend(at(op.send, q * c * es), c, t, q, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclRecv(at_mut(op.recv, q * c * es), c, t, q, comm_, stream_));
             }
           });
         return;
@@ -277,9 +298,9 @@ class NcclComm : public Frontend<NcclComm> {
         grouped([&] {
           for (int q = 0; q < size_; ++q) {
             if (op.send_counts[q])
-              LOOM_NCCL(ncclSend(at(op.send, op.send_displs[q] * es), op.send_counts[q], t, q, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclSend(at(op.send, op.send_displs[q] * es), op.send_counts[q], t, q, comm_, stream_));
             if (op.recv_counts[q])
-              LOOM_NCCL(ncclRecv(at_mut(op.recv, op.recv_displs[q] * es), op.recv_counts[q], t, q, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclRecv(at_mut(op.recv, op.recv_displs[q] * es), op.recv_counts[q], t, q, comm_, stream_));
           }
         });
         return;
@@ -288,9 +309,9 @@ class NcclComm : public Frontend<NcclComm> {
           for (const auto& p : op.p2p) {
             if (!p.count) continue;
             if (p.kind == P2P::Kind::send)
-              LOOM_NCCL(ncclSend(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclSend(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
             else
-              LOOM_NCCL(ncclRecv(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
+              LOOM_NCCL_ISSUE(ncclRecv(p.data, p.count, detail::nccl_type(p.dtype), p.peer, comm_, stream_));
           }
         });
         return;
@@ -395,12 +416,38 @@ class NcclComm : public Frontend<NcclComm> {
       ncclGroupEnd();
       throw;
     }
-    LOOM_NCCL(ncclGroupEnd());
+    LOOM_NCCL_ISSUE(ncclGroupEnd());
   }
 
-  //! Polls the operation's event and the communicator's asynchronous error until it completes or times out.
-  void wait(const Op& op, std::uint64_t seq) {
+  //! Waits until what the non-blocking communicator does in the background (its set-up, an operation's enqueueing)
+  //! is done; an error, or the deadline passing, aborts the communicator and throws, naming `what`.
+  void settle(const std::string& what, Clock::time_point deadline) {
     const auto t0 = Clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc == ncclSuccess && state == ncclSuccess) return;
+      if (rc != ncclSuccess || state != ncclInProgress) {
+        const std::string text = detail::nccl_text(rc != ncclSuccess ? rc : state);
+        abort_comm();
+        throw BackendError(loom::detail::cat(what, " failed on global rank ", global_rank(), ": ", text));
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        abort_comm();
+        throw TimeoutError(loom::detail::cat(what, " did not finish within ", describe_timeout(timeout_),
+                                             " on global rank ", global_rank(),
+                                             ": a member of the group is missing or stuck; the NCCL communicator was "
+                                             "aborted"));
+      }
+      if (now - t0 < std::chrono::milliseconds(2)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  //! Polls the operation's event and the communicator's asynchronous error until it completes or the timeout from
+  //! t0 passes.
+  void wait(const Op& op, std::uint64_t seq, Clock::time_point t0) {
     const auto deadline = t0 + timeout_;
     for (;;) {
       const cudaError_t q = cudaEventQuery(done_);
@@ -442,11 +489,26 @@ class NcclComm : public Frontend<NcclComm> {
     comm_ = nullptr;
   }
 
+  //! Finalises the communicator (what it still does in the background, done), within the timeout; false where that
+  //! failed or took longer, and the communicator is then aborted rather than destroyed.
+  bool finalize() noexcept {
+    const ncclResult_t rc = ncclCommFinalize(comm_);
+    if (rc != ncclSuccess && rc != ncclInProgress) return false;
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return false;
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress || Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   void release(bool aborting) noexcept {
     cudaSetDevice(device_);
     if (comm_) {
-      if (aborting) ncclCommAbort(comm_);
-      else ncclCommDestroy(comm_);
+      if (!aborting && finalize()) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
       comm_ = nullptr;
     }
     if (scratch_) cudaFree(scratch_);
