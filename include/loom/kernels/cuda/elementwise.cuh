@@ -183,10 +183,11 @@ struct GeluBackward {
   }
 };
 
-//! SwiGLU on rows [gate | up] of 2F: out = silu(gate) up.
+//! SwiGLU on rows [gate | up] of 2F: out = silu(gate) up; N elements at a time where F is a multiple of N (a pack
+//! never crosses a row).
 template <class T>
 struct SwigluForward {
-  static constexpr int width = 1;
+  static constexpr int width = vec_width<T>;
   const T* h;
   T* out;
   int F;
@@ -194,13 +195,19 @@ struct SwigluForward {
   __device__ void apply(std::size_t i) const {
     using A = acc_t<T>;
     const std::size_t r = i / F, c = i % F;
-    const A g = widen(h[r * 2 * F + c]), u = widen(h[r * 2 * F + F + c]);
-    out[i] = narrow<T>(g / (A(1) + exp_(-g)) * u);
+    const auto g = load_pack<N>(h + r * 2 * F + c), u = load_pack<N>(h + r * 2 * F + F + c);
+    Pack<T, N> y;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const A x = widen(g.v[j]);
+      y.v[j] = narrow<T>(x / (A(1) + exp_(-x)) * widen(u.v[j]));
+    }
+    store_pack(out + i, y);
   }
 };
 template <class T>
 struct SwigluBackward {
-  static constexpr int width = 1;
+  static constexpr int width = vec_width<T>;
   const T* h;
   const T* dout;
   T* dh;
@@ -209,10 +216,18 @@ struct SwigluBackward {
   __device__ void apply(std::size_t i) const {
     using A = acc_t<T>;
     const std::size_t r = i / F, c = i % F;
-    const A g = widen(h[r * 2 * F + c]), u = widen(h[r * 2 * F + F + c]), dy = widen(dout[i]);
-    const A s = A(1) / (A(1) + exp_(-g));
-    dh[r * 2 * F + c] = narrow<T>(dy * u * s * (A(1) + g * (A(1) - s)));
-    dh[r * 2 * F + F + c] = narrow<T>(dy * g * s);
+    const auto g = load_pack<N>(h + r * 2 * F + c), u = load_pack<N>(h + r * 2 * F + F + c);
+    const auto dy = load_pack<N>(dout + i);
+    Pack<T, N> dg, du;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const A x = widen(g.v[j]), up = widen(u.v[j]), d = widen(dy.v[j]);
+      const A sig = A(1) / (A(1) + exp_(-x));
+      dg.v[j] = narrow<T>(d * up * sig * (A(1) + x * (A(1) - sig)));
+      du.v[j] = narrow<T>(d * x * sig);
+    }
+    store_pack(dh + r * 2 * F + c, dg);
+    store_pack(dh + r * 2 * F + F + c, du);
   }
 };
 //! x *= s over n elements (a product with K = 0 is beta * C).
@@ -283,14 +298,18 @@ void gelu_backward(const T* x, const T* dout, T* dx, std::size_t n, cudaStream_t
 //! out[r, c] = silu(h[r, c]) h[r, F + c] for R rows of [gate | up] (2F columns), as kernels::cpu::swiglu_forward.
 template <Floating T>
 void swiglu_forward(const T* h, T* out, int R, int F, cudaStream_t stream) {
-  detail::launch_map(detail::SwigluForward<device_t<T>>{detail::dev(h), detail::dev(out), F}, std::size_t(R) * F,
-                     false, stream, "swiglu_forward");
+  using D = device_t<T>;
+  const bool vec = F % detail::vec_width<D> == 0 && detail::vec_ok({h, out});
+  detail::launch_map(detail::SwigluForward<D>{detail::dev(h), detail::dev(out), F}, std::size_t(R) * F, vec, stream,
+                     "swiglu_forward");
 }
 //! dh (R x 2F, written) from dout (R x F).
 template <Floating T>
 void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F, cudaStream_t stream) {
-  detail::launch_map(detail::SwigluBackward<device_t<T>>{detail::dev(h), detail::dev(dout), detail::dev(dh), F},
-                     std::size_t(R) * F, false, stream, "swiglu_backward");
+  using D = device_t<T>;
+  const bool vec = F % detail::vec_width<D> == 0 && detail::vec_ok({h, dout, dh});
+  detail::launch_map(detail::SwigluBackward<D>{detail::dev(h), detail::dev(dout), detail::dev(dh), F},
+                     std::size_t(R) * F, vec, stream, "swiglu_backward");
 }
 
 }  // namespace loom::kernels::cuda
