@@ -288,13 +288,14 @@ template <class P, class T>
 struct KeyWalk {
   const T* k;
   const T* v;
-  const AttentionShape& s;
+  std::ptrdiff_t ldkv;
   std::size_t row0;  //!< the element of (b, key 0, head hk)
   int keys, tiles;
   TilePairs<P, T> kv;
 
   __device__ KeyWalk(T* base, const T* k_, const T* v_, const AttentionShape& s_, int b, int hk, int q0)
-      : k(k_), v(v_), s(s_), row0(std::size_t(b) * (s_.Tk < 0 ? s_.T : s_.Tk) * s_.ldkv + std::size_t(hk) * P::head),
+      : k(k_), v(v_), ldkv(s_.ldkv),
+        row0(std::size_t(b) * (s_.Tk < 0 ? s_.T : s_.Tk) * s_.ldkv + std::size_t(hk) * P::head),
         keys(s_.Tk < 0 ? s_.T : s_.Tk),
         tiles(s_.causal ? (min(s_.T, q0 + P::tile) - 1) / P::tile + 1 : (keys + P::tile - 1) / P::tile),
         kv{base, P::tile,
@@ -303,8 +304,8 @@ struct KeyWalk {
   //! Makes key tile kb ready (TilePairs::advance) and returns its K and V in shared memory.
   __device__ void advance(int kb, const T*& Ks, const T*& Vs) const {
     const int copy = kv.advance(kb, tiles, [&](int i, int to) {
-      const std::size_t at = row0 + std::size_t(i) * P::tile * s.ldkv;
-      kv.fetch(to, k + at, s.ldkv, v + at, s.ldkv, min(P::tile, keys - i * P::tile));
+      const std::size_t at = row0 + std::size_t(i) * P::tile * ldkv;
+      kv.fetch(to, k + at, ldkv, v + at, ldkv, min(P::tile, keys - i * P::tile));
     });
     Ks = kv.first(copy);
     Vs = kv.second(copy);
