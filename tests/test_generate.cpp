@@ -59,9 +59,11 @@ std::vector<std::vector<double>> full_forward(const models::GptShape& s) {
   text.insert(text.end(), further.begin(), further.end());
   const std::vector<std::int32_t> targets(text.size(), 0);
   m.forward(text.data(), targets.data(), 1, static_cast<int>(text.size()));
+  const std::size_t pitch = static_cast<std::size_t>(m.logits_pitch());
+  REQUIRE(pitch == std::size_t(s.vocab));  // the host keeps the logits' rows dense
   std::vector<std::vector<double>> out;
   for (std::size_t t = prompt.size() - 1; t < text.size(); ++t)
-    out.emplace_back(m.logits(0) + t * std::size_t(s.vocab), m.logits(0) + (t + 1) * std::size_t(s.vocab));
+    out.emplace_back(m.logits(0) + t * pitch, m.logits(0) + t * pitch + std::size_t(s.vocab));
   return out;
 }
 

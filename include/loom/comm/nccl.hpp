@@ -230,14 +230,9 @@ class NcclComm : public Frontend<NcclComm> {
     try {
       staged = stage(op);
       enqueue(op);
-    } catch (...) {
-      abort_comm();
-      throw;
-    }
-    // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
-    // two ranks connects them in the background).
-    settle(what_of(op, seq), t0 + timeout_);
-    try {
+      // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
+      // two ranks connects them in the background).
+      settle(what_of(op, seq), t0 + timeout_);
       LOOM_CUDA(cudaEventRecord(done_, stream_));
     } catch (...) {
       abort_comm();

@@ -156,18 +156,6 @@ __device__ __forceinline__ X* at(unsigned char* base, std::size_t offset) {
   return reinterpret_cast<X*>(base + offset);
 }
 
-template <int G, class A>
-__device__ __forceinline__ A group_max(A x) {
-#pragma unroll
-  for (int o = G / 2; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-template <int G, class A>
-__device__ __forceinline__ A group_sum(A x) {
-#pragma unroll
-  for (int o = G / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 //! `tile` rows of D elements from global memory into shared memory (load_rows).
 template <class P, class T>

@@ -21,13 +21,19 @@ namespace loom::kernels::cuda::detail::attn {
 
 //! `rows` rows of D elements from global memory (rows ld apart) into shared memory (rows lds apart), 16 bytes at a
 //! time where both sides allow it; rows from `valid` on are zero. Both families of attention kernels load through it.
+//! Whether rows of T, ld elements apart from src on, each start on 16 bytes.
+template <class T>
+__host__ __device__ bool rows_on_16_bytes(const T* src, std::ptrdiff_t ld) {
+  return reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && ld % (16 / std::ptrdiff_t(sizeof(T))) == 0;
+}
+
 template <class P, class T>
 __device__ void load_rows(typename P::S* dst, int lds, const T* src, std::ptrdiff_t ld, int rows, int valid, int D) {
   using S = typename P::S;
   const int n = rows;
   if constexpr (std::is_same_v<S, T>) {
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && ld % V == 0 && lds % V == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0) {
+    if (D % V == 0 && lds % V == 0 && rows_on_16_bytes(src, ld)) {
       const int per_row = D / V;
       for (int e = threadIdx.x; e < n * per_row; e += P::threads) {
         const int r = e / per_row, c = (e % per_row) * V;
@@ -185,14 +191,6 @@ __device__ __forceinline__ void zero(float (&c)[N][4]) {
   for (int j = 0; j < N; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 constexpr float log2e = 1.4426950408889634f;
 constexpr float ln2 = 0.6931471805599453f;
@@ -239,9 +237,6 @@ struct TilePairs {
   int rows;
   bool async;  //!< the global rows allow 16-byte copies (uniform over the block)
 
-  static __host__ __device__ bool copyable(const T* src, std::ptrdiff_t ld) {
-    return reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && ld % (16 / std::ptrdiff_t(sizeof(T))) == 0;
-  }
   __device__ T* first(int copy) const { return base + std::ptrdiff_t(copy) * 2 * rows * P::ld; }
   __device__ T* second(int copy) const { return first(copy) + std::ptrdiff_t(rows) * P::ld; }
 
@@ -299,7 +294,7 @@ struct KeyWalk {
         keys(s_.Tk < 0 ? s_.T : s_.Tk),
         tiles(s_.causal ? (min(s_.T, q0 + P::tile) - 1) / P::tile + 1 : (keys + P::tile - 1) / P::tile),
         kv{base, P::tile,
-           TilePairs<P, T>::copyable(k_ + row0, s_.ldkv) && TilePairs<P, T>::copyable(v_ + row0, s_.ldkv)} {}
+           rows_on_16_bytes(k_ + row0, s_.ldkv) && rows_on_16_bytes(v_ + row0, s_.ldkv)} {}
 
   //! Makes key tile kb ready (TilePairs::advance) and returns its K and V in shared memory.
   __device__ void advance(int kb, const T*& Ks, const T*& Vs) const {
@@ -370,7 +365,7 @@ __global__ void __launch_bounds__(P::threads, P::forward_blocks)
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = mma::quad_max(mx[r]);
+      const float m_new = group_max<4>(mx[r]);  // over the four lanes that hold the row
       const float base = m_new == neg_inf<float>() ? 0.0f : m_new;  // a row with no key yet stays at zero
       const float corr = exp2f(m[r] - base);                           // 0 on the first tile (m = -inf)
       float sum = 0.0f;
@@ -393,7 +388,7 @@ __global__ void __launch_bounds__(P::threads, P::forward_blocks)
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float sum = mma::quad_sum(l[r]);
+    const float sum = group_sum<4>(l[r]);  // likewise
     inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int rr = warp * 16 + g + 8 * r;
     if (t == 0 && rr < q_valid) lse[(std::size_t(b) * s.Hq + h) * s.T + q0 + rr] = (m[r] + log2f(sum)) * mma::ln2;
@@ -438,8 +433,8 @@ __global__ void __launch_bounds__(P::threads)
   const auto q_at = [&](int i) { return (std::size_t(b) * s.T + q0_of(i)) * s.ldq + std::size_t(head_of(i)) * D; };
   const auto o_at = [&](int i) { return (std::size_t(b) * s.T + q0_of(i)) * s.ldo + std::size_t(head_of(i)) * D; };
   const TilePairs<P, T> qdo{reinterpret_cast<T*>(delta_s + nq), nq,
-                            TilePairs<P, T>::copyable(q + q_at(0), s.ldq) &&
-                                TilePairs<P, T>::copyable(dout + o_at(0), s.ldo)};
+                            rows_on_16_bytes(q + q_at(0), s.ldq) &&
+                                rows_on_16_bytes(dout + o_at(0), s.ldo)};
   const auto fetch = [&](int i, int copy) {
     qdo.fetch(copy, q + q_at(i), s.ldq, dout + o_at(i), s.ldo, min(nq, s.T - q0_of(i)));
   };

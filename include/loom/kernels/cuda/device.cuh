@@ -96,6 +96,21 @@ __device__ __forceinline__ A neg_inf() {
   else return -CUDART_INF_F;
 }
 
+//! The maximum and the sum of x over each group of G consecutive lanes of a warp (G a power of two up to 32), in
+//! every lane of the group.
+template <int G, class A>
+__device__ __forceinline__ A group_max(A x) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <int G, class A>
+__device__ __forceinline__ A group_sum(A x) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 //! N elements loaded or stored as one access (16 bytes when N = vec_width<T>).
 template <class T, int N>
 struct alignas(sizeof(T) * N) Pack {

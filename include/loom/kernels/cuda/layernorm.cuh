@@ -83,13 +83,6 @@ __global__ void __launch_bounds__(Block)
 inline constexpr int warp_row_max = 1024;
 inline constexpr int warp_rows_per_block = 4;
 
-template <class A>
-__device__ __forceinline__ A warp_sum(A x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 //! Whether rows of C columns at these addresses take the one-warp kernels.
 template <class T>
 bool warp_rows(int C, std::initializer_list<const void*> ptrs) {
@@ -116,7 +109,7 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
 #pragma unroll
     for (int j = 0; j < V; ++j) sum += v[i][j] = widen(xp.v[j]);
   }
-  const A m = warp_sum(sum) / A(C);
+  const A m = group_sum<32>(sum) / A(C);
   A var = 0;
 #pragma unroll
   for (int i = 0; i < P; ++i) {
@@ -124,7 +117,7 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
 #pragma unroll
     for (int j = 0; j < V; ++j) var += (v[i][j] - m) * (v[i][j] - m);
   }
-  const A rs = A(1) / sqrt_(warp_sum(var) / A(C) + A(eps));
+  const A rs = A(1) / sqrt_(group_sum<32>(var) / A(C) + A(eps));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = rs;
@@ -168,7 +161,7 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
       sum_gx += gw[i][j] * xh[i][j];
     }
   }
-  const A mean_g = warp_sum(sum_g) / A(C), mean_gx = warp_sum(sum_gx) / A(C);
+  const A mean_g = group_sum<32>(sum_g) / A(C), mean_gx = group_sum<32>(sum_gx) / A(C);
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int p = i * 32 + lane;

@@ -290,6 +290,12 @@ inline std::atomic<long>& padded_products() {
   return n;
 }
 
+//! Whether rows of T ld elements apart keep 16-byte alignment (what Hopper's fast kernels and the epilogues need).
+template <class T>
+constexpr bool rows_of_16_bytes(std::int64_t ld) {
+  return ld * std::int64_t(sizeof(T)) % 16 == 0;
+}
+
 //! Runs the product on padded copies of its operands whose row strides (lda, ldb, ldc) are not multiples of 16
 //! bytes, when that pays (pad_min_flops, pad_min_intensity); returns whether it did.
 template <class T>
@@ -298,7 +304,7 @@ bool padded_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, 
   constexpr std::int64_t unit = 128 / sizeof(T);  // padded rows: whole 128-byte lines
   struct Operand {
     std::int64_t rows, ld;
-    bool pad() const { return ld * std::int64_t(sizeof(T)) % 16 != 0; }
+    bool pad() const { return !rows_of_16_bytes<T>(ld); }
     std::int64_t padded() const { return (ld + unit - 1) / unit * unit; }
   };
   const Operand a{trans_a ? K : M, lda}, b{trans_b ? N : K, ldb}, c{M, ldc};
@@ -325,6 +331,11 @@ bool padded_product(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, 
   if (c.pad()) copy(pc.data(), c.padded(), C, c.ld, c.rows, N);
   ++padded_products();
   return true;
+}
+
+//! The sizes of one product, refused where negative.
+inline void check_sizes(int M, int N, int K) {
+  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
 }
 
 template <class T>
@@ -375,10 +386,10 @@ template <class T>
 bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux, T* C, int M, int N, int K,
                       bool trans_a, bool trans_b, cudaStream_t stream) {
   using BT = BlasTypes<T>;
-  const auto rows16 = [](std::int64_t ld) { return ld * std::int64_t(sizeof(T)) % 16 == 0; };
   const bool gelu = e != Epilogue::bias;
-  if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K == 0 || !rows16(trans_a ? M : K) ||
-      !rows16(trans_b ? K : N) || !rows16(N) || (bias && !aligned(bias, 16)) || (aux && !aligned(aux, 16)))
+  if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K == 0 || !rows_of_16_bytes<T>(trans_a ? M : K) ||
+      !rows_of_16_bytes<T>(trans_b ? K : N) || !rows_of_16_bytes<T>(N) || (bias && !aligned(bias, 16)) ||
+      (aux && !aligned(aux, 16)))
     return false;
   GemmKey key{BT::data, M, N, K, 1, trans_a, trans_b, 0, 0, 0, alignment_of(A, 0, 1), alignment_of(B, 0, 1),
               alignment_of(C, 0, 1)};
@@ -399,16 +410,11 @@ bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux,
   return true;
 }
 
-template <class T>
-void check_sizes(int M, int N, int K) {
-  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
-}
-
 //! C = op(A) op(B) + bias on every row.
 template <class T>
 void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
                  cudaStream_t stream) {
-  check_sizes<T>(M, N, K);
+  check_sizes(M, N, K);
   if (M == 0 || N == 0) return;
   if (epilogue_product<T>(Epilogue::bias, A, B, bias, nullptr, C, M, N, K, trans_a, trans_b, stream)) return;
   matmul(A, B, C, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
@@ -419,7 +425,7 @@ void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int 
 template <class T>
 void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
                       bool trans_b, cudaStream_t stream) {
-  check_sizes<T>(M, N, K);
+  check_sizes(M, N, K);
   if (M == 0 || N == 0) return;
   if (epilogue_product<T>(bias ? Epilogue::gelu_bias : Epilogue::gelu, A, B, bias, pre, C, M, N, K, trans_a,
                           trans_b, stream))
@@ -433,7 +439,7 @@ void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M
 template <class T>
 void matmul_dgelu(const T* A, const T* B, const T* pre, T* C, int M, int N, int K, bool trans_a, bool trans_b,
                   cudaStream_t stream) {
-  check_sizes<T>(M, N, K);
+  check_sizes(M, N, K);
   if (M == 0 || N == 0) return;
   if (epilogue_product<T>(Epilogue::dgelu, A, B, nullptr, const_cast<T*>(pre), C, M, N, K, trans_a, trans_b,
                           stream))
@@ -446,7 +452,7 @@ template <class T>
 void matmul_ld(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C, std::int64_t ldc, int M, int N, int K,
                bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream) {
   const std::int64_t width_a = trans_a ? M : K, width_b = trans_b ? K : N;
-  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size (M=", M, ", N=", N, ", K=", K, ")");
+  check_sizes(M, N, K);
   if (M == 0 || N == 0) return;
   LOOM_CHECK(lda >= std::max<std::int64_t>(width_a, 1) && ldb >= std::max<std::int64_t>(width_b, 1) && ldc >= N,
              "matmul: a row stride shorter than its row (lda=", lda, " for ", width_a, " columns, ldb=", ldb, " for ",
