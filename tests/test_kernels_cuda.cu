@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -62,6 +63,13 @@ constexpr double tol() {
 template <class T>
 constexpr double tol_acc() {
   return std::is_same_v<T, double> ? 1e-12 : 1e-5;
+}
+
+//! Whether cuBLASLt took an epilogue that loom offered it (fused_epilogues rose by one). The library's heuristic
+//! may decline a combination on a given version, and loom then runs the separate passes (whose values the caller
+//! checks), so a decline is reported, not failed; offers loom must not make are checked with CHECK.
+inline void report_fusion(long before, const std::string& what) {
+  if (loom::kernels::cuda::detail::fused_epilogues() != before + 1) WARN("cuBLASLt declined the epilogue: " << what);
 }
 
 //! The CPU kernels' name for T's bytes (for the cases compared bit for bit).
@@ -288,7 +296,7 @@ TEMPLATE_TEST_CASE("matmul_bias equals the product plus the bias on every row; b
         // Rows of 16-byte multiples in a type with an epilogue: the bias rode on the product.
         const auto line = [](int n) { return n * sizeof(T) % 16 == 0; };
         const bool rows16 = line(sh.M) && line(sh.N) && line(sh.K);
-        if (rows16 && !std::is_same_v<T, double>) CHECK(gpu::detail::fused_epilogues() == fused_before + 1);
+        if (rows16 && !std::is_same_v<T, double>) report_fusion(fused_before, what);
         if (std::is_same_v<T, double> || !line(sh.N))
           CHECK(gpu::detail::fused_epilogues() == fused_before);
       }
@@ -320,7 +328,8 @@ TEMPLATE_TEST_CASE("matmul_bias_gelu and matmul_dgelu equal the product, bias an
                             false, tb, stream());
       check_close(dpre.host(), pre, tol<T>(), "matmul_bias_gelu's input to the GELU" + what);
       check_close(dout.host(), out, tol<T>(), "matmul_bias_gelu" + what);
-      CHECK(gpu::detail::fused_epilogues() == before + (fuses ? 1 : with_bias && !std::is_same_v<T, double>));
+      if (fuses || (with_bias && !std::is_same_v<T, double>)) report_fusion(before, "matmul_bias_gelu" + what);
+      else CHECK(gpu::detail::fused_epilogues() == before);
 
       // Backward: a product of the GELU's output's shape (here dy (M x K) times op(b)), times GELU'(pre).
       const auto dy = rng.values<T>(std::size_t(M) * K), pre_t = rounded<T>(pre);
@@ -331,7 +340,8 @@ TEMPLATE_TEST_CASE("matmul_bias_gelu and matmul_dgelu equal the product, bias an
       before = gpu::detail::fused_epilogues();
       gpu::matmul_dgelu(ddy.get(), db.get(), dpre_t.get(), dgrad.get(), M, N, K, false, tb, stream());
       check_close(dgrad.host(), want, tol<T>(), "matmul_dgelu" + what);
-      CHECK(gpu::detail::fused_epilogues() == before + (fuses ? 1 : 0));
+      if (fuses) report_fusion(before, "matmul_dgelu" + what);
+      else CHECK(gpu::detail::fused_epilogues() == before);
     }
   }
 }
@@ -609,6 +619,33 @@ TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary
                      widths[s], starts[s], pitch[s], stream());
     check_close(dslices[s].host(), want, tol<T>(), "ce_backward in place, slice " + std::to_string(s));
   }
+
+  // A NaN logit makes its row's loss NaN, as on the host: one NaN in row 3, and row 5 NaN throughout (every thread's
+  // share of it NaN alone). A slice whose sum is NaN keeps it through the rescale.
+  std::vector<double> bad = logits.d;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  bad[std::size_t(3) * V + 1234] = nan;
+  for (int v = 0; v < V; ++v) bad[std::size_t(5) * V + v] = nan;
+  const auto b = rounded<T>(bad);
+  Dev<T> dbad(b.t), dbad_losses(R);
+  Dev<A> dbad_max(R), dbad_sum(R);
+  gpu::cross_entropy_forward(dbad.get(), dtargets.get(), dbad_losses.get(), dbad_max.get(), dbad_sum.get(), R, V,
+                             stream());
+  gpu::ce_partials(dbad.get(), dbad_max.get(), dbad_sum.get(), R, V, V, stream());
+  const auto bad_losses = doubles(dbad_losses.host()), bad_sums = doubles(dbad_sum.host());
+  for (const int r : {3, 5}) {
+    INFO("row " << r);
+    CHECK(std::isnan(bad_losses[std::size_t(r)]));
+    CHECK(std::isnan(bad_sums[std::size_t(r)]));
+  }
+  CHECK(bad_losses[4] == Approx(losses[4]).epsilon(tol<T>()));
+  std::vector<A> nan_max{A(-INFINITY), A(2)}, nan_sum{A(NAN), A(0)};
+  const std::vector<A> top{A(1), A(2)};
+  Dev<A> dnan_max(nan_max), dnan_sum(nan_sum), dtop(top);
+  gpu::ce_rescale<T>(dnan_max.get(), dtop.get(), dnan_sum.get(), 2, stream());
+  const auto rescaled = dnan_sum.host();
+  CHECK(std::isnan(rescaled[0]));
+  CHECK(rescaled[1] == 0);
 }
 
 // --- embeddings --------------------------------------------------------------------------------------------------

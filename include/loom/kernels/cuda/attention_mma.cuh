@@ -19,14 +19,14 @@
 
 namespace loom::kernels::cuda::detail::attn {
 
-//! `rows` rows of D elements from global memory (rows ld apart) into shared memory (rows lds apart), 16 bytes at a
-//! time where both sides allow it; rows from `valid` on are zero. Both families of attention kernels load through it.
 //! Whether rows of T, ld elements apart from src on, each start on 16 bytes.
 template <class T>
 __host__ __device__ bool rows_on_16_bytes(const T* src, std::ptrdiff_t ld) {
   return reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && ld % (16 / std::ptrdiff_t(sizeof(T))) == 0;
 }
 
+//! `rows` rows of D elements from global memory (rows ld apart) into shared memory (rows lds apart), 16 bytes at a
+//! time where both sides allow it; rows from `valid` on are zero. Both families of attention kernels load through it.
 template <class P, class T>
 __device__ void load_rows(typename P::S* dst, int lds, const T* src, std::ptrdiff_t ld, int rows, int valid, int D) {
   using S = typename P::S;

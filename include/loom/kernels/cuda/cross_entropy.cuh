@@ -57,7 +57,8 @@ __device__ void row_max_sumexp(const T* lr, int V, acc_t<T>& m_out, acc_t<T>& s_
   if (threadIdx.x == 0) s_m = row_m;
   __syncthreads();
   const A mm = s_m;
-  const A mine = m == neg_inf<A>() ? A(0) : s * exp_(m - mm);
+  // A share that saw nothing adds 0; one that saw only NaN (m still -inf, s NaN) keeps the NaN, as on the host.
+  const A mine = s == A(0) ? A(0) : s * exp_(m - mm);
   const A sum = Reduce(tmp).Sum(mine);
   if (threadIdx.x == 0) s_s = sum;
   __syncthreads();
@@ -98,8 +99,9 @@ template <class A>
 __global__ void ce_rescale_kernel(const A* local_max, const A* global_max, A* sumexp, int R) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  // A slice without entries (max -inf) contributes nothing, also when the global max is -inf.
-  sumexp[r] = local_max[r] == neg_inf<A>() ? A(0) : sumexp[r] * exp_(local_max[r] - global_max[r]);
+  // A slice without entries (sum 0, max -inf) contributes nothing, also when the global max is -inf; a NaN sum
+  // stays NaN (cpu::ce_rescale's rule).
+  sumexp[r] = sumexp[r] == A(0) ? A(0) : sumexp[r] * exp_(local_max[r] - global_max[r]);
 }
 
 template <class T>

@@ -6,6 +6,11 @@
 #include <loom/kernels/cuda/check.cuh>
 #include <loom/tensor/cuda_allocator.hpp>
 
+// The kernels use bf16 tensor cores (WMMA and mma.sync), ldmatrix and cp.async: compute capability 8.0 and newer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "loom: the CUDA kernels need compute capability 8.0 or newer (Ampere, sm_80): drop the older architectures"
+#endif
+
 // Eigen 3.4's headers (through loom/core/half.hpp) trip nvcc's warnings about defaulted __host__ __device__
 // members and constexpr calls; they are Eigen's, not ours.
 #pragma nv_diagnostic push

@@ -381,13 +381,14 @@ inline std::atomic<long>& fused_epilogues() {
 
 //! C = op(A) op(B) through cuBLASLt's epilogue e (bias: N values; aux: the GELU's input, M x N), dense operands;
 //! returns false, having done nothing, where the type, the rows' alignment or the heuristic rule it out. The GELU
-//! epilogues take 16-bit types only (cuBLASLt's GELU is not float's accuracy).
+//! epilogues take 16-bit types only (cuBLASLt's GELU is not float's accuracy); an inner size of one (an outer
+//! product) takes the separate passes, as PyTorch's addmm does, cuBLASLt's epilogues being unreliable there.
 template <class T>
 bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux, T* C, int M, int N, int K,
                       bool trans_a, bool trans_b, cudaStream_t stream) {
   using BT = BlasTypes<T>;
   const bool gelu = e != Epilogue::bias;
-  if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K == 0 || !rows_of_16_bytes<T>(trans_a ? M : K) ||
+  if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K < 2 || !rows_of_16_bytes<T>(trans_a ? M : K) ||
       !rows_of_16_bytes<T>(trans_b ? K : N) || !rows_of_16_bytes<T>(N) || (bias && !aligned(bias, 16)) ||
       (aux && !aligned(aux, 16)))
     return false;
