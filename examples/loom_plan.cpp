@@ -257,7 +257,7 @@ void search(const GptShape& s, const Args& a, const Cluster& c) {
   int tried = 0;
   SearchOptions o;
   o.micro_batch_size = a.micro_given ? 0 : 1;
-  o.even_parts = a.run.recipe == Recipe::megatron;
+  o.megatron_layouts = a.run.recipe == Recipe::megatron;
   const std::vector<Candidate> ok = plan::search(s, a.run, c, a.gpus, o, tried, [&](const std::string& why,
                                                                                       const plan::Layout& l) {
     auto& [n, example] = rejected[why];
@@ -327,7 +327,7 @@ bool validate(const std::string& json, const std::optional<Cluster>& instead) {
     const Run r = run_of(p, pl);
     const Cluster c = cluster_of_run(p, other);
     SearchOptions o;
-    o.every_recompute = false, o.micro_batch_size = p.micro_batch_size, o.max_cp = pl.cp, o.even_parts = true;
+    o.every_recompute = false, o.micro_batch_size = p.micro_batch_size, o.max_cp = pl.cp, o.megatron_layouts = true;
     o.overlap_without_pipeline = r.fp16_grads;  // 2021: PyTorch's DDP without a pipeline, Megatron's with one
     o.schedules = {Schedule::one_f_one_b, Schedule::interleaved};
     const bool llama = p.source.starts_with("Llama");

@@ -40,8 +40,9 @@ struct SearchOptions {
   int max_cp = 1 << 30;
   std::vector<int> zero_stages{0, 1, 2, 3};
   bool sequence_parallel = true;  //!< try tensor parallelism with sequence parallelism as well
-  //! Only layouts whose pipeline parts hold the same number of layers (Megatron-LM asserts it; loom splits unevenly).
-  bool even_parts = false;
+  //! Only layouts Megatron-LM runs: pipeline parts of the same number of layers (loom splits unevenly), and
+  //! interleaving only on more than two stages (Megatron-LM refuses virtual stages on one or two).
+  bool megatron_layouts = false;
   //! Megatron-LM's recipe, as its 2021 runs used it: the gradient all-reduce overlaps backward (PyTorch's DDP)
   //! without a pipeline, and follows it (Megatron's own DDP) with one.
   bool overlap_without_pipeline = false;
@@ -92,9 +93,13 @@ inline std::vector<Candidate> search(const GptShape& s, const Run& run, const Cl
                   if (o.overlap_without_pipeline) r.overlap_grad_reduce = pp == 1;
                   r.ends_alone = run.ends_alone && pp * l.chunks() >= 3;  // a run's pipeline recipe, where it has one
                   ++tried;
-                  if (o.even_parts && !r.ends_alone && s.layers % (pp * l.chunks()) != 0) {
+                  if (o.megatron_layouts && !r.ends_alone && s.layers % (pp * l.chunks()) != 0) {
                     reject(loom::detail::cat(s.layers, " layers do not split evenly into ", pp * l.chunks(),
                                              " pipeline parts"), l);
+                    continue;
+                  }
+                  if (o.megatron_layouts && sched == Schedule::interleaved && pp <= 2) {
+                    reject("Megatron-LM interleaves only pipelines of more than 2 stages", l);
                     continue;
                   }
                   if (r.batch % dp != 0 ||
