@@ -15,6 +15,10 @@ if(LOOM_WITH_CUDA)
   set_tests_properties(test_kernels_cuda PROPERTIES LABELS "gpu;kernels" SKIP_RETURN_CODE 77 TIMEOUT 900)
   set_tests_properties(test_gpt_cuda PROPERTIES LABELS "gpu;model" SKIP_RETURN_CODE 77 TIMEOUT 900)
   set_tests_properties(test_comm_local_cuda PROPERTIES LABELS "gpu;comm" SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # The attention tests again with the register-resident kernels set aside: the shared-memory ones at every head size.
+  add_test(NAME test_kernels_cuda_wmma_attention COMMAND test_kernels_cuda "[attention]")
+  set_tests_properties(test_kernels_cuda_wmma_attention PROPERTIES LABELS "gpu;kernels" SKIP_RETURN_CODE 77
+                       TIMEOUT 600 ENVIRONMENT LOOM_CUDA_ATTENTION=wmma)
   # The device's static rules (compile_fail_cuda/), checked as compile_fail/'s are, with the toolkit's headers:
   # they need no GPU.
   file(GLOB _loom_fail_cuda_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail_cuda/*.cpp)

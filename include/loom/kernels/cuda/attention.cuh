@@ -18,6 +18,9 @@
 
 #include <mma.h>
 
+#include <cstdlib>
+#include <string_view>
+
 namespace loom::kernels::cuda {
 
 namespace detail::attn {
@@ -440,11 +443,23 @@ void with_policy(int D, F&& f) {
   f(Simt<T>{});
 }
 
+//! Whether LOOM_CUDA_ATTENTION=wmma asks for the shared-memory kernels where the register-resident ones would run
+//! (to compare the two on one machine, or to set aside a register kernel suspected of a fault); read once.
+inline bool registers_set_aside() {
+  static const bool aside = [] {
+    const char* v = std::getenv("LOOM_CUDA_ATTENTION");
+    return v && std::string_view(v) == "wmma";
+  }();
+  return aside;
+}
+
 //! Calls f(Mma<T, D>{}) and returns true where the register-resident kernels take T and s.D (bf16 or fp16, head
-//! size 64 or 128) and the device offers the shared memory of all three; false otherwise.
+//! size 64 or 128) and the device offers the shared memory of all three, unless registers_set_aside(); false
+//! otherwise.
 template <class T, class F>
 bool with_registers(int D, F&& f) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+    if (registers_set_aside()) return false;
     const auto run = [&](auto policy) {
       using P = decltype(policy);
       const std::size_t most =
