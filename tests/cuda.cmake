@@ -32,10 +32,11 @@ if(LOOM_WITH_CUDA)
   endforeach()
   # The architecture rule (sm_80 and newer): nvcc's preprocessor for each architecture, no compilation.
   add_test(NAME compile_fail.cuda_kernels_below_sm80
-    COMMAND ${CMAKE_COMMAND} -DNVCC=${CMAKE_CUDA_COMPILER}
+    COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CUDA_COMPILER}
             -DSRC=${CMAKE_CURRENT_SOURCE_DIR}/compile_fail_cuda_arch/kernels_below_sm80.cu
             -DINCLUDE=${PROJECT_SOURCE_DIR}/include "-DEXTRA=-isystem;${_eigen_inc};-DLOOM_HAS_CUDA=1"
-            -P ${PROJECT_SOURCE_DIR}/cmake/check_cuda_arch.cmake)
+            "-DCHECK=-E;-x;cu;-o;/dev/null" -DOK=-arch=sm_80 -DFAIL=-arch=sm_75
+            -P ${PROJECT_SOURCE_DIR}/cmake/check_compile_fail.cmake)
   set_tests_properties(compile_fail.cuda_kernels_below_sm80 PROPERTIES LABELS compile-fail)
 endif()
 
