@@ -279,6 +279,7 @@ class SnapshotKeeper {
       offset += w.bytes;
     }
     snap_.chunks.clear();
+    snap_.charge = ChargedBytes();  // a device's chunks were host copies, now in the image: no longer held twice
     const std::string m = nlohmann::json{{"rank", rank_},       {"world_size", size_},     {"next_step", next_step},
                                          {"bytes", file_bytes}, {"block", snap_.block},    {"header", snap_.header},
                                          {"chunks", chunks}}.dump();

@@ -167,6 +167,7 @@ class TpGroup {
       issue();
     }
   }
+  //! A group of one's gather or scatter: host memory (the layers' regions copy a device's through their ops).
   template <class U>
   static void copy(const U* in, U* out, std::size_t n) {
     if (in != out) std::copy_n(in, n, out);
@@ -204,12 +205,12 @@ struct Region {
 
   //! Entering, forward: full (N x C) from this rank's rows of x. Without sequence parallelism full may be x.
   void enter_forward(const T* x, T* full) const {
-    if constexpr (sequence_parallel) tp->all_gather(x, full, std::size_t(rows()) * C);
-    else ops.copy(x, full, std::size_t(N) * C);
+    if constexpr (sequence_parallel && Tp::size > 1) tp->all_gather(x, full, std::size_t(rows()) * C);
+    else ops.copy(x, full, std::size_t(N) * C);  // a group of one on Dev's memory (TpGroup's copies are the host's)
   }
   //! Entering, backward: dx (this rank's rows) from the partial gradients (N x C) of every rank; may be in place.
   void enter_backward(T* dfull, T* dx) const {
-    if constexpr (sequence_parallel) {
+    if constexpr (sequence_parallel && Tp::size > 1) {
       tp->reduce_scatter(dfull, dx, std::size_t(rows()) * C);
     } else {
       tp->all_reduce(dfull, std::size_t(N) * C);

@@ -174,8 +174,10 @@ class ZeroBase {
   //! Reduce-scatters every bucket of the model's gradients (after a pipeline's schedule: the whole part is done).
   void reduce_all() {
     if (comm_.size() == 1) return;  // one rank's gradients are their own average
-    model_.ops().synchronize();     // on a device: backward's kernels are done before the collectives read
+    // The buffers the collectives write are made before the wait: on a device the wait then also covers the kernels
+    // of any rank sharing the GPU that last used their blocks (the collectives do not run on the kernels' stream).
     begin();
+    model_.ops().synchronize();  // on a device: backward's kernels are done before the collectives read
     comm::Handles all;
     for (std::size_t b = 0; b < plan_.pieces.size(); ++b) all.all.push_back(start(b));
     all.wait();

@@ -19,7 +19,10 @@ namespace loom::kernels {
 
 //! The CUDA kernels on one stream (default: the legacy default stream, which Tensor<T, Cuda>'s memory is allocated
 //! for, so that freeing a tensor is ordered after the kernels that used it without an event). A model or optimizer
-//! on another stream must order its tensors' lifetimes itself.
+//! on another stream must order its tensors' lifetimes itself. Ranks that share a GPU (threads) rely on that one
+//! stream: a synchronize() or mark() of any of them orders against every rank's queued kernels, which is what makes
+//! a buffer allocated before the wait safe for a collective that writes it from another stream (ZeRO's reductions,
+//! the pipeline's receives); per-thread default streams (nvcc --default-stream per-thread) would break it.
 template <>
 struct Ops<Cuda> {
   using device = Cuda;
