@@ -73,19 +73,19 @@ inline std::int64_t numel_of_table(const std::vector<ParamSpec>& specs) {
 
 //! Fills a rank's flat buffer: element i (global, row-major) of parameter p (its index in the whole model) is a
 //! function of (seed, p, i) alone, so every layout starts from the same model.
-//! Only elements [lo, hi) of the flat buffer when given (what a rank holds of a sharded buffer), the same values.
+//! Only elements [lo, hi) of the flat buffer when given (what a rank holds of a sharded buffer), the same values;
+//! `params` holds the flat buffer from element `origin` on (origin <= lo: a buffer of [lo, hi) alone, origin = lo).
 template <class T>
 void initialise(const std::vector<ParamSpec>& specs, T* params, std::uint64_t seed, std::int64_t lo = 0,
-                std::int64_t hi = -1) {
+                std::int64_t hi = -1, std::int64_t origin = 0) {
   for (const auto& s : specs) {
     const auto k = random::key(seed, s.index);
     s.layout.for_each_piece([&](std::int64_t l, std::int64_t g, std::int64_t n) {
       const std::int64_t at = s.offset + l;
       const std::int64_t a = std::max<std::int64_t>(0, lo - at), z = hi < 0 ? n : std::min<std::int64_t>(n, hi - at);
-      T* w = params + at;
       for (std::int64_t i = a; i < z; ++i)
-        w[i] = static_cast<T>(s.init_std > 0 ? s.init_std * random::normal(k, static_cast<std::uint64_t>(g + i))
-                                             : s.init_value);
+        params[at + i - origin] = static_cast<T>(
+            s.init_std > 0 ? s.init_std * random::normal(k, static_cast<std::uint64_t>(g + i)) : s.init_value);
     });
   }
 }

@@ -4,7 +4,8 @@
 // gathered (all-gathered from the chunks of its owners) before a forward unit or backward chunk reads it and
 // released after the last one that reads it: the ledger is charged for what is held, and on the host the released
 // whole pages are offered back to the system (madvise(MADV_FREE)). The buffer is made whole and
-// uncounted (UncountedMemoryScope); this class charges the rank's ledger for its chunks and what it gathers.
+// uncounted (UncountedMemoryScope); this class charges the rank's ledger for its chunks and what it gathers (on the
+// host: the ledger counts host memory, and a device's tensors are not in it).
 #pragma once
 
 #include <loom/comm/communicator.hpp>
@@ -34,14 +35,14 @@ class ShardedParameters {
                     Comm* experts = nullptr)
       : model_(model), comm_(comm), experts_(experts), plan_(plan), unit_of_(unit_of), ledger_(rank_memory_ledger()),
         gathered_(plan.pieces.size(), 0), send_(plan.pieces.size()), staged_(plan.pieces.size()) {
-    ledger_->debit(MemoryUse::parameters, own_bytes());
+    if constexpr (counted) ledger_->debit(MemoryUse::parameters, own_bytes());
     for (std::size_t u = 0; u < plan_.pieces.size(); ++u) release_pages(u);
   }
   ~ShardedParameters() {
     std::size_t held = own_bytes();
     for (std::size_t u = 0; u < gathered_.size(); ++u)
       if (gathered_[u]) held += other_bytes(u);
-    ledger_->credit(MemoryUse::parameters, held);
+    if constexpr (counted) ledger_->credit(MemoryUse::parameters, held);
   }
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
@@ -70,7 +71,7 @@ class ShardedParameters {
       Comm& comm = p.experts && experts_ ? *experts_ : comm_;
       const int n = comm.size();
       LOOM_CHECK(!gathered_[u], "ZeRO-3: unit ", u, " is gathered twice");
-      ledger_->debit(MemoryUse::parameters, other_bytes(u));
+      if constexpr (counted) ledger_->debit(MemoryUse::parameters, other_bytes(u));
       gathered_[u] = 1;
       const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
       T* params = model_.params().data();
@@ -117,7 +118,7 @@ class ShardedParameters {
   void release(std::size_t u) {
     if (!gathered_[u]) return;
     gathered_[u] = 0;
-    ledger_->credit(MemoryUse::parameters, other_bytes(u));
+    if constexpr (counted) ledger_->credit(MemoryUse::parameters, other_bytes(u));
     release_pages(u);
   }
   void release_all() {
@@ -149,6 +150,8 @@ class ShardedParameters {
   const ShardPlan& plan_;
   const std::vector<std::size_t>& unit_of_;  //!< the owner's, as plan_
   std::shared_ptr<MemoryLedger> ledger_;
+  //! Whether the ledger counts the parameters: host memory (a device's tensors are not counted, as Tensor's are not).
+  static constexpr bool counted = kernels::is_host_v<typename Buf::device>;
   std::vector<char> gathered_;  //!< per unit: held whole (set on Comm, cleared on Compute, after it was read)
   std::vector<Buf> send_, staged_;  //!< per unit being gathered: the chunk sent, and a padded unit's whole copy
 };

@@ -14,7 +14,7 @@
 // it, so that the buckets already reduced are not held while the rest is computed; with several, when the first
 // micro-batch's backward starts, since gradients accumulate over the step's micro-batches and are reduce-scattered
 // once. The gradient buffer is made whole and uncounted (UncountedMemoryScope); this class charges the ledger for
-// what the rank holds of it.
+// what the rank holds of it (on the host: the ledger counts host memory, and a device's tensors are not in it).
 //
 // ZeRO stage 3 shards the parameters as well (ShardedParameters). Its buckets are the model's units (the embedding,
 // each block, the final norm), each gathered before the forward unit or backward chunk that reads it and released
@@ -114,7 +114,7 @@ class ZeroBase {
     if (shard_grads_) {  // until the first backward writes them, a rank holds the gradients of its shard alone
       std::size_t own = 0;
       for (const auto& p : plan_.pieces) own += static_cast<std::size_t>(p.own()) * sizeof(T);
-      ledger_->debit(MemoryUse::gradients, own);
+      if constexpr (counted) ledger_->debit(MemoryUse::gradients, own);
       for (std::size_t b = 0; b < held_.size(); ++b) held_[b] = 0, offer(b);
     }
   }
@@ -123,7 +123,7 @@ class ZeroBase {
     std::size_t held = 0;
     for (std::size_t b = 0; b < held_.size(); ++b)
       held += static_cast<std::size_t>(plan_.pieces[b].own()) * sizeof(T) + (held_[b] ? released_bytes(b) : 0);
-    ledger_->credit(MemoryUse::gradients, held);
+    if constexpr (counted) ledger_->credit(MemoryUse::gradients, held);
   }
   ZeroBase(const ZeroBase&) = delete;
   ZeroBase& operator=(const ZeroBase&) = delete;
@@ -303,7 +303,7 @@ class ZeroBase {
   //! The bucket's released part is zeroed (gradients accumulate into it).
   void hold(std::size_t b) {
     if (held_[b]) return;
-    ledger_->debit(MemoryUse::gradients, released_bytes(b));
+    if constexpr (counted) ledger_->debit(MemoryUse::gradients, released_bytes(b));
     held_[b] = 1;
     const auto& p = plan_.pieces[b];
     T* g = model_.grads().data();
@@ -357,7 +357,7 @@ class ZeroBase {
   //! Bucket b's storage but this rank's chunk: credited to the ledger, and on the host its whole pages offered.
   void release(std::size_t b) {
     if (!shard_grads_ || !held_[b]) return;
-    ledger_->credit(MemoryUse::gradients, released_bytes(b));
+    if constexpr (counted) ledger_->credit(MemoryUse::gradients, released_bytes(b));
     held_[b] = 0;
     offer(b);
   }
@@ -506,6 +506,8 @@ class ZeroBase {
   bool shard_grads_;                           //!< ZeRO-2 and 3 over more than one rank
   Comm* replicas_;                             //!< hybrid sharding: the ranks holding this rank's shard elsewhere
   std::shared_ptr<MemoryLedger> ledger_;       //!< the rank's, which the gradient buffer is charged to
+  //! Whether the ledger counts the gradients: host memory (a device's tensors are not counted, as Tensor's are not).
+  static constexpr bool counted = kernels::is_host_v<Dev>;
   std::vector<char> held_;                     //!< per bucket: whether its released part is held (counted)
   std::vector<std::size_t> bucket_of_;         //!< per parameter: its bucket
   std::mutex mu_;                      //!< guards started_, started_at_, chunks_started_ and reading_ (set on Comm)

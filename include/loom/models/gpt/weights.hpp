@@ -139,10 +139,10 @@ class GptWeights {
     if (lo >= hi) return;
     if constexpr (on_host) {
       layers::initialise(specs_, params_.data(), seed, lo, hi);
-    } else {  // made on the host, element by element as there, then copied
-      const auto init = Tensor<T>::zeros({params_.numel()});
-      layers::initialise(specs_, init.data(), seed, lo, hi);
-      ops_.from_host(init.data() + lo, params_.data() + lo, static_cast<std::size_t>(hi - lo));
+    } else {  // [lo, hi) made on the host, element by element as there, then copied
+      const auto init = Tensor<T>::zeros({hi - lo});
+      layers::initialise(specs_, init.data(), seed, lo, hi, lo);
+      ops_.from_host(init.data(), params_.data() + lo, static_cast<std::size_t>(hi - lo));
     }
   }
   //! The whole model's parameters (or any buffer laid out as them, such as an optimizer's moments, U = acc) in the
