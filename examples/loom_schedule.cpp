@@ -1,6 +1,7 @@
 // loom-schedule: draws a pipeline schedule of loom/pipeline/schedule.hpp as text (one row per stage, one cell per
 // unit of time) and, with --svg, as an SVG timeline; prints its verification, activation peaks and bubble.
-//   loom-schedule --schedule 1f1b --pp 4 --micro-batches 8 [--chunks 2] [--costs 1,1,1] [--svg out.svg] [--list]
+//   loom-schedule --schedule 1f1b --pp 4 --micro-batches 8 [--chunks 2] [--group G] [--costs 1,1,1] [--svg out.svg]
+//                 [--list]
 #include <loom/pipeline/schedule.hpp>
 
 #include <algorithm>
@@ -24,6 +25,7 @@ struct Options {
   int pp = 4;
   int micro_batches = 8;
   std::optional<int> chunks;
+  int group = 0;
   pl::Costs costs;
   std::string svg;
   bool list = false;
@@ -32,8 +34,10 @@ struct Options {
 void usage(std::FILE* to) {
   std::fprintf(to,
                "usage: loom-schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-v --pp P --micro-batches M\n"
-               "                     [--chunks V] [--costs F,B,W] [--svg FILE] [--list]\n"
+               "                     [--chunks V] [--group G] [--costs F,B,W] [--svg FILE] [--list]\n"
                "  --chunks V     model chunks per stage (interleaved: default 2; zb-v always has 2)\n"
+               "  --group G      interleaved: micro-batches a chunk runs in a row (default: the stage count,\n"
+               "                 Megatron-LM's order; Llama 3's schedule lets it differ)\n"
                "  --costs F,B,W  compute cost of a forward, input-gradient and weight-gradient action (default\n"
                "                 1,1,1; a full backward BW costs B+W); exchanges take no time\n"
                "  --svg FILE     also write the timeline as SVG\n"
@@ -83,6 +87,8 @@ Options parse(int argc, char** argv) {
       o.micro_batches = parse_int("--micro-batches", value());
     } else if (a == "--chunks") {
       o.chunks = parse_int("--chunks", value());
+    } else if (a == "--group") {
+      o.group = parse_int("--group", value());
     } else if (a == "--costs") {
       o.costs = parse_costs(value());
     } else if (a == "--svg") {
@@ -242,7 +248,7 @@ void write_svg(const std::string& path, const pl::RuntimeTable& t, const pl::Run
 
 int run(const Options& o) {
   const int v = o.chunks.value_or(o.schedule == Schedule::interleaved ? 2 : 1);
-  const pl::RuntimeTable t = pl::make_schedule_checked(o.schedule, o.pp, o.micro_batches, v);
+  const pl::RuntimeTable t = pl::make_schedule_checked(o.schedule, o.pp, o.micro_batches, v, o.group);
   const pl::VerifyResult r = pl::verify(t, o.costs);
   const pl::RuntimeTimeline tl = pl::simulate(t, o.costs);
   const std::string name(loom::describe_schedule(o.schedule));
@@ -251,6 +257,7 @@ int run(const Options& o) {
   std::printf("%s: p = %d stages, m = %d micro-batches, v = %d chunk%s per stage; costs F %s, B %s, W %s (BW %s)\n",
               name.c_str(), P, t.micro_batches, t.chunks, t.chunks > 1 ? "s" : "", number(o.costs.f).c_str(),
               number(o.costs.b).c_str(), number(o.costs.w).c_str(), number(o.costs.b + o.costs.w).c_str());
+  if (t.group > 0) std::printf("each chunk runs the micro-batches in groups of %d\n", t.group);
   if (t.chunks > 1) {
     std::printf("chunk letters: a = chunk 0, b = chunk 1, ...; stage s chunk c holds model part");
     for (int s = 0; s < P; ++s) {
@@ -268,7 +275,8 @@ int run(const Options& o) {
   std::printf("peak in-flight activations per stage:");
   for (int s = 0; s < P; ++s) std::printf(" %d", r.peak_in_flight[static_cast<std::size_t>(s)]);
   std::printf(" (bound");
-  for (int s = 0; s < P; ++s) std::printf(" %d", pl::activation_bound(o.schedule, P, t.micro_batches, t.chunks, s));
+  for (int s = 0; s < P; ++s)
+    std::printf(" %d", pl::activation_bound(o.schedule, P, t.micro_batches, t.chunks, s, t.group));
   std::printf(")\n");
   double busy = 0;
   for (double b : tl.busy) busy += b;

@@ -536,4 +536,51 @@ TEST_CASE("make_schedule_checked names the rule and the counts", "[pipeline]") {
   CHECK(message(Schedule::one_f_one_b, 2, 1, 1).empty());  // fewer micro-batches than stages is fine for 1F1B
 }
 
+TEST_CASE("interleaved in groups: p in a row is Megatron-LM's order, more holds more, fewer may wait on itself",
+          "[pipeline]") {
+  auto peaks = [](const pl::RuntimeTable& t) {
+    const pl::VerifyResult r = pl::verify(t);
+    REQUIRE(r.ok);
+    return std::vector<int>(r.peak_in_flight.begin(), r.peak_in_flight.begin() + t.stage_count());
+  };
+  // Groups of p: the same table as without a group.
+  const pl::RuntimeTable plain = pl::make_schedule_checked(Schedule::interleaved, 4, 16, 2);
+  const pl::RuntimeTable of_p = pl::make_schedule_checked(Schedule::interleaved, 4, 16, 2, 4);
+  for (int s = 0; s < 4; ++s) {
+    const auto a = plain.stage(s), b = of_p.stage(s);
+    CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+  }
+  // Groups of 2p: 2(p - s - 1) + (v - 1)G + 1 in flight, G = 8 (stage 0: 6 + 8 + 1), and the same step time here.
+  const pl::RuntimeTable of_8 = pl::make_schedule_checked(Schedule::interleaved, 4, 16, 2, 8);
+  CHECK(of_8.group == 8);
+  CHECK(peaks(of_8) == std::vector<int>{15, 13, 11, 9});
+  CHECK(peaks(plain) == std::vector<int>{11, 9, 7, 5});
+  CHECK(pl::simulate(of_8).makespan >= pl::simulate(plain).makespan);
+  // Fewer than p: here fewer in flight for a longer step (p = 4, v = 3, m = 12, groups of 3) ...
+  const pl::RuntimeTable of_3 = pl::make_schedule_checked(Schedule::interleaved, 4, 12, 3, 3);
+  const pl::RuntimeTable of_4 = pl::make_schedule_checked(Schedule::interleaved, 4, 12, 3);
+  CHECK(peaks(of_3) == std::vector<int>{13, 11, 9, 7});
+  CHECK(peaks(of_4) == std::vector<int>{15, 13, 11, 9});
+  CHECK(pl::simulate(of_3).makespan == 177);
+  CHECK(pl::simulate(of_4).makespan == 117);
+  // ... and for Llama 3 405B's pipeline on 8,192 GPUs (16 stages, 8 chunks, 32 micro-batches) a wait on itself for
+  // every group below 16.
+  for (const int g : {1, 2, 4, 8}) {
+    INFO("groups of " << g);
+    try {
+      (void)pl::make_schedule_checked(Schedule::interleaved, 16, 32, 8, g);
+      FAIL("no deadlock reported");
+    } catch (const loom::Error& e) {
+      CHECK(std::string(e.what()).find("waits on itself") != std::string::npos);
+      CHECK(std::string(e.what()).find("in groups of " + std::to_string(g)) != std::string::npos);
+    }
+  }
+  CHECK(peaks(pl::make_schedule_checked(Schedule::interleaved, 16, 32, 8))[1] == 141);
+  // The rules: a multiple of the group, and the interleaved schedule's alone.
+  CHECK_THROWS_WITH(pl::make_schedule_checked(Schedule::interleaved, 4, 12, 2, 8),
+                    Catch::Contains("needs a multiple of 8, got m = 12"));
+  CHECK_THROWS_WITH(pl::make_schedule_checked(Schedule::one_f_one_b, 4, 8, 1, 4),
+                    Catch::Contains("the interleaved schedule's"));
+}
+
 }  // namespace

@@ -115,6 +115,7 @@ struct Table {
   int micro_batches = 0;                           //!< m
   int chunks = 1;                                  //!< v: model chunks per stage
   Schedule schedule = Schedule::one_f_one_b;       //!< the schedule the table implements
+  int group = 0;  //!< interleaved: micro-batches a chunk runs in a row (0: P, Megatron-LM's order)
 
   [[nodiscard]] static constexpr int stage_count() noexcept { return P; }
   [[nodiscard]] static constexpr int capacity() noexcept { return N; }
@@ -131,6 +132,7 @@ struct RuntimeTable {
   int micro_batches = 0;
   int chunks = 1;
   Schedule schedule = Schedule::one_f_one_b;
+  int group = 0;  //!< interleaved: micro-batches a chunk runs in a row (0: the stage count)
 
   [[nodiscard]] constexpr int stage_count() const noexcept { return static_cast<int>(actions.size()); }
   [[nodiscard]] constexpr std::span<const Action> stage(int s) const { return actions[static_cast<std::size_t>(s)]; }
@@ -144,6 +146,7 @@ concept ScheduleTable = requires(const T& t, int s) {
   { t.micro_batches } -> std::convertible_to<int>;
   { t.chunks } -> std::convertible_to<int>;
   { t.schedule } -> std::convertible_to<Schedule>;
+  { t.group } -> std::convertible_to<int>;
 };
 
 //! A hand-written table: one brace list of actions per stage (tests, and tables from elsewhere). Throws, and so
@@ -175,15 +178,16 @@ inline constexpr int max_stages = 64;
 //! and whose B/BW is not; v is the table's chunk count.
 //!   gpipe       m·v                                all micro-batches before the first backward
 //!   1f1b, zb-h1 min(P - s, m)                      PipeDream-flush: P - s - 1 warm-up forwards, then one more
-//!   interleaved min(2(P - s - 1) + (v - 1)P + 1, m·v)   Megatron-LM's warm-up count plus one
+//!   interleaved min(2(P - s - 1) + (v - 1)G + 1, m·v)   Megatron-LM's warm-up count plus one, for groups of G
+//!                                                  micro-batches a chunk runs in a row (group; 0: G = P)
 //!   zb-v        min(2P, 2m, m + s + 1)             2P chunk activations = P stage activations, 1F1B's peak; fewer
 //!                                                  when m < 2P - 1 leaves the warm-up short
-[[nodiscard]] constexpr int activation_bound(Schedule sched, int P, int m, int v, int s) noexcept {
+[[nodiscard]] constexpr int activation_bound(Schedule sched, int P, int m, int v, int s, int group = 0) noexcept {
   switch (sched) {
     case Schedule::gpipe: return m * v;
     case Schedule::one_f_one_b:
     case Schedule::zero_bubble_h1: return std::min(P - s, m);
-    case Schedule::interleaved: return std::min(2 * (P - s - 1) + (v - 1) * P + 1, m * v);
+    case Schedule::interleaved: return std::min(2 * (P - s - 1) + (v - 1) * (group > 0 ? group : P) + 1, m * v);
     case Schedule::zero_bubble_v: return std::min({2 * P, 2 * m, m + s + 1});
   }
   return 0;
@@ -431,9 +435,23 @@ template <Schedule S, int P, int M, int V = 1>
 
 //! make_schedule for counts known only at run time: throws loom::Error naming the rule and the values when the
 //! counts do not fit the schedule (the same rules as make_schedule), and verifies the table it returns.
-[[nodiscard]] inline RuntimeTable make_schedule_checked(Schedule s, int p, int m, int v = 1) {
+//! `group` (interleaved only; 0: p, Megatron-LM's order): the micro-batches a chunk runs in a row, as Llama 3's
+//! schedule and Megatron-Core's microbatch_group_size_per_vp_stage let one choose; m must be a multiple of it. More
+//! than p holds more in flight; fewer can wait on itself, which throws.
+[[nodiscard]] inline RuntimeTable make_schedule_checked(Schedule s, int p, int m, int v = 1, int group = 0) {
   const std::string name(describe_schedule(s));
-  switch (detail::count_rule(s, p, m, v)) {
+  if (group != 0) {
+    if (s != Schedule::interleaved || group < 1)
+      throw Error(loom::detail::cat("loom: a group of micro-batches run in a row is the interleaved schedule's, at "
+                                    "least 1; got ", group, " for ", name));
+    if (p >= 1 && p <= max_stages && m >= 1 && v >= 2 && m % group != 0)
+      throw Error(loom::detail::cat("loom: the interleaved schedule in groups of ", group, " micro-batches needs a "
+                                    "multiple of ", group, ", got m = ", m));
+  }
+  const detail::CountRule rule = detail::count_rule(s, p, m, v);
+  const bool grouped = group != 0 && group != p && (rule == detail::CountRule::interleaved_too_few ||
+                                                    rule == detail::CountRule::interleaved_not_multiple);
+  switch (grouped ? detail::CountRule::ok : rule) {
     case detail::CountRule::ok: break;
     case detail::CountRule::stages:
       throw Error(loom::detail::cat("loom: a pipeline needs 1 to ", max_stages, " stages, got p = ", p));
@@ -453,10 +471,19 @@ template <Schedule S, int P, int M, int V = 1>
       throw Error(loom::detail::cat("loom: the interleaved schedule needs the micro-batch count to be a multiple of "
                                     "the stage count, got m = ", m, ", p = ", p));
   }
-  RuntimeTable t = detail::build(s, p, m, v);
+  const std::string groups = group ? loom::detail::cat(", in groups of ", group) : std::string();
+  RuntimeTable t;
+  try {
+    t = detail::build(s, p, m, v, group == p ? 0 : group);
+  } catch (const Error& e) {
+    std::string_view why = e.what();
+    if (why.starts_with("loom: ")) why.remove_prefix(6);
+    throw Error(loom::detail::cat("loom: the ", name, " schedule for p = ", p, ", m = ", m, ", v = ", v, groups,
+                                  ": ", why));
+  }
   const VerifyResult r = verify(t);
   if (!r.ok)
-    throw Error(loom::detail::cat("loom: the ", name, " table for p = ", p, ", m = ", m, ", v = ", v,
+    throw Error(loom::detail::cat("loom: the ", name, " table for p = ", p, ", m = ", m, ", v = ", v, groups,
                                   " fails verification: ", describe(r.problem), " (stage ", r.stage, ", action ",
                                   r.index, ", micro-batch ", r.micro, ", chunk ", r.chunk, ")"));
   return t;

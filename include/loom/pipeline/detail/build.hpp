@@ -60,16 +60,18 @@ constexpr void order_1f1b(std::vector<Step>& q, int P, int m, int s) {
 }
 
 // Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM's order): the k-th forward of a stage is micro-batch
-// (k / Pv)·P + k % P on chunk (k % Pv) / P, so groups of P micro-batches pass through chunk 0, then chunk 1, ...;
-// backwards take the same micro-batches through the chunks in reverse. Warm-up: 2(P - s - 1) + (v - 1)P forwards.
-// (Megatron-LM runs all forwards first when m == P; the general warm-up is used here, which holds fewer.)
-constexpr void order_interleaved(std::vector<Step>& q, int P, int m, int v, int s) {
+// (k / Gv)·G + k % G on chunk (k % Gv) / G, so groups of G micro-batches (G = P; Llama 3's and Megatron-Core's
+// schedule lets G differ) pass through chunk 0, then chunk 1, ...; backwards take the same micro-batches through the
+// chunks in reverse. Warm-up: 2(P - s - 1) + (v - 1)G forwards. (Megatron-LM runs all forwards first when m == P;
+// the general warm-up is used here, which holds fewer.) Below P, a group comes back to stage 0 before the stage
+// has room for it, and the order can wait on itself (place_exchanges says so).
+constexpr void order_interleaved(std::vector<Step>& q, int P, int m, int v, int s, int G) {
   const int total = m * v;
-  const int group = P * v;
-  auto micro = [&](int k) { return (k / group) * P + k % P; };
-  auto fchunk = [&](int k) { return (k % group) / P; };
-  auto bchunk = [&](int k) { return v - 1 - (k % group) / P; };
-  const int warm = std::min(2 * (P - s - 1) + (v - 1) * P, total);
+  const int round = G * v;
+  auto micro = [&](int k) { return (k / round) * G + k % G; };
+  auto fchunk = [&](int k) { return (k % round) / G; };
+  auto bchunk = [&](int k) { return v - 1 - (k % round) / G; };
+  const int warm = std::min(2 * (P - s - 1) + (v - 1) * G, total);
   for (int k = 0; k < warm; ++k) q.push_back({Kind::F, micro(k), fchunk(k)});
   for (int i = 0; i < total - warm; ++i) {
     q.push_back({Kind::F, micro(warm + i), fchunk(warm + i)});
@@ -144,7 +146,7 @@ constexpr void order_zb_v(std::vector<Step>& q, int P, int m, int s) {
   while (w[0] < b[0]) weight(0);
 }
 
-constexpr Order compute_order(Schedule sched, int P, int m, int v) {
+constexpr Order compute_order(Schedule sched, int P, int m, int v, int group = 0) {
   Order o(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
     auto& q = o[static_cast<std::size_t>(s)];
@@ -152,7 +154,7 @@ constexpr Order compute_order(Schedule sched, int P, int m, int v) {
     switch (sched) {
       case Schedule::gpipe: order_gpipe(q, m); break;
       case Schedule::one_f_one_b: order_1f1b(q, P, m, s); break;
-      case Schedule::interleaved: order_interleaved(q, P, m, v, s); break;
+      case Schedule::interleaved: order_interleaved(q, P, m, v, s, group > 0 ? group : P); break;
       case Schedule::zero_bubble_h1: order_zb_h1(q, P, m, s); break;
       case Schedule::zero_bubble_v: order_zb_v(q, P, m, s); break;
     }
@@ -259,16 +261,18 @@ constexpr RuntimeTable place_exchanges(Schedule sched, int P, int m, int v, cons
     int later = now;
     for (int f : free_at)
       if (f > now && (later == now || f < later)) later = f;
-    if (later == now) throw Error("loom: internal: a pipeline compute order waits on itself");
+    if (later == now) throw Error("loom: the pipeline's compute order waits on itself (a deadlock)");
     now = later;
   }
   for (std::size_t s = 0; s < P_; ++s) t.actions[s].resize(static_cast<std::size_t>(filled[s]));
   return t;
 }
 
-constexpr RuntimeTable build(Schedule sched, int P, int m, int v) {
+constexpr RuntimeTable build(Schedule sched, int P, int m, int v, int group = 0) {
   const int chunks = chunks_per_stage(sched, v);
-  return place_exchanges(sched, P, m, chunks, compute_order(sched, P, m, chunks));
+  RuntimeTable t = place_exchanges(sched, P, m, chunks, compute_order(sched, P, m, chunks, group));
+  t.group = group;
+  return t;
 }
 
 template <int P, int N>
@@ -277,6 +281,7 @@ constexpr Table<P, N> to_table(const RuntimeTable& r) {
   t.micro_batches = r.micro_batches;
   t.chunks = r.chunks;
   t.schedule = r.schedule;
+  t.group = r.group;
   for (std::size_t s = 0; s < static_cast<std::size_t>(P); ++s) {
     const auto& list = r.actions[s];
     if (static_cast<int>(list.size()) > N) throw Error("loom: internal: a stage list outgrew its capacity");

@@ -332,7 +332,7 @@ constexpr RunResult run(const T& t, const Costs& costs, Record&& record) {
       }
     }
   for (int s = 0; s < P; ++s)
-    if (peak[s] > activation_bound(sched, P, m, v, s)) return fail(Problem::over_bound, s, -1, -1, -1);
+    if (peak[s] > activation_bound(sched, P, m, v, s, t.group)) return fail(Problem::over_bound, s, -1, -1, -1);
   return out;
 }
 
