@@ -713,10 +713,7 @@ class MoeLayer {
           if (has_shared_) shared_.forward(x, w.shared, a.shared, partial, y);
           else region_.ops.fill(y, std::size_t(region_.rows()) * region_.C, T(0));
         },
-        [&](const T* in, T* out, std::size_t n) {
-          if constexpr (Tp::size > 1) region_.tp->all_gather(in, out, n);
-          else region_.ops.copy(in, out, n);  // a group of one, on the device's memory
-        });
+        [&](const T* in, T* out, std::size_t n) { region_.all_gather(in, out, n); });
   }
   //! dx (N x d) from dy, the gradient of y; leaves in g what backward_weight needs. `scale` scales the router's
   //! losses as the step's loss is scaled (1/m over m micro-batches). The shared experts' backward runs while the

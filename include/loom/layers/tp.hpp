@@ -203,10 +203,16 @@ struct Region {
   int rows() const { return sequence_parallel ? N / Tp::size : N; }
   int first_row() const { return sequence_parallel ? tp->rank() * rows() : 0; }
 
+  //! out (size() * n) = the n elements of every rank, in rank order: a group of one's is a copy on Dev's memory
+  //! (TpGroup's copies are the host's).
+  void all_gather(const T* in, T* out, std::size_t n) const {
+    if constexpr (Tp::size > 1) tp->all_gather(in, out, n);
+    else ops.copy(in, out, n);
+  }
   //! Entering, forward: full (N x C) from this rank's rows of x. Without sequence parallelism full may be x.
   void enter_forward(const T* x, T* full) const {
-    if constexpr (sequence_parallel && Tp::size > 1) tp->all_gather(x, full, std::size_t(rows()) * C);
-    else ops.copy(x, full, std::size_t(N) * C);  // a group of one on Dev's memory (TpGroup's copies are the host's)
+    if constexpr (sequence_parallel) all_gather(x, full, std::size_t(rows()) * C);
+    else ops.copy(x, full, std::size_t(N) * C);
   }
   //! Entering, backward: dx (this rank's rows) from the partial gradients (N x C) of every rank; may be in place.
   void enter_backward(T* dfull, T* dx) const {

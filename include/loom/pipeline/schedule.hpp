@@ -440,18 +440,7 @@ template <Schedule S, int P, int M, int V = 1>
 //! than p holds more in flight; fewer can wait on itself, which throws.
 [[nodiscard]] inline RuntimeTable make_schedule_checked(Schedule s, int p, int m, int v = 1, int group = 0) {
   const std::string name(describe_schedule(s));
-  if (group != 0) {
-    if (s != Schedule::interleaved || group < 1)
-      throw Error(loom::detail::cat("loom: a group of micro-batches run in a row is the interleaved schedule's, at "
-                                    "least 1; got ", group, " for ", name));
-    if (p >= 1 && p <= max_stages && m >= 1 && v >= 2 && m % group != 0)
-      throw Error(loom::detail::cat("loom: the interleaved schedule in groups of ", group, " micro-batches needs a "
-                                    "multiple of ", group, ", got m = ", m));
-  }
-  const detail::CountRule rule = detail::count_rule(s, p, m, v);
-  const bool grouped = group != 0 && group != p && (rule == detail::CountRule::interleaved_too_few ||
-                                                    rule == detail::CountRule::interleaved_not_multiple);
-  switch (grouped ? detail::CountRule::ok : rule) {
+  switch (detail::count_rule(s, p, m, v, group)) {
     case detail::CountRule::ok: break;
     case detail::CountRule::stages:
       throw Error(loom::detail::cat("loom: a pipeline needs 1 to ", max_stages, " stages, got p = ", p));
@@ -470,6 +459,12 @@ template <Schedule S, int P, int M, int V = 1>
     case detail::CountRule::interleaved_not_multiple:
       throw Error(loom::detail::cat("loom: the interleaved schedule needs the micro-batch count to be a multiple of "
                                     "the stage count, got m = ", m, ", p = ", p));
+    case detail::CountRule::group_not_interleaved:
+      throw Error(loom::detail::cat("loom: a group of micro-batches run in a row is the interleaved schedule's, at "
+                                    "least 1; got ", group, " for ", name));
+    case detail::CountRule::group_not_multiple:
+      throw Error(loom::detail::cat("loom: the interleaved schedule in groups of ", group, " micro-batches needs a "
+                                    "multiple of ", group, ", got m = ", m));
   }
   const std::string groups = group ? loom::detail::cat(", in groups of ", group) : std::string();
   RuntimeTable t;

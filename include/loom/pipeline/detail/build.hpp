@@ -20,15 +20,21 @@ enum class CountRule {
   chunks_zb_v,
   chunks_interleaved,
   interleaved_too_few,
-  interleaved_not_multiple
+  interleaved_not_multiple,
+  group_not_interleaved,
+  group_not_multiple
 };
 
-constexpr CountRule count_rule(Schedule s, int p, int m, int v) {
+// group: the interleaved order's micro-batches in a row (0 or p: Megatron-LM's groups of p, whose rules are m >= p
+// and a multiple of p; another: a multiple of it).
+constexpr CountRule count_rule(Schedule s, int p, int m, int v, int group = 0) {
   if (p < 1 || p > max_stages) return CountRule::stages;
   if (m < 1) return CountRule::micro_batches;
+  if (group != 0 && (s != Schedule::interleaved || group < 1)) return CountRule::group_not_interleaved;
   if (s == Schedule::zero_bubble_v) return v == 1 || v == 2 ? CountRule::ok : CountRule::chunks_zb_v;
   if (s != Schedule::interleaved) return v == 1 ? CountRule::ok : CountRule::chunks_not_interleaved;
   if (v < 2) return CountRule::chunks_interleaved;
+  if (group != 0 && group != p) return m % group == 0 ? CountRule::ok : CountRule::group_not_multiple;
   if (m < p) return CountRule::interleaved_too_few;
   if (m % p != 0) return CountRule::interleaved_not_multiple;
   return CountRule::ok;
