@@ -3,12 +3,16 @@
 #include "catch.hpp"
 #include "comm_cases.hpp"
 
+#include <loom/comm/any.hpp>
 #include <loom/comm/local.hpp>
 
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 
 using namespace loom;
 using comm::Algorithm;
@@ -23,7 +27,73 @@ comm::LocalOptions quick(int timeout_ms = 2000, Algorithm a = Algorithm::automat
   return o;
 }
 
+//! A communicator of one rank that keeps the stream each operation it is handed was ordered on.
+class Recorder : public comm::Frontend<Recorder> {
+ public:
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  const comm::GroupInfo& group() const { return info_; }
+  comm::Handle start(comm::Op&& op, bool) {
+    seen.push_back(op.stream);
+    return comm::Handle::ready();
+  }
+  std::vector<std::optional<void*>> seen;
+
+ private:
+  comm::GroupInfo info_{"rec", {0}};
+};
+
 }  // namespace
+
+TEST_CASE("on_stream orders what a communicator issues, nests, passes through AnyComm, and needs CUDA support",
+          "[comm][local]") {
+  int a = 0, b = 0;  // two addresses that stand for streams
+  void* const sa = &a;
+  void* const sb = &b;
+  Recorder rec;
+  std::vector<float> v(3, 1.0f);
+  rec.all_reduce(v);
+  {
+    const auto on = rec.on_stream(sa);
+    rec.all_reduce(v);
+    {
+      const auto legacy = rec.on_stream(nullptr);  // the legacy default stream: a stream, not the host
+      rec.barrier();
+    }
+    rec.all_gather(std::span<const float>(v.data(), 3), v);
+    CHECK(rec.stream_order() == std::optional<void*>(sa));
+  }
+  rec.broadcast(v, 0);
+  CHECK(!rec.stream_order());
+  {
+    comm::AnyComm any(rec);
+    const auto inner = rec.on_stream(sa);
+    const auto outer = any.on_stream(sb);
+    any.all_reduce(v);  // the wrapper's order travels with the operation; the wrapped one's does not replace it
+  }
+  const std::vector<std::optional<void*>> want{std::nullopt, sa, nullptr, sa, std::nullopt, sb};
+  REQUIRE(rec.seen.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("operation " << i);
+    CHECK(rec.seen[i] == want[i]);
+  }
+
+  // Local without CUDA support for its communicators cannot wait for a stream: every rank is told.
+  std::string msg;
+  try {
+    run_local<Parallel<DP<2>>>(
+        [&](auto& ctx) {
+          const auto on = ctx.world().on_stream(sa);
+          ctx.world().all_reduce(std::span<float>(v.data(), 1));
+        },
+        quick());
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("all_reduce is ordered on a CUDA stream, but this program has no CUDA support for its "
+                 "communicators") != std::string::npos);
+}
 
 TEMPLATE_TEST_CASE("every collective on every group matches the serial reference", "[comm][local]",
                    (Parallel<TP<2>, PP<2>, DP<2>>), (Parallel<TP<2>, CP<2>, DP<2>>), (Parallel<DP<4>>),

@@ -12,9 +12,11 @@
 
 #include "comm_cases.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace loom;
@@ -152,6 +154,36 @@ TEMPLATE_TEST_CASE("the other collectives and send/recv move device buffers", "[
           device_movement<fp16>(ctx.world(), n);
           device_movement<std::int32_t>(ctx.template comm<Axis::dp>(), n);
         }
+      },
+      options(Algorithm::automatic)));
+}
+
+namespace {
+void hold_stream(void* seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<double*>(seconds)));
+}
+}  // namespace
+
+TEST_CASE("a collective ordered on a stream reads what the stream wrote before it", "[comm][cuda]") {
+  REQUIRE_NOTHROW(run_local<Parallel<DP<2>>>(
+      [](auto& ctx) {
+        cudaStream_t s = nullptr;
+        LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        const std::size_t n = 4099;
+        DeviceVector<std::int32_t> buf(std::vector<std::int32_t>(n, 0));
+        LOOM_CUDA(cudaStreamSynchronize(nullptr));  // s does not wait for the legacy stream's copy
+        static double hold = 0.3;
+        LOOM_CUDA(cudaLaunchHostFunc(s, hold_stream, &hold));
+        LOOM_CUDA(cudaMemsetAsync(buf.span().data(), 1, n * sizeof(std::int32_t), s));  // 0x01010101 after the hold
+        {
+          const auto on = ctx.world().on_stream(s);
+          ctx.world().all_reduce(buf.span());
+        }
+        const auto got = buf.host();
+        LOOM_CUDA(cudaStreamDestroy(s));
+        for (std::size_t i = 0; i < n; i += 97)
+          test::expect(got[i] == 2 * 0x01010101, "an all_reduce ordered on a held stream got ", got[i], " at ", i,
+                       ": it read before the stream's write");
       },
       options(Algorithm::automatic)));
 }

@@ -206,6 +206,61 @@ void device_checks(comm::NcclComm& c) {
   LOOM_CUDA(cudaFree(recv));
 }
 
+void block_stream(void* seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<double*>(seconds)));
+}
+
+//! Operations ordered on a stream of the caller (on_stream): the call returns while that stream is still held by a
+//! host function, the collective reads what the stream wrote after it, and the stream's next copy reads its result;
+//! asynchronous ones alike at wait(); with host buffers (staged) the call waits and the values come back.
+void stream_ordered_checks(comm::NcclComm& c) {
+  cudaStream_t s = nullptr;
+  LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::size_t n = 1 << 20;
+  std::int32_t *send = nullptr, *recv = nullptr;
+  LOOM_CUDA(cudaMalloc(&send, n * sizeof(std::int32_t)));
+  LOOM_CUDA(cudaMalloc(&recv, n * sizeof(std::int32_t)));
+  std::vector<std::int32_t> got(n);
+  for (const bool async : {false, true}) {
+    LOOM_CUDA(cudaMemset(send, 0, n * sizeof(std::int32_t)));
+    LOOM_CUDA(cudaMemset(recv, 0, n * sizeof(std::int32_t)));
+    LOOM_CUDA(cudaStreamSynchronize(nullptr));  // the streams below do not wait for the legacy one
+    static double hold = 0.5;
+    LOOM_CUDA(cudaLaunchHostFunc(s, block_stream, &hold));
+    LOOM_CUDA(cudaMemsetAsync(send, 1, n * sizeof(std::int32_t), s));  // 0x01010101, once the hold ends
+    const auto t0 = std::chrono::steady_clock::now();
+    comm::Handle h;
+    {
+      const auto on = c.on_stream(s);
+      if (async) h = c.all_reduce_async(std::span<const std::int32_t>(send, n), std::span<std::int32_t>(recv, n),
+                                        comm::Reduce::max);
+      else c.all_reduce(std::span<const std::int32_t>(send, n), std::span<std::int32_t>(recv, n), comm::Reduce::max);
+    }
+    h.wait();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    test::expect(cudaStreamQuery(s) == cudaErrorNotReady, "the caller's stream finished before an ordered ",
+                 async ? "asynchronous " : "", "all_reduce returned: the host waited for it");
+    test::expect(took < std::chrono::milliseconds(300), "an ordered all_reduce took ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                 " ms to return while the stream was held for 500 ms");
+    LOOM_CUDA(cudaMemcpyAsync(got.data(), recv, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost, s));
+    LOOM_CUDA(cudaStreamSynchronize(s));
+    for (std::size_t i = 0; i < n; i += 4099)
+      test::expect(got[i] == 0x01010101, "an ordered ", async ? "asynchronous " : "", "all_reduce got ", got[i],
+                   " at ", i, ": it did not read after the stream's write, or the stream's copy did not wait for it");
+  }
+  std::vector<float> host{1.5f, -2.0f, 3.0f};
+  {
+    const auto on = c.on_stream(s);
+    c.all_reduce(host, comm::Reduce::max);
+  }
+  test::expect(host[0] == 1.5f && host[1] == -2.0f && host[2] == 3.0f, "an ordered all_reduce of host memory got ",
+               host[0], ", ", host[1], ", ", host[2]);
+  LOOM_CUDA(cudaFree(send));
+  LOOM_CUDA(cudaFree(recv));
+  LOOM_CUDA(cudaStreamDestroy(s));
+}
+
 template <class T>
 void on_device(comm::NcclComm& c) {
   OnDevice d(c);
@@ -234,18 +289,16 @@ int cases(int& argc, char**& argv) {
     all_cases(ctx.template comm<Axis::dp, Axis::cp>());
     all_cases(ctx.world());
     device_checks(ctx.world());
+    stream_ordered_checks(ctx.world());
     if (ctx.rank() == 0)
       std::printf("test_comm_nccl: every collective on every group of %s passed on the device\n",
                   std::string(Cfg::name()).c_str());
   });
 }
 
-void block_stream(void* seconds) {
-  std::this_thread::sleep_for(std::chrono::seconds(*static_cast<int*>(seconds)));
-}
-
 //! One rank can still time out: a host function holds the stream longer than the timeout, so the all_reduce
-//! behind it cannot finish. The communicator is then aborted and refuses further operations.
+//! behind it cannot finish. The communicator is then aborted and refuses further operations. The same for an
+//! operation ordered on the caller's stream, which the watchdog times out.
 int timeout_case(int& argc, char**& argv) {
   return run_nccl<Parallel<>>(argc, argv, [](auto& ctx) {
     auto& world = ctx.world();
@@ -255,7 +308,7 @@ int timeout_case(int& argc, char**& argv) {
     LOOM_CUDA(cudaMalloc(&send, n * sizeof(float)));
     LOOM_CUDA(cudaMalloc(&recv, n * sizeof(float)));
     c.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1 completes
-    static int hold = 3;
+    static double hold = 3;
     LOOM_CUDA(cudaLaunchHostFunc(c.stream(), block_stream, &hold));
     const auto t0 = std::chrono::steady_clock::now();
     std::string what;
@@ -279,9 +332,46 @@ int timeout_case(int& argc, char**& argv) {
     test::expect(after.find("aborted by an earlier failure") != std::string::npos,
                  "an operation on the aborted communicator: '", after, "'");
     LOOM_CUDA(cudaStreamSynchronize(c.stream()));  // the held stream drains before its buffers go
+
+    // Ordered on a stream of the caller, the operation returns at once; the watchdog times it out and aborts the
+    // communicator, and the next operation reports it.
+    comm::NcclComm w(world.group(), world.device(), std::chrono::milliseconds(1000));
+    cudaStream_t s = nullptr;
+    LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    LOOM_CUDA(cudaLaunchHostFunc(s, block_stream, &hold));
+    const auto t1 = std::chrono::steady_clock::now();
+    {
+      const auto on = w.on_stream(s);
+      w.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1, behind the held stream
+    }
+    const auto returned = std::chrono::steady_clock::now() - t1;
+    test::expect(returned < std::chrono::milliseconds(500), "an ordered all_reduce took ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(returned).count(), " ms to return");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::string watched;
+    try {
+      w.barrier();
+    } catch (const TimeoutError& e) {
+      watched = e.what();
+    }
+    test::expect(watched.starts_with("loom: all_reduce #1 on group world{0} timed out after 1 s on global rank 0 "
+                                     "(all_reduce(count=16, f32, sum), ordered on the caller's stream); the NCCL "
+                                     "communicator was aborted"),
+                 "the watchdog's timeout, reported by the next operation: '", watched, "'");
+    after.clear();
+    try {
+      w.barrier();
+    } catch (const Error& e) {
+      after = e.what();
+    }
+    test::expect(after.find("aborted by an earlier failure") != std::string::npos,
+                 "an operation after the watchdog aborted the communicator: '", after, "'");
+    LOOM_CUDA(cudaStreamSynchronize(s));
+    LOOM_CUDA(cudaStreamDestroy(s));
     LOOM_CUDA(cudaFree(send));
     LOOM_CUDA(cudaFree(recv));
     std::printf("test_comm_nccl: timeout: %s\n", what.c_str());
+    std::printf("test_comm_nccl: timeout of an ordered operation: %s\n", watched.c_str());
   });
 }
 

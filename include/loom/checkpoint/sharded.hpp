@@ -33,9 +33,11 @@
 #include <loom/train/trainer.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +68,53 @@ inline std::vector<std::pair<Box, std::int64_t>> boxes_in(const RunBox& run, std
   });
   return out;
 }
+
+//! [first, last) element ranges of a part's buffer.
+using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+//! The ranges of a part's parameters that `held` lists, and of an optimizer state laid out as its shard (at).
+inline Ranges param_ranges(const std::vector<train::Holding::Range>& held) {
+  Ranges r;
+  for (const auto& w : held) r.emplace_back(w.lo, w.hi);
+  return r;
+}
+inline Ranges state_ranges(const std::vector<train::Holding::Range>& held) {
+  Ranges r;
+  for (const auto& w : held) r.emplace_back(w.at, w.at + (w.hi - w.lo));
+  return r;
+}
+
+//! A host copy of some ranges of a device buffer of n elements of U (a part's parameters, or an optimizer state),
+//! laid out as the buffer: the ranges are copied and the pages of the rest never touched, so that a rank's host holds
+//! what it writes or reads of its part, not the whole part (without ZeRO a data-parallel rank writes a 1/dp share).
+//! Charged to the ledger as checkpoint buffers while it lives.
+template <class U>
+class HostRanges {
+ public:
+  HostRanges() = default;
+  template <class Ops>
+  HostRanges(const Ops& ops, const U* device, std::size_t n, Ranges ranges)
+      : bytes_(new std::byte[std::max<std::size_t>(n, 1) * sizeof(U)]), ranges_(std::move(ranges)) {
+    std::size_t copied = 0;
+    for (const auto& [lo, hi] : ranges_) {
+      LOOM_CHECK(0 <= lo && lo <= hi && static_cast<std::size_t>(hi) <= n, "a checkpoint range [", lo, ", ", hi,
+                 ") lies outside a buffer of ", n, " elements");
+      ops.to_host(device + lo, data() + lo, static_cast<std::size_t>(hi - lo));
+      copied += static_cast<std::size_t>(hi - lo) * sizeof(U);
+    }
+    charge_ = ChargedBytes(MemoryUse::checkpoint, copied);
+  }
+  U* data() const { return reinterpret_cast<U*>(bytes_.get()); }
+  //! The ranges, back into the device buffer.
+  template <class Ops>
+  void back(const Ops& ops, U* device) const {
+    for (const auto& [lo, hi] : ranges_) ops.from_host(data() + lo, device + lo, static_cast<std::size_t>(hi - lo));
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> bytes_;  // default-initialised: the pages outside the ranges stay untouched
+  Ranges ranges_;
+  ChargedBytes charge_;
+};
 
 }  // namespace detail
 
@@ -132,29 +181,24 @@ void snapshot_into(Snapshot& snap, const std::string& root, const TrainerView<T,
   std::vector<detail::Written>& chunks = snap.chunks;
   for (const auto& part : trainer.parts) {
     const train::Holding& held = part.held;
-    std::vector<T> host;
+    // On a GPU: host copies of what the rank writes of the part, while its chunks are cut.
+    detail::HostRanges<T> host;
     const T* params = part.params->data();
     if constexpr (!kernels::is_host_v<Dev>) {
-      host.resize(static_cast<std::size_t>(part.params->numel()));
-      part.ops->to_host(part.params->data(), host.data(), host.size());
+      host = detail::HostRanges<T>(*part.ops, params, static_cast<std::size_t>(part.params->numel()),
+                                   detail::param_ranges(held.written));
       params = host.data();
     }
     const auto states = part.optimizer->state();
-    std::vector<std::vector<A>> state_host(states.size());
+    std::vector<detail::HostRanges<A>> state_host(states.size());
     std::vector<const A*> state(states.size());
     for (std::size_t k = 0; k < states.size(); ++k) {
       state[k] = states[k].second.data();
       if constexpr (!kernels::is_host_v<Dev>) {
-        state_host[k].resize(static_cast<std::size_t>(states[k].second.numel()));
-        part.ops->to_host(states[k].second.data(), state_host[k].data(), state_host[k].size());
+        state_host[k] = detail::HostRanges<A>(*part.ops, state[k], static_cast<std::size_t>(states[k].second.numel()),
+                                              detail::state_ranges(held.written));
         state[k] = state_host[k].data();
       }
-    }
-    ChargedBytes staged;  // on a GPU: the host copy of the part, while its chunks are cut
-    if constexpr (!kernels::is_host_v<Dev>) {
-      std::size_t b = host.size() * sizeof(T);
-      for (const auto& v : state_host) b += v.size() * sizeof(A);
-      staged = ChargedBytes(MemoryUse::checkpoint, b);
     }
     for (const auto& s : *part.specs) {
       if (s.index == 0 && !part.embedding) continue;  // the tied table: written by the part with the embedding
@@ -265,28 +309,24 @@ int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& 
     Optimizer& opt = *part.optimizer;
     auto states = opt.state();
     if (!state_too) states.clear();
-    std::vector<T> host;
-    ChargedBytes staged;  // on a GPU: the host copy of the part
+    // On a GPU: host copies of the ranges the rank holds, read into and copied back (the rest of the part keeps its
+    // values, as on the host; a range is copied out first in case the reads leave gaps in it).
+    detail::HostRanges<T> host;
     T* params = part.params->data();
-    if constexpr (!kernels::is_host_v<Dev>) {  // what the rank does not hold keeps its values, as on the host
-      host.resize(static_cast<std::size_t>(part.params->numel()));
-      part.ops->to_host(part.params->data(), host.data(), host.size());
+    if constexpr (!kernels::is_host_v<Dev>) {
+      host = detail::HostRanges<T>(*part.ops, params, static_cast<std::size_t>(part.params->numel()),
+                                   detail::param_ranges(held.params));
       params = host.data();
     }
-    std::vector<std::vector<A>> state_host(states.size());
+    std::vector<detail::HostRanges<A>> state_host(states.size());
     std::vector<A*> state(states.size());
     for (std::size_t k = 0; k < states.size(); ++k) {
       state[k] = const_cast<A*>(states[k].second.data());
       if constexpr (!kernels::is_host_v<Dev>) {
-        state_host[k].resize(static_cast<std::size_t>(states[k].second.numel()));
-        part.ops->to_host(states[k].second.data(), state_host[k].data(), state_host[k].size());
+        state_host[k] = detail::HostRanges<A>(*part.ops, state[k], static_cast<std::size_t>(states[k].second.numel()),
+                                              detail::state_ranges(held.state));
         state[k] = state_host[k].data();
       }
-    }
-    if constexpr (!kernels::is_host_v<Dev>) {
-      std::size_t b = host.size() * sizeof(T);
-      for (const auto& v : state_host) b += v.size() * sizeof(A);
-      staged = ChargedBytes(MemoryUse::checkpoint, b);
     }
     std::vector<detail::Segment> segs;
     // The segments of tensor `name` that fill elements `ranges` of part parameter s, through dst(x, range).
@@ -332,9 +372,9 @@ int load_sharded(const std::string& path, const TrainerView<T, Dev, Optimizer>& 
     }
     detail::read_segments(dir, segs, ix.block);
     if constexpr (!kernels::is_host_v<Dev>) {
-      part.ops->from_host(host.data(), part.params->data(), host.size());
+      host.back(*part.ops, part.params->data());
       for (std::size_t k = 0; k < states.size(); ++k)
-        part.ops->from_host(state_host[k].data(), const_cast<A*>(states[k].second.data()), state_host[k].size());
+        state_host[k].back(*part.ops, const_cast<A*>(states[k].second.data()));
     }
     if (state_too) opt.set_counter(ix.counter);
   }

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <concepts>
+#include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::comm {
@@ -32,6 +34,21 @@ concept Communicator = requires(C& c, const C& cc, std::vector<float>& v, const 
   c.barrier();
   { c.all_reduce_async(cv, v, Reduce::sum) } -> std::same_as<Handle>;
   { c.exchange_async(ops) } -> std::same_as<Handle>;
+};
+
+//! While it lives, what a communicator issues is ordered against one CUDA stream of the caller (Op::stream); when
+//! it ends, the ordering before it comes back (scopes nest). Frontend::on_stream makes one.
+class [[nodiscard]] StreamOrderScope {
+ public:
+  StreamOrderScope(std::optional<void*>& order, std::optional<void*> stream)
+      : order_(order), before_(std::exchange(order, stream)) {}
+  ~StreamOrderScope() { order_ = before_; }
+  StreamOrderScope(const StreamOrderScope&) = delete;
+  StreamOrderScope& operator=(const StreamOrderScope&) = delete;
+
+ private:
+  std::optional<void*>& order_;
+  std::optional<void*> before_;
 };
 
 //! The typed operations, written once; Derived supplies rank(), size(), group() and
@@ -125,10 +142,19 @@ class Frontend {
   //! AnyComm hands its operations on, so that the communicator it wraps counts them too.
   Handle issue(Op&& op, bool async) { return go(std::move(op), async); }
 
+  //! Orders the operations issued on this communicator, until the returned scope ends, against the CUDA
+  //! stream `stream` (a cudaStream_t; null is the legacy default stream; empty: on the host): each reads what the
+  //! work queued on that stream before it wrote, and the work queued there after it completes reads its results
+  //! (Op::stream). An operation that already carries a stream (handed on by a wrapper) keeps it.
+  StreamOrderScope on_stream(std::optional<void*> stream) { return {order_, stream}; }
+  //! The stream operations are ordered on now (empty: the host).
+  std::optional<void*> stream_order() const { return order_; }
+
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
   int n() { return self().size(); }
   Handle go(Op&& op, bool async) {
+    if (order_ && !op.stream) op.stream = order_;
     traffic_.note(op, n(), self().rank());
     return self().start(std::move(op), async);
   }
@@ -249,6 +275,7 @@ class Frontend {
   }
 
   Traffic traffic_;
+  std::optional<void*> order_;  //!< on_stream
 };
 
 }  // namespace loom::comm

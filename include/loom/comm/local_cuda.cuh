@@ -5,7 +5,8 @@
 // recognises device buffers from then on. NCCL refuses two ranks on one device, so this is how
 // multi-rank layouts run on one GPU.
 //
-// A buffer handed to a collective must be ready: synchronise the stream that wrote it first. Every rank of a
+// A buffer handed to a collective must be ready: synchronise the stream that wrote it first, or issue the collective
+// inside the communicator's on_stream(stream), which synchronises it. Every rank of a
 // collective passes the same kind of memory (all host, or all device), which the backend checks.
 #pragma once
 
@@ -106,7 +107,9 @@ inline void divide(DType t, void* dst, std::size_t n, int by) {
   LOOM_CUDA(cudaStreamSynchronize(s));
 }
 
-inline constexpr DeviceMemoryOps ops{&holds, &copy, &reduce_into, &divide};
+inline void synchronize(void* s) { LOOM_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+
+inline constexpr DeviceMemoryOps ops{&holds, &copy, &reduce_into, &divide, &synchronize};
 
 //! Installs the operations when the program starts (once, whichever files include this header).
 inline const bool installed = [] {

@@ -9,6 +9,7 @@
 #include <loom/core/memory.hpp>
 #include <loom/comm/context.hpp>
 #define LOOM_COMM_BACKEND_INCLUDED
+#include <loom/comm/detail/device_memory.hpp>
 #include <loom/comm/detail/host_reduce.hpp>
 #include <loom/comm/detail/worker.hpp>
 #include <loom/core/threads.hpp>
@@ -276,6 +277,7 @@ class MpiComm : public Frontend<MpiComm> {
   MPI_Comm native() const { return comm_; }
 
   Handle start(Op&& op, bool async) {
+    detail::order_on_host(op);
     return worker_->run([this, op = std::move(op)]() mutable { run(op); }, async);
   }
 

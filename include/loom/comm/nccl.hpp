@@ -25,9 +25,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <mutex>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -149,8 +152,12 @@ inline int pick_device(int rank) {
 }  // namespace detail
 
 //! The Nccl backend's communicator over one group. Operations run on stream() after the work already enqueued
-//! there; a blocking operation returns once its result is in device memory. To order a caller's kernels before
-//! an operation, make stream() wait on an event of the caller's stream.
+//! there. An operation ordered on a stream of the caller (Frontend::on_stream, Op::stream) is ordered by events:
+//! stream() waits for what the caller queued before it, the caller's stream waits for it, and the call returns
+//! without the host waiting for the device; a watchdog thread then bounds it by the timeout (on expiry, or an error
+//! NCCL reports, the communicator is aborted, so that the kernels waiting on it end, and the next operation on it
+//! throws the failure). Any other operation returns once its result is in device memory (or, staged, in host
+//! memory), as does an ordered one with host buffers.
 class NcclComm : public Frontend<NcclComm> {
  public:
   //! Collective over the group's members; device is this rank's GPU. Needs MPI and the Mpi watchdog started, as
@@ -201,8 +208,11 @@ class NcclComm : public Frontend<NcclComm> {
   //! Destroyed while an exception unwinds (this rank failed), the communicator is aborted instead of destroyed, so
   //! that its end never waits for peers.
   ~NcclComm() {
+    const bool aborting = std::uncaught_exceptions() > 0;
     worker_.reset();  // finish queued operations before the communicator goes
-    release(std::uncaught_exceptions() > 0);
+    if (aborting) abort_comm();  // what the watchdog still watches ends at once
+    stop_watchdog();             // else it finishes, or times out, first
+    release(aborting);
   }
 
   int rank() const { return rank_; }
@@ -213,33 +223,68 @@ class NcclComm : public Frontend<NcclComm> {
   ncclComm_t native() const { return comm_; }
 
   Handle start(Op&& op, bool async) {
-    return worker_->run([this, op = std::move(op)]() mutable { run(op); }, async);
+    if (!op.stream) return worker_->run([this, op = std::move(op)]() mutable { run(op, nullptr, nullptr); }, async);
+    // Ordered on the caller's stream: an event recorded here, on the caller's thread, marks what it queued so far.
+    LOOM_CUDA(cudaSetDevice(device_));
+    auto* const caller = *op.stream ? static_cast<cudaStream_t>(*op.stream) : cudaStreamLegacy;
+    const cudaEvent_t ready = take_event();
+    if (const cudaError_t rc = cudaEventRecord(ready, caller); rc != cudaSuccess) {
+      give_event(ready);
+      LOOM_CUDA(rc);
+    }
+    return worker_->run(
+        [this, op = std::move(op), ready, caller]() mutable {
+          const EventBack back{this, ready};  // stream() has waited for it by then (or the operation failed)
+          run(op, ready, caller);
+        },
+        async);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
 
-  void run(Op& op) {
+  //! Runs op on stream(), after `ready` where the caller's stream `caller` ordered it (Op::stream): then, with its
+  //! buffers all in device memory, the caller's stream waits for it and the watchdog watches it; otherwise the
+  //! thread waits for its end.
+  void run(Op& op, cudaEvent_t ready, cudaStream_t caller) {
     Staged staged;  // what it stages is freed however it ends
-    if (!comm_)
-      throw Error(loom::detail::cat("loom: ", name_of(op.kind), " on group ", info_.describe(), ", global rank ",
-                                    global_rank(), ": the NCCL communicator was aborted by an earlier failure"));
-    LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
+    report_failure();
     const std::uint64_t seq = ++seq_;
     const auto t0 = Clock::now();
-    try {
-      staged = stage(op);
-      enqueue(op);
-      // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
-      // two ranks connects them in the background).
-      settle(what_of(op, seq), t0 + timeout_);
-      LOOM_CUDA(cudaEventRecord(done_, stream_));
-    } catch (...) {
-      abort_comm();
-      throw;
+    {
+      const std::lock_guard lk(comm_mutex_);
+      if (!comm_) throw aborted(op);
+      LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
+      try {
+        if (ready) LOOM_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
+        staged = stage(op);
+        enqueue(op);
+        // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
+        // two ranks connects them in the background).
+        settle(what_of(op, seq), t0 + timeout_);
+        if (ready && staged.all.empty()) {
+          const cudaEvent_t done = take_event();
+          if (const cudaError_t rc = cudaEventRecord(done, stream_); rc != cudaSuccess) {
+            give_event(done);
+            LOOM_CUDA(rc);
+          }
+          LOOM_CUDA(cudaStreamWaitEvent(caller, done, 0));
+          watch(done, what_of(op, seq), describe(op), t0 + timeout_);  // recorded: the watchdog may query it
+          return;
+        }
+        LOOM_CUDA(cudaEventRecord(done_, stream_));
+      } catch (...) {
+        abort_locked();
+        throw;
+      }
     }
     wait(op, seq, t0);
     staged.back();  // once the operation is done: a copy to pageable memory blocks the thread
+  }
+
+  Error aborted(const Op& op) const {
+    return Error(loom::detail::cat("loom: ", name_of(op.kind), " on group ", info_.describe(), ", global rank ",
+                                   global_rank(), ": the NCCL communicator was aborted by an earlier failure"));
   }
 
   void enqueue(Op& op) {
@@ -415,7 +460,8 @@ class NcclComm : public Frontend<NcclComm> {
   }
 
   //! Waits until what the non-blocking communicator does in the background (its set-up, an operation's enqueueing)
-  //! is done; an error, or the deadline passing, aborts the communicator and throws, naming `what`.
+  //! is done; an error, or the deadline passing, aborts the communicator and throws, naming `what`. With
+  //! comm_mutex_ held (or before the watchdog starts).
   void settle(const std::string& what, Clock::time_point deadline) {
     const auto t0 = Clock::now();
     for (;;) {
@@ -424,12 +470,12 @@ class NcclComm : public Frontend<NcclComm> {
       if (rc == ncclSuccess && state == ncclSuccess) return;
       if (rc != ncclSuccess || state != ncclInProgress) {
         const std::string text = detail::nccl_text(rc != ncclSuccess ? rc : state);
-        abort_comm();
+        abort_locked();
         throw BackendError(loom::detail::cat(what, " failed on global rank ", global_rank(), ": ", text));
       }
       const auto now = Clock::now();
       if (now >= deadline) {
-        abort_comm();
+        abort_locked();
         throw TimeoutError(loom::detail::cat(what, " did not finish within ", describe_timeout(timeout_),
                                              " on global rank ", global_rank(),
                                              ": a member of the group is missing or stuck; the NCCL communicator was "
@@ -453,10 +499,7 @@ class NcclComm : public Frontend<NcclComm> {
                                              ": cudaEventQuery: ", cudaGetErrorString(q), " (", cudaGetErrorName(q),
                                              ")"));
       }
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
-      if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-        const std::string text = detail::nccl_text(rc != ncclSuccess ? rc : async);
+      if (const std::string text = async_error(); !text.empty()) {
         abort_comm();
         throw BackendError(loom::detail::cat(what_of(op, seq), " failed on global rank ", global_rank(), ": ", text));
       }
@@ -479,9 +522,126 @@ class NcclComm : public Frontend<NcclComm> {
   }
   int global_rank() const { return info_.ranks.empty() ? rank_ : info_.ranks[rank_]; }
 
+  //! NCCL's text for an error the communicator met in the background, or "" (also where it was aborted: whoever
+  //! aborted it reports why).
+  std::string async_error() {
+    const std::lock_guard lk(comm_mutex_);
+    if (!comm_) return {};
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) return {};
+    return detail::nccl_text(rc != ncclSuccess ? rc : state);
+  }
+
+  //! Aborts the communicator: the kernels waiting on it end, and every later operation fails. abort_locked: with
+  //! comm_mutex_ held.
   void abort_comm() noexcept {
+    const std::lock_guard lk(comm_mutex_);
+    abort_locked();
+  }
+  void abort_locked() noexcept {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
+  }
+
+  // --- Events of stream-ordered operations: taken where one is recorded, given back once the wait that reads it is
+  // queued (cudaStreamWaitEvent reads the event's latest record when called) or the operation it marks is done.
+  cudaEvent_t take_event() {
+    {
+      const std::lock_guard lk(events_mutex_);
+      if (!free_events_.empty()) {
+        const cudaEvent_t e = free_events_.back();
+        free_events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    LOOM_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give_event(cudaEvent_t e) noexcept {
+    const std::lock_guard lk(events_mutex_);
+    free_events_.push_back(e);
+  }
+  struct EventBack {
+    NcclComm* comm;
+    cudaEvent_t event;
+    ~EventBack() { comm->give_event(event); }
+  };
+
+  // --- The watchdog: the stream-ordered operations still on the device, oldest first, each with its deadline.
+  struct Watched {
+    cudaEvent_t done;
+    std::string what, op;
+    Clock::time_point deadline;
+  };
+  //! Hands an operation's completion event to the watchdog, started by the first.
+  void watch(cudaEvent_t done, std::string what, std::string op, Clock::time_point deadline) {
+    const std::lock_guard lk(watch_mutex_);
+    watched_.push_back({done, std::move(what), std::move(op), deadline});
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch_loop(); });
+    watch_cv_.notify_one();
+  }
+  //! Polls the oldest watched operation's event every millisecond: done, it goes; failed, or past its deadline, the
+  //! communicator is aborted and the failure kept for the next operation (report_failure). Ends when stopping and
+  //! nothing is left.
+  void watch_loop() {
+    cudaSetDevice(device_);
+    std::unique_lock lk(watch_mutex_);
+    for (;;) {
+      watch_cv_.wait(lk, [&] { return stopping_ || !watched_.empty(); });
+      if (watched_.empty()) return;
+      const Watched& w = watched_.front();  // only this thread removes entries; the worker appends
+      lk.unlock();
+      const cudaError_t q = cudaEventQuery(w.done);
+      std::string failure;
+      bool timed_out = false;
+      if (q == cudaSuccess) {
+        lk.lock();
+        give_event(w.done);
+        watched_.pop_front();
+        continue;
+      }
+      if (q != cudaErrorNotReady) {
+        failure = loom::detail::cat(w.what, " failed on global rank ", global_rank(), ": cudaEventQuery: ",
+                                    cudaGetErrorString(q), " (", cudaGetErrorName(q), ")");
+      } else if (std::string text = async_error(); !text.empty()) {
+        failure = loom::detail::cat(w.what, " failed on global rank ", global_rank(), ": ", text);
+      } else if (Clock::now() >= w.deadline) {
+        timed_out = true;
+        failure = loom::detail::cat(w.what, " timed out after ", describe_timeout(timeout_), " on global rank ",
+                                    global_rank(), " (", w.op, ", ordered on the caller's stream); the NCCL "
+                                    "communicator was aborted");
+      }
+      if (!failure.empty()) {
+        abort_comm();
+        lk.lock();
+        if (!failure_)
+          failure_ = timed_out ? std::make_exception_ptr(TimeoutError(failure))
+                               : std::make_exception_ptr(BackendError(failure));
+        for (const Watched& x : watched_) give_event(x.done);  // nothing more is watched on an aborted communicator
+        watched_.clear();
+        continue;
+      }
+      lk.lock();
+      watch_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_ && watched_.empty(); });
+    }
+  }
+  //! Throws, once, what the watchdog met.
+  void report_failure() {
+    const std::lock_guard lk(watch_mutex_);
+    if (failure_ && !failure_reported_) {
+      failure_reported_ = true;
+      std::rethrow_exception(failure_);
+    }
+  }
+  void stop_watchdog() noexcept {
+    {
+      const std::lock_guard lk(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_one();
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   //! Finalises the communicator (what it still does in the background, done), within the timeout; false where that
@@ -507,6 +667,8 @@ class NcclComm : public Frontend<NcclComm> {
       comm_ = nullptr;
     }
     if (scratch_) cudaFree(scratch_);
+    for (const cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    free_events_.clear();
     if (done_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
     scratch_ = nullptr, done_ = nullptr, stream_ = nullptr;
@@ -521,6 +683,15 @@ class NcclComm : public Frontend<NcclComm> {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   std::int32_t* scratch_ = nullptr;  // the barrier's one element
+  std::mutex comm_mutex_;  // comm_'s use against its abort by the watchdog
+  std::mutex events_mutex_;
+  std::vector<cudaEvent_t> free_events_;
+  std::mutex watch_mutex_;  // what follows
+  std::condition_variable watch_cv_;
+  std::deque<Watched> watched_;
+  bool stopping_ = false, failure_reported_ = false;
+  std::exception_ptr failure_;
+  std::thread watchdog_;
   std::unique_ptr<detail::SerialWorker> worker_ = std::make_unique<detail::SerialWorker>();
 };
 

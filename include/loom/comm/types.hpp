@@ -13,6 +13,7 @@
 #include <future>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -112,6 +113,12 @@ struct Op {
   int root = 0;
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
   std::vector<P2P> p2p;
+  //! Where the operation is ordered. Empty: on the host, its buffers ready when it is issued and its results when
+  //! it completes. Else a CUDA stream of the caller (a cudaStream_t; null is the legacy default stream): the
+  //! operation reads what the work queued there before it wrote, and the work queued there once it has completed
+  //! (a blocking call returned, an asynchronous one's wait()) reads what it wrote. Nccl orders its own stream by
+  //! events and the host does not wait for the device; Local and Mpi synchronise the stream first.
+  std::optional<void*> stream;
 };
 
 //! What a communicator has issued, counted where each operation starts: the operations of each kind, and the

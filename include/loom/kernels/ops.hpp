@@ -17,6 +17,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -458,5 +459,13 @@ static_assert(DeviceOps<Ops<Host>>, "loom: Ops<Host> must provide every operatio
 //! Whether the device's memory is the host's (host pointers may be read directly).
 template <class Device>
 inline constexpr bool is_host_v = std::is_same_v<Device, Host>;
+
+//! The stream a device's operations run on, as communicators order on it (comm::Frontend::on_stream): a
+//! cudaStream_t for Ops<Cuda>; none (the host's order) for the host.
+template <class O>
+std::optional<void*> stream_of([[maybe_unused]] const O& ops) {
+  if constexpr (requires { ops.stream; }) return static_cast<void*>(ops.stream);
+  else return std::nullopt;
+}
 
 }  // namespace loom::kernels

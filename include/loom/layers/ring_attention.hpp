@@ -162,9 +162,9 @@ inline kernels::AttentionShape block_shape(const kernels::AttentionShape& s, con
 //! Ring attention forward over the cp group `cp` (a communicator: rank(), size(), exchange_async), on the device of
 //! `ops` (kernels::Ops<Dev>: q, k, v, out and lse in its memory). q, k, v, out and lse are this rank's (s.T = 2c
 //! local rows per sequence, in zigzag order, or as `split` says; lse: B x Hq x 2c) and s is the local causal
-//! self-attention's shape; the result equals causal attention over the whole sequence at these rows. On a device a
-//! block is sent once the kernels that wrote it are done, and a buffer is received into once the kernels that read
-//! it are.
+//! self-attention's shape; the result equals causal attention over the whole sequence at these rows. On a device the
+//! exchanges are ordered on the stream of `ops` (comm::Frontend::on_stream): a block is sent once the kernels that
+//! wrote it are done, and a buffer is received into once the kernels that read it are.
 template <class T, class Comm, class Ops>
 void ring_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
                             const kernels::AttentionShape& s, SeqSplit split = SeqSplit::zigzag) {
@@ -185,8 +185,10 @@ void ring_attention_forward(Comm& cp, const Ops& ops, const T* q, const T* k, co
   for (int j = 0; j < 2; ++j) detail::gather_chunk(ops, q, s.ldq, B, c, wq, j, Q.data() + j * qn);
   detail::gather_kv(ops, k, v, s, z, kv.data());
   const int to = (r + 1) % n, from = (r + n - 1) % n;
+  // On a device each exchange is ordered on the stream: it sends once the kernels that wrote the block are done and
+  // receives once those that read the buffer are, and the kernels after its wait() read what it received.
+  const auto ordered = cp.on_stream(kernels::stream_of(ops));
   for (int step = 0; step < n; ++step) {
-    ops.synchronize();  // on a device: the block sent is written, the one received into no longer read
     // The next block, while this one is computed.
     comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
@@ -245,9 +247,9 @@ void ring_attention_backward(Comm& cp, const Ops& ops, const T* dout, const T* q
   auto dqb = detail::ring_buf<T, Dev>(qn), dkb = detail::ring_buf<T, Dev>(kvn), dvb = detail::ring_buf<T, Dev>(kvn);
   ops.fill(dQ.data(), 2 * qn, A(0));
   const int to = (r + 1) % n, from = (r + n - 1) % n;
+  const auto ordered = cp.on_stream(kernels::stream_of(ops));  // as forward's exchanges
   comm::Handle passing;
   for (int step = 0; step < n; ++step) {
-    ops.synchronize();  // on a device: the block sent is written, the one received into no longer read
     comm::Handle moving = step + 1 < n ? detail::rotate(cp, kv, next, to, from) : comm::Handle();
     const int src = (r + n - step) % n;
     ops.fill(mine.data(), 4 * kvn, A(0));
@@ -267,8 +269,7 @@ void ring_attention_backward(Comm& cp, const Ops& ops, const T* dout, const T* q
       passing.wait();
       ops.accumulate(in.data(), mine.data(), 4 * kvn);
     }
-    if (n > 1) {
-      ops.synchronize();  // on a device: the sum is computed, and `in` read, before the exchange
+    if (n > 1) {  // ordered after the kernels that compute the sum and read `in`
       std::swap(sending, mine);
       static_cast<void>(passing = detail::rotate(cp, sending, in, to, from));  // the last one was waited for
     }

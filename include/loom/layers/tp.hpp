@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 namespace loom::layers {
@@ -48,10 +48,12 @@ inline constexpr bool is_tensor_parallel_v<TensorParallel<Size, SequenceParallel
 
 namespace detail {
 
-//! The collectives a tensor-parallel group issues, on whichever communicator it was given.
+//! The collectives a tensor-parallel group issues, on whichever communicator it was given, ordered on `stream`
+//! (Op::stream; empty: on the host).
 template <class T>
 struct TpLink {
   using acc = loom::acc_t<T>;
+  std::optional<void*> stream;
   virtual ~TpLink() = default;
   virtual void all_reduce(std::span<T> x) = 0;
   virtual void all_reduce_acc(std::span<acc> x, comm::Reduce op) = 0;
@@ -63,11 +65,24 @@ template <class T, class C>
 struct TpLinkOf final : TpLink<T> {
   using acc = loom::acc_t<T>;
   explicit TpLinkOf(C& c) : c(c) {}
-  void all_reduce(std::span<T> x) override { c.all_reduce(x, comm::Reduce::sum); }
-  void all_reduce_acc(std::span<acc> x, comm::Reduce op) override { c.all_reduce(x, op); }
-  void all_gather(std::span<const T> in, std::span<T> out) override { c.all_gather(in, out); }
-  void all_gather_acc(std::span<const acc> in, std::span<acc> out) override { c.all_gather(in, out); }
+  void all_reduce(std::span<T> x) override {
+    const auto on = c.on_stream(this->stream);
+    c.all_reduce(x, comm::Reduce::sum);
+  }
+  void all_reduce_acc(std::span<acc> x, comm::Reduce op) override {
+    const auto on = c.on_stream(this->stream);
+    c.all_reduce(x, op);
+  }
+  void all_gather(std::span<const T> in, std::span<T> out) override {
+    const auto on = c.on_stream(this->stream);
+    c.all_gather(in, out);
+  }
+  void all_gather_acc(std::span<const acc> in, std::span<acc> out) override {
+    const auto on = c.on_stream(this->stream);
+    c.all_gather(in, out);
+  }
   void reduce_scatter(std::span<const T> in, std::span<T> out) override {
+    const auto on = c.on_stream(this->stream);
     c.reduce_scatter(in, out, comm::Reduce::sum);
   }
   C& c;
@@ -98,15 +113,18 @@ class TpGroup {
 
   int rank() const { return rank_; }
 
-  //! f runs before each collective the group issues: on a device, what makes the buffers it is handed ready (the
-  //! model's stream synchronised; the communicators take buffers whose writes are done).
-  void before_collectives(std::function<void()> f) { ready_ = std::move(f); }
+  //! On a device: the collectives the group issues are ordered on the model's CUDA stream `stream` (a
+  //! cudaStream_t; null is the legacy default stream): each reads what the kernels queued there before it wrote,
+  //! and the kernels queued after it read its result (comm::Op::stream). Nccl orders them by events without the
+  //! host waiting; Local and Mpi synchronise the stream first.
+  void order_on(void* stream) {
+    if (link_) link_->stream = stream;
+  }
 
   //! x = sum over the group of x.
   void all_reduce(T* x, std::size_t n) {
     if constexpr (Tp::size > 1) {
       note(n).all_reduce++;
-      ready();
       link_->all_reduce({x, n});
     }
   }
@@ -114,7 +132,6 @@ class TpGroup {
   void all_reduce_acc(acc* x, std::size_t n, comm::Reduce op) {
     if constexpr (Tp::size > 1) {
       note(n).all_reduce++;
-      ready();
       link_->all_reduce_acc({x, n}, op);
     }
   }
@@ -132,7 +149,6 @@ class TpGroup {
       copy(in, out, n);
     } else {
       note(n * Tp::size, 1).reduce_scatter++;
-      ready();
       link_->reduce_scatter({in, n * Tp::size}, {out, n});
     }
   }
@@ -163,7 +179,6 @@ class TpGroup {
       copy(in, out, n);
     } else {
       note(n * Tp::size, 1).all_gather++;
-      ready();
       issue();
     }
   }
@@ -171,9 +186,6 @@ class TpGroup {
   template <class U>
   static void copy(const U* in, U* out, std::size_t n) {
     if (in != out) std::copy_n(in, n, out);
-  }
-  void ready() const {
-    if (ready_) ready_();
   }
   //! Records a collective over a tensor of n elements; an all-reduce sends its data twice.
   CollectiveCounts& note(std::size_t n, int passes = 2) {
@@ -184,7 +196,6 @@ class TpGroup {
 
   int rank_ = 0;
   std::unique_ptr<detail::TpLink<T>> link_;
-  std::function<void()> ready_;  //!< before_collectives
   Phase phase_ = Phase::other;  // the phase counts are recorded under (PhaseScope)
   std::array<CollectiveCounts, 4> counts_{};
 };
@@ -192,7 +203,7 @@ class TpGroup {
 //! The edges of a tensor-parallel region over N tokens of C features. Outside the region a rank holds rows()
 //! tokens: all N, or with sequence parallelism (Tp::sequence_parallel) its N / t consecutive ones, starting at
 //! first_row(). The layers of the region compute on Dev through ops; on a device the group's collectives take device
-//! memory, and the model synchronises its stream before each (TpGroup::before_collectives).
+//! memory, ordered on the model's stream (TpGroup::order_on).
 template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct Region {
   static constexpr bool sequence_parallel = Tp::sequence_parallel;

@@ -31,8 +31,10 @@ RingBuf<T, typename Ops::device> to_heads(Comm& cp, const Ops& ops, const T* x, 
     for (int b = 0; b < B; ++b)
       ops.copy_rows(x + std::ptrdiff_t(b) * 2 * c * ld + std::ptrdiff_t(p) * hw, ld,
                     send.data() + p * block + std::size_t(b) * 2 * c * hw, std::ptrdiff_t(hw), 2 * c, hw);
-  ops.synchronize();  // on a device: what is sent is written
-  cp.all_to_all(std::span<const T>(whole(send)), whole(recv));
+  {
+    const auto ordered = cp.on_stream(kernels::stream_of(ops));  // on a device: after the copies that fill `send`
+    cp.all_to_all(std::span<const T>(whole(send)), whole(recv));
+  }
   for (int p = 0; p < n; ++p)  // rank p's two chunks of each sequence, where they sit in it
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < 2; ++j)
@@ -57,8 +59,10 @@ void to_rows(Comm& cp, const Ops& ops, const T* g, T* dst, std::ptrdiff_t ld, in
         ops.copy_rows(g + (std::size_t(b) * 2 * n * c + std::size_t(zigzag_chunks(p, n)[j]) * c) * hw,
                       std::ptrdiff_t(hw), send.data() + p * block + (std::size_t(b) * 2 * c + std::size_t(j) * c) * hw,
                       std::ptrdiff_t(hw), c, hw);
-  ops.synchronize();
-  cp.all_to_all(std::span<const T>(whole(send)), whole(recv));
+  {
+    const auto ordered = cp.on_stream(kernels::stream_of(ops));
+    cp.all_to_all(std::span<const T>(whole(send)), whole(recv));
+  }
   for (int p = 0; p < n; ++p)
     for (int b = 0; b < B; ++b)
       ops.copy_rows(recv.data() + p * block + std::size_t(b) * 2 * c * hw, std::ptrdiff_t(hw),

@@ -47,8 +47,8 @@ struct VocabParallelEmbedding {
 };
 
 //! Cross-entropy of N rows of logits over this rank's slice of the vocabulary. Forward issues two all-reduces: the
-//! row maxima, then the rescaled sums of exp together with the target logits (on a device, each after the stream's
-//! kernels are done: TpGroup::before_collectives).
+//! row maxima, then the rescaled sums of exp together with the target logits (on a device, ordered on the model's
+//! stream: TpGroup::order_on).
 template <class T, class Dev = Host, class Tp = TensorParallel<1>>
 struct VocabParallelCrossEntropy {
   using acc = typename kernels::Ops<Dev>::template acc_t<T>;

@@ -47,6 +47,7 @@ LOOM_COMPILED LocalComm::LocalComm(std::shared_ptr<detail::LocalGroup> g, int gl
 }
 
 LOOM_COMPILED Handle LocalComm::start(Op&& op, bool async) {
+  detail::order_on_host(op);  // here, on the caller's thread: what it queued before is what the operation reads
   return worker_.run([this, op = std::move(op)]() mutable { run(op); }, async);
 }
 

@@ -202,9 +202,9 @@ class GptWeights {
         ix_(s, part, specs_), shared_(specs_) {
     LOOM_CHECK(0 <= ix_.first && ix_.first < ix_.last && ix_.last <= s.layers, "a part of the model holds blocks [",
                part.first, ", ", part.last, "), which is not a non-empty range of 0..", s.layers);
-    // On a device the tensor-parallel collectives read what the model's stream wrote: it is synchronised first.
+    // On a device the tensor-parallel collectives read what the model's stream wrote: they are ordered on it.
     if constexpr (!on_host)
-      if (tensor_parallel::size > 1) tp_.before_collectives([ops = ops_] { ops.synchronize(); });
+      if (tensor_parallel::size > 1) tp_.order_on(ops_.stream);
     const std::int64_t n = specs_.empty() ? 0 : specs_.back().offset + numel_of(specs_.back().shape);
     {
       MemoryUseScope use(MemoryUse::parameters);
