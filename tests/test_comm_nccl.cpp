@@ -333,17 +333,20 @@ int timeout_case(int& argc, char**& argv) {
                  "an operation on the aborted communicator: '", after, "'");
     LOOM_CUDA(cudaStreamSynchronize(c.stream()));  // the held stream drains before its buffers go
 
-    // Ordered on a stream of the caller, the operation returns at once; the watchdog times it out and aborts the
+    // Ordered on a stream of the caller, the operation returns at once; held on the communicator's stream, it
+    // cannot finish: the watchdog times it out from when the caller's stream reached it and aborts the
     // communicator, and the next operation reports it.
     comm::NcclComm w(world.group(), world.device(), std::chrono::milliseconds(1000));
     cudaStream_t s = nullptr;
     LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    LOOM_CUDA(cudaLaunchHostFunc(s, block_stream, &hold));
+    LOOM_CUDA(cudaLaunchHostFunc(w.stream(), block_stream, &hold));
     const auto t1 = std::chrono::steady_clock::now();
     {
       const auto on = w.on_stream(s);
       w.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1, behind the held stream
     }
+    test::expect(cudaStreamQuery(s) == cudaErrorNotReady, "the caller's stream does not wait for the ordered "
+                 "all_reduce held on the communicator's stream");
     const auto returned = std::chrono::steady_clock::now() - t1;
     test::expect(returned < std::chrono::milliseconds(500), "an ordered all_reduce took ",
                  std::chrono::duration_cast<std::chrono::milliseconds>(returned).count(), " ms to return");
@@ -366,7 +369,8 @@ int timeout_case(int& argc, char**& argv) {
     }
     test::expect(after.find("aborted by an earlier failure") != std::string::npos,
                  "an operation after the watchdog aborted the communicator: '", after, "'");
-    LOOM_CUDA(cudaStreamSynchronize(s));
+    LOOM_CUDA(cudaStreamSynchronize(s));  // the hold ends, and the copy behind it
+    LOOM_CUDA(cudaStreamSynchronize(w.stream()));
     LOOM_CUDA(cudaStreamDestroy(s));
     LOOM_CUDA(cudaFree(send));
     LOOM_CUDA(cudaFree(recv));

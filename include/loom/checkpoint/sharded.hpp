@@ -84,9 +84,10 @@ inline Ranges state_ranges(const std::vector<train::Holding::Range>& held) {
 }
 
 //! A host copy of some ranges of a device buffer of n elements of U (a part's parameters, or an optimizer state),
-//! laid out as the buffer: the ranges are copied and the pages of the rest never touched, so that a rank's host holds
+//! laid out as the buffer: only the ranges are copied, and the rest is left uninitialised, so that the pages of a large
+//! buffer (which the allocator maps from the system) that lie outside them are never touched and a rank's host holds
 //! what it writes or reads of its part, not the whole part (without ZeRO a data-parallel rank writes a 1/dp share).
-//! Charged to the ledger as checkpoint buffers while it lives.
+//! Charged to the ledger, as checkpoint buffers, for what it copies.
 template <class U>
 class HostRanges {
  public:

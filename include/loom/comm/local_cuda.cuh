@@ -107,7 +107,10 @@ inline void divide(DType t, void* dst, std::size_t n, int by) {
   LOOM_CUDA(cudaStreamSynchronize(s));
 }
 
-inline void synchronize(void* s) { LOOM_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+//! Null is the legacy default stream (Op::stream), whatever default stream this file is compiled for.
+inline void synchronize(void* s) {
+  LOOM_CUDA(cudaStreamSynchronize(s ? static_cast<cudaStream_t>(s) : cudaStreamLegacy));
+}
 
 inline constexpr DeviceMemoryOps ops{&holds, &copy, &reduce_into, &divide, &synchronize};
 

@@ -26,11 +26,13 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -212,6 +214,13 @@ class NcclComm : public Frontend<NcclComm> {
     worker_.reset();  // finish queued operations before the communicator goes
     if (aborting) abort_comm();  // what the watchdog still watches ends at once
     stop_watchdog();             // else it finishes, or times out, first
+    if (failure_ && !failure_reported_) {  // an ordered operation failed, and no operation came after to say so
+      try {
+        std::rethrow_exception(failure_);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+    }
     release(aborting);
   }
 
@@ -224,52 +233,78 @@ class NcclComm : public Frontend<NcclComm> {
 
   Handle start(Op&& op, bool async) {
     if (!op.stream) return worker_->run([this, op = std::move(op)]() mutable { run(op, nullptr, nullptr); }, async);
-    // Ordered on the caller's stream: an event recorded here, on the caller's thread, marks what it queued so far.
+    // Ordered on the caller's stream: an event recorded here, on the caller's thread, marks what it queued so far;
+    // the caller's stream waits for the operation where the caller waits for its handle.
     LOOM_CUDA(cudaSetDevice(device_));
     auto* const caller = *op.stream ? static_cast<cudaStream_t>(*op.stream) : cudaStreamLegacy;
-    const cudaEvent_t ready = take_event();
-    if (const cudaError_t rc = cudaEventRecord(ready, caller); rc != cudaSuccess) {
-      give_event(ready);
-      LOOM_CUDA(rc);
-    }
-    return worker_->run(
-        [this, op = std::move(op), ready, caller]() mutable {
-          const EventBack back{this, ready};  // stream() has waited for it by then (or the operation failed)
-          run(op, ready, caller);
+    EventBack ready{this, take_event()};
+    LOOM_CUDA(cudaEventRecord(ready.event, caller));
+    auto on_device = std::make_shared<OnDevice>();
+    Handle h = worker_->run(
+        [this, op = std::move(op), ready = ready.release(), on_device]() mutable {
+          EventBack back{this, ready};  // given back unless the operation went on the device alone
+          run(op, &back, on_device.get());
         },
         async);
+    return std::move(h).then([this, caller, on_device](bool ok) {
+      if (!ok || !on_device->done) return;  // failed (its events are back), or complete already (host buffers)
+      const cudaError_t rc = cudaStreamWaitEvent(caller, on_device->done, 0);
+      watch(std::move(*on_device));  // its events go back once it is done, however this ends
+      on_device->done = nullptr;
+      LOOM_CUDA(rc);
+    });
   }
 
  private:
   using Clock = std::chrono::steady_clock;
 
-  //! Runs op on stream(), after `ready` where the caller's stream `caller` ordered it (Op::stream): then, with its
-  //! buffers all in device memory, the caller's stream waits for it and the watchdog watches it; otherwise the
-  //! thread waits for its end.
-  void run(Op& op, cudaEvent_t ready, cudaStream_t caller) {
+  //! An event of the pool, given back when this goes unless released.
+  struct EventBack {
+    NcclComm* comm;
+    cudaEvent_t event;
+    EventBack(NcclComm* c, cudaEvent_t e) : comm(c), event(e) {}
+    EventBack(const EventBack&) = delete;
+    EventBack& operator=(const EventBack&) = delete;
+    ~EventBack() {
+      if (event) comm->give_event(event);
+    }
+    cudaEvent_t release() { return std::exchange(event, nullptr); }
+  };
+  //! An operation ordered on the caller's stream that went on the device alone (every buffer device memory): the
+  //! event the caller's stream reached when it was issued (ready) and the one after it on stream() (done), for the
+  //! caller's wait and the watchdog.
+  struct OnDevice {
+    cudaEvent_t ready = nullptr, done = nullptr;
+    std::string what, op;
+  };
+
+  //! Runs op on stream(). Ordered on the caller's stream (`ready` holds the event of that stream, Op::stream): after
+  //! that event; then, with its buffers all in device memory, its events go to `on_device` for the caller's wait and
+  //! the watchdog, and the thread does not wait. Otherwise the thread waits for its end.
+  void run(Op& op, EventBack* ready, OnDevice* on_device) {
     Staged staged;  // what it stages is freed however it ends
     report_failure();
     const std::uint64_t seq = ++seq_;
     const auto t0 = Clock::now();
     {
       const std::lock_guard lk(comm_mutex_);
-      if (!comm_) throw aborted(op);
+      if (!comm_) {
+        report_failure();  // the watchdog's reason, where it aborted the communicator since the check above
+        throw aborted(op);
+      }
       LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
       try {
-        if (ready) LOOM_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
+        if (ready) LOOM_CUDA(cudaStreamWaitEvent(stream_, ready->event, 0));
         staged = stage(op);
         enqueue(op);
         // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
         // two ranks connects them in the background).
         settle(what_of(op, seq), t0 + timeout_);
         if (ready && staged.all.empty()) {
-          const cudaEvent_t done = take_event();
-          if (const cudaError_t rc = cudaEventRecord(done, stream_); rc != cudaSuccess) {
-            give_event(done);
-            LOOM_CUDA(rc);
-          }
-          LOOM_CUDA(cudaStreamWaitEvent(caller, done, 0));
-          watch(done, what_of(op, seq), describe(op), t0 + timeout_);  // recorded: the watchdog may query it
+          EventBack done{this, take_event()};
+          LOOM_CUDA(cudaEventRecord(done.event, stream_));
+          on_device->what = what_of(op, seq), on_device->op = describe(op);
+          on_device->done = done.release(), on_device->ready = ready->release();
           return;
         }
         LOOM_CUDA(cudaEventRecord(done_, stream_));
@@ -492,7 +527,13 @@ class NcclComm : public Frontend<NcclComm> {
     const auto deadline = t0 + timeout_;
     for (;;) {
       const cudaError_t q = cudaEventQuery(done_);
-      if (q == cudaSuccess) return;
+      if (q == cudaSuccess) {
+        // Done, unless the watchdog aborted the communicator under it (its kernels then end early).
+        const std::lock_guard lk(comm_mutex_);
+        if (comm_) return;
+        report_failure();
+        throw aborted(op);
+      }
       if (q != cudaErrorNotReady) {
         abort_comm();
         throw BackendError(loom::detail::cat(what_of(op, seq), " failed on global rank ", global_rank(),
@@ -536,8 +577,12 @@ class NcclComm : public Frontend<NcclComm> {
   //! Aborts the communicator: the kernels waiting on it end, and every later operation fails. abort_locked: with
   //! comm_mutex_ held.
   void abort_comm() noexcept {
-    const std::lock_guard lk(comm_mutex_);
-    abort_locked();
+    ncclComm_t c = nullptr;
+    {
+      const std::lock_guard lk(comm_mutex_);
+      c = std::exchange(comm_, nullptr);
+    }
+    if (c) ncclCommAbort(c);  // the others see no communicator meanwhile, rather than wait for the abort
   }
   void abort_locked() noexcept {
     if (comm_) ncclCommAbort(comm_);
@@ -563,67 +608,67 @@ class NcclComm : public Frontend<NcclComm> {
     const std::lock_guard lk(events_mutex_);
     free_events_.push_back(e);
   }
-  struct EventBack {
-    NcclComm* comm;
-    cudaEvent_t event;
-    ~EventBack() { comm->give_event(event); }
-  };
 
-  // --- The watchdog: the stream-ordered operations still on the device, oldest first, each with its deadline.
+  // --- The watchdog: the stream-ordered operations the caller's stream waits for, oldest first.
   struct Watched {
-    cudaEvent_t done;
-    std::string what, op;
-    Clock::time_point deadline;
+    OnDevice op;
+    std::optional<Clock::time_point> deadline;  //!< from when the caller's stream reached the operation
   };
-  //! Hands an operation's completion event to the watchdog, started by the first.
-  void watch(cudaEvent_t done, std::string what, std::string op, Clock::time_point deadline) {
+  //! Hands an ordered operation's events to the watchdog (started by the first), which gives them back.
+  void watch(OnDevice&& op) {
     const std::lock_guard lk(watch_mutex_);
-    watched_.push_back({done, std::move(what), std::move(op), deadline});
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch_loop(); });
+    watched_.push_back({std::move(op), std::nullopt});
     watch_cv_.notify_one();
   }
-  //! Polls the oldest watched operation's event every millisecond: done, it goes; failed, or past its deadline, the
-  //! communicator is aborted and the failure kept for the next operation (report_failure). Ends when stopping and
-  //! nothing is left.
+  //! Polls the oldest watched operation every millisecond: its timeout runs from when the caller's stream reaches
+  //! it (its `ready` event), since the host runs ahead of the device; done, it goes; failed, or past its deadline, the
+  //! failure is kept for the next operation (report_failure) and the communicator aborted, so that the kernels
+  //! waiting on it end. Ends when stopping and nothing is left.
   void watch_loop() {
     cudaSetDevice(device_);
     std::unique_lock lk(watch_mutex_);
     for (;;) {
       watch_cv_.wait(lk, [&] { return stopping_ || !watched_.empty(); });
       if (watched_.empty()) return;
-      const Watched& w = watched_.front();  // only this thread removes entries; the worker appends
+      Watched& w = watched_.front();  // only this thread removes or changes entries; the others append
       lk.unlock();
-      const cudaError_t q = cudaEventQuery(w.done);
       std::string failure;
-      bool timed_out = false;
+      bool timed_out = false, finished = false;
+      const auto now = Clock::now();
+      const cudaError_t q = cudaEventQuery(w.op.done);
       if (q == cudaSuccess) {
-        lk.lock();
-        give_event(w.done);
+        finished = true;
+      } else if (q != cudaErrorNotReady) {
+        failure = loom::detail::cat(w.op.what, " failed on global rank ", global_rank(), ": cudaEventQuery: ",
+                                    cudaGetErrorString(q), " (", cudaGetErrorName(q), ")");
+      } else if (std::string text = async_error(); !text.empty()) {
+        failure = loom::detail::cat(w.op.what, " failed on global rank ", global_rank(), ": ", text);
+      } else if (!w.deadline) {
+        if (cudaEventQuery(w.op.ready) == cudaSuccess) w.deadline = now + timeout_;
+      } else if (now >= *w.deadline) {
+        timed_out = true;
+        failure = loom::detail::cat(w.op.what, " timed out after ", describe_timeout(timeout_), " on global rank ",
+                                    global_rank(), " (", w.op.op, ", ordered on the caller's stream); the NCCL "
+                                    "communicator was aborted");
+      }
+      lk.lock();
+      if (finished) {
+        give_event(w.op.ready), give_event(w.op.done);
         watched_.pop_front();
         continue;
       }
-      if (q != cudaErrorNotReady) {
-        failure = loom::detail::cat(w.what, " failed on global rank ", global_rank(), ": cudaEventQuery: ",
-                                    cudaGetErrorString(q), " (", cudaGetErrorName(q), ")");
-      } else if (std::string text = async_error(); !text.empty()) {
-        failure = loom::detail::cat(w.what, " failed on global rank ", global_rank(), ": ", text);
-      } else if (Clock::now() >= w.deadline) {
-        timed_out = true;
-        failure = loom::detail::cat(w.what, " timed out after ", describe_timeout(timeout_), " on global rank ",
-                                    global_rank(), " (", w.op, ", ordered on the caller's stream); the NCCL "
-                                    "communicator was aborted");
-      }
       if (!failure.empty()) {
-        abort_comm();
-        lk.lock();
-        if (!failure_)
+        if (!failure_)  // kept before the abort: an operation that then finds no communicator reports it
           failure_ = timed_out ? std::make_exception_ptr(TimeoutError(failure))
                                : std::make_exception_ptr(BackendError(failure));
-        for (const Watched& x : watched_) give_event(x.done);  // nothing more is watched on an aborted communicator
-        watched_.clear();
+        for (const Watched& x : watched_) give_event(x.op.ready), give_event(x.op.done);
+        watched_.clear();  // nothing more is watched on an aborted communicator
+        lk.unlock();
+        abort_comm();
+        lk.lock();
         continue;
       }
-      lk.lock();
       watch_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_ && watched_.empty(); });
     }
   }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -193,8 +194,16 @@ class [[nodiscard]] Handle {
     if (this != &o) {
       finish_quietly();
       done_ = std::move(o.done_);
+      then_ = std::move(o.then_);
     }
     return *this;
+  }
+  //! f(ok) runs once, on the thread that waits (wait(), or the destructor), after the operation has completed (ok)
+  //! or failed: what a backend does there, such as making the caller's CUDA stream wait for an operation ordered on
+  //! it (Op::stream) at the point where the caller waits.
+  Handle&& then(std::function<void(bool ok)> f) && {
+    then_ = std::move(f);
+    return std::move(*this);
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
@@ -210,9 +219,19 @@ class [[nodiscard]] Handle {
   void wait() {
     if (!done_.valid()) return;
     auto d = std::move(done_);
-    d.get();
+    auto then = std::move(then_);
+    then_ = nullptr;
+    std::exception_ptr failed;
+    try {
+      d.get();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (then) then(failed == nullptr);
+    if (failed) std::rethrow_exception(failed);
   }
-  //! Another handle on the same operation, to test() it where this one is waited for (both wait when dropped).
+  //! Another handle on the same operation, to test() it where this one is waited for (both wait when dropped; only
+  //! this one runs then()'s function).
   Handle share() const { return Handle(done_); }
   //! True when the operation has finished (wait() then returns at once).
   bool test() const {
@@ -224,14 +243,16 @@ class [[nodiscard]] Handle {
   void finish_quietly() noexcept {
     if (!done_.valid()) return;
     try {
-      done_.get();
+      wait();
     } catch (const std::exception& e) {
       std::cerr << "loom: an operation whose handle was dropped without wait() failed: " << e.what() << "\n";
     } catch (...) {
     }
     done_ = {};
+    then_ = nullptr;
   }
   std::shared_future<void> done_;
+  std::function<void(bool)> then_;
 };
 
 //! Several pending operations, completed together: wait() waits for each in order and rethrows the first failure

@@ -6,9 +6,9 @@
 // it reads. Waiting later than the verifier's blocking model never delays a peer, so what completes there
 // completes here.
 //
-// On a device the received activations and gradients are device memory, and a computation whose result an exchange
-// or a gradient reduction reads next waits for its kernels before that starts (the exchanges and reductions issue
-// collectives, which read what is ready).
+// On a device the received activations and gradients are device memory. A computation whose result an exchange or a
+// gradient reduction reads next records an event after its kernels, which that exchange or reduction waits for on
+// its own thread before it starts (the collectives read what is ready), while Compute queues the next kernels.
 #pragma once
 
 #include <loom/comm/types.hpp>
@@ -19,11 +19,31 @@
 #include <loom/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
 namespace loom::pipeline {
+
+namespace detail {
+//! Whether a part's ops() mark the kernels it has issued (ops().mark()), and the mark's type; a part without ops (a
+//! host model of tests) has nothing to wait for.
+template <class Model>
+concept has_marks = requires(Model& m) { m.ops().mark().wait(); };
+struct NoMark {
+  void wait() const {}
+};
+template <class Model>
+struct MarkOf {
+  using type = NoMark;
+};
+template <class Model>
+  requires has_marks<Model>
+struct MarkOf<Model> {
+  using type = decltype(std::declval<Model&>().ops().mark());
+};
+}  // namespace detail
 
 //! Runs tables on one pipeline stage. Model is a part of a model with forward(slot, micro_batch, input),
 //! backward(slot, scale, doutput) (BW), backward_inputs(slot, scale, doutput) (B), backward_weights(slot) (W),
@@ -117,6 +137,9 @@ class Executor {
 
     exec::Graph g;
     double loss = 0;  // written by Compute's tasks only
+    // The event after a computation's kernels, for the exchange or reduction that reads its result next.
+    using Done = std::shared_ptr<std::optional<Mark>>;
+    Done done;  // the last computation's, where it records one
     std::vector<exec::Graph::Id> posted;  // exchanges no computation has waited for yet
     std::optional<exec::Graph::Id> computed;  // the last computation
     std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
@@ -143,8 +166,13 @@ class Executor {
         }
         std::vector<exec::Graph::Id> after;
         if (computed) after.push_back(*computed);
-        posted.push_back(g.add<exec::P2p>("exchange", [this, run = std::move(run), n] { return exchange(run, n); },
-                                          std::move(after)));
+        posted.push_back(g.add<exec::P2p>(
+            "exchange",
+            [this, run = std::move(run), n, done] {
+              computed_on_device(done);
+              return exchange(run, n);
+            },
+            std::move(after)));
         continue;
       }
       Model* part = chunks_[static_cast<std::size_t>(a.chunk)];
@@ -164,11 +192,12 @@ class Executor {
         Model* prev = k > 0 && local(k - 1) >= 0 ? chunks_[static_cast<std::size_t>(local(k - 1))] : nullptr;
         const int prev_slot = prev ? slot_of(micro, local(k - 1)) : -1;
         const MicroBatch mb = mbs[static_cast<std::size_t>(micro)];
-        const bool counts = k == last, sends = exchange_next(i);
+        const bool counts = k == last;
+        done = exchange_next(i) ? std::make_shared<std::optional<Mark>>() : nullptr;
         computed = g.add<exec::Compute>("F", [=, &loss] {
           const double l = part->forward(s, mb, prev ? prev->output(prev_slot) : received);
           if (counts) loss += l / m;
-          if (sends) computed_on_device(part);  // the output is computed before it is sent
+          if (done) done->emplace(mark_of(part));  // the output, for the exchange that sends it
         }, std::move(after));
       } else {
         const int s = slot_of(micro, a.chunk);
@@ -180,7 +209,7 @@ class Executor {
         const char* name = kind == Kind::B ? "B" : kind == Kind::BW ? "BW" : "W";
         // The chunk's weight gradients are complete after this one: their reduction reads them next.
         const bool last_weights = kind != Kind::B && weights_done[std::size_t(a.chunk)] + 1 == m;
-        const bool waits = exchange_next(i) || last_weights;
+        done = exchange_next(i) || last_weights ? std::make_shared<std::optional<Mark>>() : nullptr;
         computed = g.add<exec::Compute>(name, [=] {
           if (kind == Kind::W) {
             part->backward_weights(s);
@@ -189,15 +218,20 @@ class Executor {
             else part->backward(s, 1.0 / m, dout);
             if (din) copy(part, part->input_grad(s), din, n);
           }
-          if (waits) computed_on_device(part);  // what is sent or reduced next is computed
+          if (done) done->emplace(mark_of(part));  // what is sent or reduced next
         }, std::move(after));
         if (kind != Kind::B) {  // the micro-batch is done with its slot
           free[static_cast<std::size_t>(a.chunk)].push_back(s);
           slot_of(micro, a.chunk) = -1;
           --in_use;
           if (++weights_done[std::size_t(a.chunk)] == m)
-            g.add<exec::Comm>("gradients ready", [&grads_ready, c = a.chunk] { return grads_ready(c); },
-                              {*computed});
+            g.add<exec::Comm>(
+                "gradients ready",
+                [&grads_ready, c = a.chunk, done] {
+                  computed_on_device(done);
+                  return grads_ready(c);
+                },
+                {*computed});
         }
       }
     }
@@ -217,9 +251,19 @@ class Executor {
     int slot;          //!< send_act: the slot whose output is sent
     Buffer* data;      //!< the others: what is sent, or received into
   };
+  using Mark = typename detail::MarkOf<Model>::type;
+  static Mark mark_of([[maybe_unused]] Model* part) {
+    if constexpr (detail::has_marks<Model>) return part->ops().mark();
+    else return {};
+  }
   //! On a device: waits until the kernels issued so far are done (nothing to wait for on the host).
   static void computed_on_device([[maybe_unused]] Model* part) {
     if constexpr (!std::is_same_v<Dev, Host>) part->ops().synchronize();
+  }
+  //! Waits, on the calling thread, for the event a computation recorded after its kernels (none: nothing to wait
+  //! for). The computation has run, so the event is there.
+  static void computed_on_device(const std::shared_ptr<std::optional<Mark>>& done) {
+    if (done && *done) (*done)->wait();
   }
   static void copy([[maybe_unused]] Model* part, const T* src, T* dst, std::size_t n) {
     if constexpr (std::is_same_v<Dev, Host>) std::copy_n(src, n, dst);
