@@ -371,11 +371,32 @@ int timeout_case(int& argc, char**& argv) {
                  "an operation after the watchdog aborted the communicator: '", after, "'");
     LOOM_CUDA(cudaStreamSynchronize(s));  // the hold ends, and the copy behind it
     LOOM_CUDA(cudaStreamSynchronize(w.stream()));
+
+    // Held on the caller's stream instead, the operation never starts: the watchdog says so after the timeout.
+    comm::NcclComm x(world.group(), world.device(), std::chrono::milliseconds(1000));
+    LOOM_CUDA(cudaLaunchHostFunc(s, block_stream, &hold));
+    {
+      const auto on = x.on_stream(s);
+      x.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::string stuck;
+    try {
+      x.barrier();
+    } catch (const TimeoutError& e) {
+      stuck = e.what();
+    }
+    test::expect(stuck.starts_with("loom: all_reduce #1 on group world{0} did not start within 1 s on global rank 0 "
+                                   "(all_reduce(count=16, f32, sum)): the caller's stream did not reach it"),
+                 "the watchdog on a caller's stream that never reaches the operation: '", stuck, "'");
+    LOOM_CUDA(cudaStreamSynchronize(s));
+    LOOM_CUDA(cudaStreamSynchronize(x.stream()));
     LOOM_CUDA(cudaStreamDestroy(s));
     LOOM_CUDA(cudaFree(send));
     LOOM_CUDA(cudaFree(recv));
     std::printf("test_comm_nccl: timeout: %s\n", what.c_str());
     std::printf("test_comm_nccl: timeout of an ordered operation: %s\n", watched.c_str());
+    std::printf("test_comm_nccl: an ordered operation its stream never reached: %s\n", stuck.c_str());
   });
 }
 

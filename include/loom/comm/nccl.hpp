@@ -2,7 +2,8 @@
 // are device memory (std::span<T> over it), or host memory, which an operation stages through device memory on its
 // stream (a trainer's scalars: a loss, a norm, a flag). Every operation is bounded by the timeout: on expiry the
 // communicator is aborted and the rank throws loom::TimeoutError naming the operation, group, sequence number and
-// rank. Communicators are non-blocking, so that their set-up and the connections a first operation makes are bounded
+// rank (for one ordered on the caller's stream, whose call has returned, the next operation throws it). Communicators
+// are non-blocking, so that their set-up and the connections a first operation makes are bounded
 // by the timeout too. NCCL and CUDA error codes become loom::BackendError. Link loom::cuda and loom::mpi; launch with
 // mpirun, one rank per GPU.
 #pragma once
@@ -283,13 +284,13 @@ class NcclComm : public Frontend<NcclComm> {
   //! the watchdog, and the thread does not wait. Otherwise the thread waits for its end.
   void run(Op& op, EventBack* ready, OnDevice* on_device) {
     Staged staged;  // what it stages is freed however it ends
-    report_failure();
+    report_failure(op);
     const std::uint64_t seq = ++seq_;
     const auto t0 = Clock::now();
     {
       const std::lock_guard lk(comm_mutex_);
       if (!comm_) {
-        report_failure();  // the watchdog's reason, where it aborted the communicator since the check above
+        report_failure(op);  // the watchdog's reason, where it aborted the communicator since the check above
         throw aborted(op);
       }
       LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
@@ -531,7 +532,7 @@ class NcclComm : public Frontend<NcclComm> {
         // Done, unless the watchdog aborted the communicator under it (its kernels then end early).
         const std::lock_guard lk(comm_mutex_);
         if (comm_) return;
-        report_failure();
+        report_failure(op);
         throw aborted(op);
       }
       if (q != cudaErrorNotReady) {
@@ -612,19 +613,22 @@ class NcclComm : public Frontend<NcclComm> {
   // --- The watchdog: the stream-ordered operations the caller's stream waits for, oldest first.
   struct Watched {
     OnDevice op;
+    Clock::time_point handed;                   //!< when the caller waited for it
     std::optional<Clock::time_point> deadline;  //!< from when the caller's stream reached the operation
   };
   //! Hands an ordered operation's events to the watchdog (started by the first), which gives them back.
   void watch(OnDevice&& op) {
     const std::lock_guard lk(watch_mutex_);
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch_loop(); });
-    watched_.push_back({std::move(op), std::nullopt});
+    watched_.push_back({std::move(op), Clock::now(), std::nullopt});
     watch_cv_.notify_one();
   }
   //! Polls the oldest watched operation every millisecond: its timeout runs from when the caller's stream reaches
   //! it (its `ready` event), since the host runs ahead of the device; done, it goes; failed, or past its deadline, the
   //! failure is kept for the next operation (report_failure) and the communicator aborted, so that the kernels
-  //! waiting on it end. Ends when stopping and nothing is left.
+  //! waiting on it end. A caller's stream that does not reach it within the timeout of the caller's wait is stuck
+  //! before it, on work of its own: that is kept as the failure too, without an abort (the communicator's kernels are
+  //! not what waits), and nothing more is watched. Ends when stopping and nothing is left.
   void watch_loop() {
     cudaSetDevice(device_);
     std::unique_lock lk(watch_mutex_);
@@ -634,7 +638,7 @@ class NcclComm : public Frontend<NcclComm> {
       Watched& w = watched_.front();  // only this thread removes or changes entries; the others append
       lk.unlock();
       std::string failure;
-      bool timed_out = false, finished = false;
+      bool timed_out = false, finished = false, stuck = false;
       const auto now = Clock::now();
       const cudaError_t q = cudaEventQuery(w.op.done);
       if (q == cudaSuccess) {
@@ -645,7 +649,14 @@ class NcclComm : public Frontend<NcclComm> {
       } else if (std::string text = async_error(); !text.empty()) {
         failure = loom::detail::cat(w.op.what, " failed on global rank ", global_rank(), ": ", text);
       } else if (!w.deadline) {
-        if (cudaEventQuery(w.op.ready) == cudaSuccess) w.deadline = now + timeout_;
+        if (cudaEventQuery(w.op.ready) == cudaSuccess) {
+          w.deadline = now + timeout_;
+        } else if (now >= w.handed + timeout_) {
+          timed_out = stuck = true;
+          failure = loom::detail::cat(w.op.what, " did not start within ", describe_timeout(timeout_),
+                                      " on global rank ", global_rank(), " (", w.op.op, "): the caller's stream did not "
+                                      "reach it, held by the work queued there before it");
+        }
       } else if (now >= *w.deadline) {
         timed_out = true;
         failure = loom::detail::cat(w.op.what, " timed out after ", describe_timeout(timeout_), " on global rank ",
@@ -664,21 +675,26 @@ class NcclComm : public Frontend<NcclComm> {
                                : std::make_exception_ptr(BackendError(failure));
         for (const Watched& x : watched_) give_event(x.op.ready), give_event(x.op.done);
         watched_.clear();  // nothing more is watched on an aborted communicator
-        lk.unlock();
-        abort_comm();
-        lk.lock();
+        if (!stuck) {
+          lk.unlock();
+          abort_comm();
+          lk.lock();
+        }
         continue;
       }
       watch_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_ && watched_.empty(); });
     }
   }
   //! Throws, once, what the watchdog met.
-  void report_failure() {
+  //! Throws what the watchdog met: the failure itself the first time, then that the communicator is out of use.
+  void report_failure(const Op& op) {
     const std::lock_guard lk(watch_mutex_);
-    if (failure_ && !failure_reported_) {
+    if (!failure_) return;
+    if (!failure_reported_) {
       failure_reported_ = true;
       std::rethrow_exception(failure_);
     }
+    throw aborted(op);
   }
   void stop_watchdog() noexcept {
     {

@@ -251,6 +251,8 @@ class Executor {
     int slot;          //!< send_act: the slot whose output is sent
     Buffer* data;      //!< the others: what is sent, or received into
   };
+  static_assert(std::is_same_v<Dev, Host> || detail::has_marks<Model>,
+                "loom: a pipeline part on a device must mark its kernels (ops().mark()), which exchanges wait for");
   using Mark = typename detail::MarkOf<Model>::type;
   static Mark mark_of([[maybe_unused]] Model* part) {
     if constexpr (detail::has_marks<Model>) return part->ops().mark();
