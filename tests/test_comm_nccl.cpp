@@ -249,6 +249,36 @@ void stream_ordered_checks(comm::NcclComm& c) {
       test::expect(got[i] == 0x01010101, "an ordered ", async ? "asynchronous " : "", "all_reduce got ", got[i],
                    " at ", i, ": it did not read after the stream's write, or the stream's copy did not wait for it");
   }
+  // An asynchronous one: the caller's stream waits for it from wait() on, not before, so what the caller queues in
+  // between runs beside it (here while the communicator's stream is held).
+  {
+    static double hold = 0.5;
+    LOOM_CUDA(cudaLaunchHostFunc(c.stream(), block_stream, &hold));
+    comm::Handle h;
+    {
+      const auto on = c.on_stream(s);
+      h = c.all_reduce_async(std::span<const std::int32_t>(send, n), std::span<std::int32_t>(recv, n),
+                             comm::Reduce::max);
+    }
+    cudaEvent_t between = nullptr;
+    LOOM_CUDA(cudaEventCreateWithFlags(&between, cudaEventDisableTiming));
+    LOOM_CUDA(cudaMemsetAsync(recv, 0, sizeof(std::int32_t), s));  // (the collective's result comes after)
+    LOOM_CUDA(cudaEventRecord(between, s));
+    const auto t0 = std::chrono::steady_clock::now();
+    LOOM_CUDA(cudaEventSynchronize(between));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    test::expect(took < std::chrono::milliseconds(300), "work queued on the caller's stream before wait() waited ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                 " ms for an asynchronous ordered all_reduce held 500 ms");
+    h.wait();
+    test::expect(cudaStreamQuery(s) == cudaErrorNotReady, "the caller's stream does not wait for an asynchronous "
+                 "ordered all_reduce after wait()");
+    LOOM_CUDA(cudaMemcpyAsync(got.data(), recv, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost, s));
+    LOOM_CUDA(cudaStreamSynchronize(s));
+    LOOM_CUDA(cudaEventDestroy(between));
+    test::expect(got[0] == 0x01010101 && got[n - 1] == 0x01010101, "an asynchronous ordered all_reduce got ", got[0],
+                 " and ", got[n - 1]);
+  }
   std::vector<float> host{1.5f, -2.0f, 3.0f};
   {
     const auto on = c.on_stream(s);
