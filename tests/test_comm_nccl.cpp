@@ -326,6 +326,40 @@ int cases(int& argc, char**& argv) {
   });
 }
 
+//! An operation on a communicator aborted by a failure says so.
+void expect_aborted(comm::NcclComm& c) {
+  std::string after;
+  try {
+    c.barrier();
+  } catch (const Error& e) {
+    after = e.what();
+  }
+  test::expect(after.find("aborted by an earlier failure") != std::string::npos,
+               "an operation on the aborted communicator: '", after, "'");
+}
+
+//! Issues an all_reduce ordered on `s` that cannot finish within c's timeout of 1 s (a stream is held): the call
+//! returns at once, `s` waits for it; 1.5 s later the next operation throws what the watchdog met, returned here.
+std::string after_watchdog(comm::NcclComm& c, cudaStream_t s, float* send, float* recv, std::size_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const auto on = c.on_stream(s);
+    c.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));
+  }
+  const auto returned = std::chrono::steady_clock::now() - t0;
+  test::expect(returned < std::chrono::milliseconds(500), "an ordered all_reduce took ",
+               std::chrono::duration_cast<std::chrono::milliseconds>(returned).count(), " ms to return");
+  test::expect(cudaStreamQuery(s) == cudaErrorNotReady, "the caller's stream does not wait for an ordered all_reduce "
+               "that cannot finish");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  try {
+    c.barrier();
+  } catch (const TimeoutError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 //! One rank can still time out: a host function holds the stream longer than the timeout, so the all_reduce
 //! behind it cannot finish. The communicator is then aborted and refuses further operations. The same for an
 //! operation ordered on the caller's stream, which the watchdog times out.
@@ -353,14 +387,7 @@ int timeout_case(int& argc, char**& argv) {
                  "timeout message: ", what);
     test::expect(waited >= std::chrono::milliseconds(990), "the timeout of 1 s fired after ",
                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms");
-    std::string after;
-    try {
-      c.barrier();
-    } catch (const Error& e) {
-      after = e.what();
-    }
-    test::expect(after.find("aborted by an earlier failure") != std::string::npos,
-                 "an operation on the aborted communicator: '", after, "'");
+    expect_aborted(c);
     LOOM_CUDA(cudaStreamSynchronize(c.stream()));  // the held stream drains before its buffers go
 
     // Ordered on a stream of the caller, the operation returns at once; held on the communicator's stream, it
@@ -370,52 +397,19 @@ int timeout_case(int& argc, char**& argv) {
     cudaStream_t s = nullptr;
     LOOM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     LOOM_CUDA(cudaLaunchHostFunc(w.stream(), block_stream, &hold));
-    const auto t1 = std::chrono::steady_clock::now();
-    {
-      const auto on = w.on_stream(s);
-      w.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1, behind the held stream
-    }
-    test::expect(cudaStreamQuery(s) == cudaErrorNotReady, "the caller's stream does not wait for the ordered "
-                 "all_reduce held on the communicator's stream");
-    const auto returned = std::chrono::steady_clock::now() - t1;
-    test::expect(returned < std::chrono::milliseconds(500), "an ordered all_reduce took ",
-                 std::chrono::duration_cast<std::chrono::milliseconds>(returned).count(), " ms to return");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    std::string watched;
-    try {
-      w.barrier();
-    } catch (const TimeoutError& e) {
-      watched = e.what();
-    }
+    const std::string watched = after_watchdog(w, s, send, recv, n);
     test::expect(watched.starts_with("loom: all_reduce #1 on group world{0} timed out after 1 s on global rank 0 "
                                      "(all_reduce(count=16, f32, sum), ordered on the caller's stream); the NCCL "
                                      "communicator was aborted"),
                  "the watchdog's timeout, reported by the next operation: '", watched, "'");
-    after.clear();
-    try {
-      w.barrier();
-    } catch (const Error& e) {
-      after = e.what();
-    }
-    test::expect(after.find("aborted by an earlier failure") != std::string::npos,
-                 "an operation after the watchdog aborted the communicator: '", after, "'");
+    expect_aborted(w);
     LOOM_CUDA(cudaStreamSynchronize(s));  // the hold ends, and the copy behind it
     LOOM_CUDA(cudaStreamSynchronize(w.stream()));
 
     // Held on the caller's stream instead, the operation never starts: the watchdog says so after the timeout.
     comm::NcclComm x(world.group(), world.device(), std::chrono::milliseconds(1000));
     LOOM_CUDA(cudaLaunchHostFunc(s, block_stream, &hold));
-    {
-      const auto on = x.on_stream(s);
-      x.all_reduce(std::span<const float>(send, n), std::span<float>(recv, n));  // #1
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    std::string stuck;
-    try {
-      x.barrier();
-    } catch (const TimeoutError& e) {
-      stuck = e.what();
-    }
+    const std::string stuck = after_watchdog(x, s, send, recv, n);
     test::expect(stuck.starts_with("loom: all_reduce #1 on group world{0} did not start within 1 s on global rank 0 "
                                    "(all_reduce(count=16, f32, sum)): the caller's stream did not reach it"),
                  "the watchdog on a caller's stream that never reaches the operation: '", stuck, "'");
