@@ -251,7 +251,6 @@ class NcclComm : public Frontend<NcclComm> {
       if (!ok || !on_device->done) return;  // failed (its events are back), or complete already (host buffers)
       const cudaError_t rc = cudaStreamWaitEvent(caller, on_device->done, 0);
       watch(std::move(*on_device));  // its events go back once it is done, however this ends
-      on_device->done = nullptr;
       LOOM_CUDA(rc);
     });
   }
@@ -685,7 +684,6 @@ class NcclComm : public Frontend<NcclComm> {
       watch_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stopping_ && watched_.empty(); });
     }
   }
-  //! Throws, once, what the watchdog met.
   //! Throws what the watchdog met: the failure itself the first time, then that the communicator is out of use.
   void report_failure(const Op& op) {
     const std::lock_guard lk(watch_mutex_);

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom::comm {
@@ -219,8 +220,7 @@ class [[nodiscard]] Handle {
   void wait() {
     if (!done_.valid()) return;
     auto d = std::move(done_);
-    auto then = std::move(then_);
-    then_ = nullptr;
+    auto then = std::exchange(then_, nullptr);
     std::exception_ptr failed;
     try {
       d.get();
@@ -248,8 +248,6 @@ class [[nodiscard]] Handle {
       std::cerr << "loom: an operation whose handle was dropped without wait() failed: " << e.what() << "\n";
     } catch (...) {
     }
-    done_ = {};
-    then_ = nullptr;
   }
   std::shared_future<void> done_;
   std::function<void(bool)> then_;

@@ -138,8 +138,7 @@ class Executor {
     exec::Graph g;
     double loss = 0;  // written by Compute's tasks only
     // The event after a computation's kernels, for the exchange or reduction that reads its result next.
-    using Done = std::shared_ptr<std::optional<Mark>>;
-    Done done;  // the last computation's, where it records one
+    MarkSlot done;  // the last computation's, where it records one
     std::vector<exec::Graph::Id> posted;  // exchanges no computation has waited for yet
     std::optional<exec::Graph::Id> computed;  // the last computation
     std::vector<int> weights_done(std::size_t(V), 0);  // per chunk: micro-batches whose weight gradients are in
@@ -193,7 +192,7 @@ class Executor {
         const int prev_slot = prev ? slot_of(micro, local(k - 1)) : -1;
         const MicroBatch mb = mbs[static_cast<std::size_t>(micro)];
         const bool counts = k == last;
-        done = exchange_next(i) ? std::make_shared<std::optional<Mark>>() : nullptr;
+        done = mark_slot(exchange_next(i));
         computed = g.add<exec::Compute>("F", [=, &loss] {
           const double l = part->forward(s, mb, prev ? prev->output(prev_slot) : received);
           if (counts) loss += l / m;
@@ -209,7 +208,7 @@ class Executor {
         const char* name = kind == Kind::B ? "B" : kind == Kind::BW ? "BW" : "W";
         // The chunk's weight gradients are complete after this one: their reduction reads them next.
         const bool last_weights = kind != Kind::B && weights_done[std::size_t(a.chunk)] + 1 == m;
-        done = exchange_next(i) || last_weights ? std::make_shared<std::optional<Mark>>() : nullptr;
+        done = mark_slot(exchange_next(i) || last_weights);
         computed = g.add<exec::Compute>(name, [=] {
           if (kind == Kind::W) {
             part->backward_weights(s);
@@ -262,9 +261,16 @@ class Executor {
   static void computed_on_device([[maybe_unused]] Model* part) {
     if constexpr (!std::is_same_v<Dev, Host>) part->ops().synchronize();
   }
+  //! Where a computation records the event after its kernels, when an exchange or a reduction reads its result
+  //! next (`needed`) and there is a device to wait for (on the host: none, and no allocation).
+  using MarkSlot = std::shared_ptr<std::optional<Mark>>;
+  static MarkSlot mark_slot([[maybe_unused]] bool needed) {
+    if constexpr (std::is_same_v<Dev, Host>) return nullptr;
+    else return needed ? std::make_shared<std::optional<Mark>>() : nullptr;
+  }
   //! Waits, on the calling thread, for the event a computation recorded after its kernels (none: nothing to wait
   //! for). The computation has run, so the event is there.
-  static void computed_on_device(const std::shared_ptr<std::optional<Mark>>& done) {
+  static void computed_on_device(const MarkSlot& done) {
     if (done && *done) (*done)->wait();
   }
   static void copy([[maybe_unused]] Model* part, const T* src, T* dst, std::size_t n) {
