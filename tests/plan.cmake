@@ -66,7 +66,7 @@ if(TARGET loom-plan)
   loom_plan_refuses(bad_layout "loom: layout 'tp2,zero9': 'zero9' needs a size" --model;small;--parallel;tp2,zero9)
   loom_plan_refuses(indivisible "loom-plan: tp3 cannot run this model: heads must be divisible by TP"
                     --model;small;--parallel;tp3)
-  loom_plan_refuses(does_not_fit "loom-plan: dp8 does not fit: 788.499 GiB of optimizer in 1400.4 GiB on a 80 GiB device"
+  loom_plan_refuses(does_not_fit "loom-plan: dp8 does not fit: 788.499 GiB of optimizer in 1400.34 GiB on a 80 GiB device"
                     --model;llama3-70b;--parallel;dp8;--dtype;bf16;--batch;8;--seq;4096)
 endif()
 

@@ -178,6 +178,40 @@ TEST_CASE("layernorm backward matches finite differences", "[kernels][layernorm]
   REQUIRE(fd_error([&](const auto& b) { return c.loss(c.x, c.w, b); }, c.b, db) < 1e-9);
 }
 
+TEMPLATE_TEST_CASE("a norm's input gradient with a residual's is the gradient then an accumulate, bit for bit, in "
+                   "place or not",
+                   "[kernels][layernorm][rmsnorm]", double, float, bf16) {
+  using T = TestType;
+  using A = loom::acc_t<T>;
+  const int R = 5, C = 40;
+  const auto x = convert<T>(random_vector(R * C, 60, -2, 3)), w = convert<T>(random_vector(C, 61, 0.5, 1.5));
+  const auto b = convert<T>(random_vector(C, 62)), g = convert<T>(random_vector(R * C, 63));
+  const auto res = convert<T>(random_vector(R * C, 64, -4, 4));
+  std::vector<T> out(R * C);
+  std::vector<A> mean(R), rstd(R);
+  const auto bits = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  };
+  for (const bool rms : {false, true}) {
+    CAPTURE(rms);
+    if (rms) k::rmsnorm_forward(x.data(), w.data(), out.data(), rstd.data(), R, C);
+    else k::layernorm_forward(x.data(), w.data(), b.data(), out.data(), mean.data(), rstd.data(), R, C);
+    const auto backward = [&](T* dx, const T* dres) {
+      if (rms) k::rmsnorm_backward_input(g.data(), x.data(), w.data(), rstd.data(), dx, R, C, dres);
+      else k::layernorm_backward_input(g.data(), x.data(), w.data(), mean.data(), rstd.data(), dx, R, C, dres);
+    };
+    std::vector<T> own(R * C), want = res;
+    backward(own.data(), nullptr);
+    k::accumulate(own.data(), want.data(), want.size());
+    REQUIRE_FALSE(bits(want, res));
+    std::vector<T> apart(R * C), in_place = res;
+    backward(apart.data(), res.data());
+    backward(in_place.data(), in_place.data());
+    REQUIRE(bits(apart, want));
+    REQUIRE(bits(in_place, want));
+  }
+}
+
 TEMPLATE_TEST_CASE("layernorm in float, bf16 and fp16 against double", "[kernels][layernorm][dtype]", float, bf16,
                    fp16) {
   const int R = 16, C = 768;

@@ -1,7 +1,10 @@
-// matmul: every transpose combination, alpha and beta, batches, against a naive product; the backward formulas
-// built from matmul against finite differences; float, bf16 and fp16 against double.
+// matmul: every transpose combination, alpha and beta, batches, against a naive product; a group of products
+// (Ops<Host>::matmul_group); the backward formulas built from matmul against finite differences; float, bf16 and
+// fp16 against double.
 #include "catch.hpp"
 #include "test_kernels_cpu_support.hpp"
+
+#include <loom/kernels/ops.hpp>
 
 #include <limits>
 #include <tuple>
@@ -63,6 +66,40 @@ TEST_CASE("matmul with beta 0 never reads C, and K = 0 gives beta C", "[kernels]
   std::vector<bf16> Cb(6, bf16(std::numeric_limits<float>::quiet_NaN()));
   k::matmul<bf16>(nullptr, nullptr, Cb.data(), 2, 3, 0, true, false);
   for (bf16 c : Cb) REQUIRE(float(c) == 0.0f);
+}
+
+TEST_CASE("Ops<Host>::matmul_group: products of sizes of their own in one buffer, empty ones, K = 0, accumulation",
+          "[kernels][matmul]") {
+  const loom::kernels::Ops<loom::Host> ops;
+  // Three experts' products over rows [0, 5), [5, 5) (none) and [5, 12) of one buffer, as a mixture of experts
+  // makes them, then a fourth with no inner size, which scales its C by beta.
+  const int rows[] = {5, 0, 7}, N = 6, K = 4;
+  std::uint64_t seed = 40;
+  for (auto [ta, tb] : transposes)
+    for (const double beta : {0.0, 0.5}) {
+      CAPTURE(ta, tb, beta);
+      const auto x = random_vector(12 * K, seed++);       // the rows, each expert's block stored as op(A) needs it
+      const auto w = random_vector(3 * K * N, seed++);    // one weight per expert
+      auto out = random_vector(12 * N, seed++), scaled = random_vector(8, seed++);
+      auto want = out, want_scaled = scaled;
+      std::vector<loom::kernels::Product<double>> group;
+      int at = 0;
+      for (int e = 0; e < 3; ++e) {
+        group.push_back({x.data() + std::size_t(at) * K, w.data() + std::size_t(e) * K * N, out.data() + std::size_t(at) * N,
+                         rows[e], N, K});
+        naive_matmul(x, w, want, rows[e], N, K, ta, tb, 1.5, beta, std::size_t(at) * K, std::size_t(e) * K * N,
+                     std::size_t(at) * N);
+        at += rows[e];
+      }
+      group.push_back({nullptr, nullptr, scaled.data(), 2, 4, 0});
+      for (auto& v : want_scaled) v *= beta;
+      ops.matmul_group(group.data(), group.size(), ta, tb, 1.5f, float(beta));
+      REQUIRE(rel_err(out, want) < 1e-14);
+      REQUIRE(scaled == want_scaled);
+    }
+  loom::kernels::Product<double> negative{nullptr, nullptr, nullptr, 2, -1, 3};
+  REQUIRE_THROWS_WITH(ops.matmul_group(&negative, 1, false, false),
+                      Catch::Contains("matmul_group: product 0 has a negative size (m=2, n=-1, k=3)"));
 }
 
 TEST_CASE("batched matmul: per-batch strides and a shared operand", "[kernels][matmul]") {

@@ -201,6 +201,22 @@ void check_error(F&& f, const std::string& text) {
   }
 }
 
+//! A norm's input gradient with a residual's (backward(out, res): out = res + the gradient; res may be out) against
+//! the gradient alone (`own`, n values) then accumulate: the same bits, apart and in place.
+template <class T, class F>
+void check_residual(std::size_t n, const Dev<T>& own, F&& backward, const std::string& what) {
+  Rng rng(99);
+  const auto res = rng.values<T>(n, -4.0, 4.0);
+  Dev<T> want(res.t), apart(n), in_place(res.t), dres(res.t);
+  gpu::accumulate(own.get(), want.get(), n, stream());
+  backward(apart.get(), dres.get());
+  backward(in_place.get(), in_place.get());
+  const auto w = want.host(), a = apart.host(), p = in_place.host();
+  INFO(what << " with a residual");
+  CHECK(std::memcmp(a.data(), w.data(), n * sizeof(T)) == 0);
+  CHECK(std::memcmp(p.data(), w.data(), n * sizeof(T)) == 0);
+}
+
 #define LOOM_TYPES float, double, __nv_bfloat16, __half
 
 }  // namespace
@@ -372,6 +388,63 @@ TEMPLATE_TEST_CASE("matmul: batches by strides, a shared operand (stride 0), odd
   check_close(dc.host(), want, tol<T>(), "matmul with K = 0");
 }
 
+TEMPLATE_TEST_CASE("matmul_group matches the CPU: a mixture of experts' products, rows and inner sizes of their own, "
+                   "equal sizes sharing a group, empty products, K = 0, accumulation",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  using Product = loom::kernels::Product<T>;
+  Rng rng(24);
+  // Five experts' rows in one buffer (one expert without rows, two with 64 each: consecutive equal sizes share a
+  // group of cuBLAS's call), d = 40 features in, n = 48 out.
+  const int rows[] = {37, 0, 64, 64, 5}, d = 40, n = 48, total = 170;
+  for (const bool tb : {false, true}) {
+    for (const float beta : {0.0f, 1.0f}) {
+      const std::string what = std::string("tb=") + (tb ? "1" : "0") + " beta=" + std::to_string(beta);
+      // The layer: out_e (rows x n) = x_e (rows x d) op(w_e).
+      const auto x = rng.values<T>(std::size_t(total) * d), w = rng.values<T>(std::size_t(5) * d * n);
+      const auto out = rng.values<T>(std::size_t(total) * n);
+      // Its weights' gradient: dw_e (d x n) += x_e^T dy_e, an inner size of each expert's rows (zero for one).
+      const auto dy = rng.values<T>(std::size_t(total) * n), dw = rng.values<T>(std::size_t(5) * d * n);
+      // And a product with no inner size, which scales its C by beta.
+      const auto lone = rng.values<T>(std::size_t(6) * 7);
+      std::vector<double> want_out = out.d, want_dw = dw.d, want_lone = lone.d;
+      Dev<T> dx(x.t), dw_(w.t), dout(out.t), ddy(dy.t), ddw(dw.t), dlone(lone.t);
+      std::vector<Product> layer, grads;
+      for (int e = 0, at = 0; e < 5; at += rows[e], ++e) {
+        const std::size_t xa = std::size_t(at) * d, wa = std::size_t(e) * d * n, oa = std::size_t(at) * n;
+        cpu::matmul(x.d.data() + xa, w.d.data() + wa, want_out.data() + oa, rows[e], n, d, false, tb, 1.0f, beta);
+        cpu::matmul(x.d.data() + xa, dy.d.data() + oa, want_dw.data() + wa, d, n, rows[e], true, false, 1.0f, 1.0f);
+        layer.push_back({dx.get() + xa, dw_.get() + wa, dout.get() + oa, rows[e], n, d});
+        grads.push_back({dx.get() + xa, ddy.get() + oa, ddw.get() + wa, d, n, rows[e]});
+      }
+      layer.push_back({nullptr, nullptr, dlone.get(), 6, 7, 0});
+      for (auto& v : want_lone) v *= beta;
+      long before = gpu::detail::grouped_products();
+      gpu::matmul_group(layer.data(), layer.size(), false, tb, 1.0f, beta, stream());
+      CHECK(gpu::detail::grouped_products() == before + 1);
+      check_close(dout.host(), want_out, tol<T>(), "matmul_group, a layer's products, " + what);
+      check_close(dlone.host(), want_lone, tol<T>(), "matmul_group, a product with K = 0, " + what);
+      before = gpu::detail::grouped_products();
+      gpu::matmul_group(grads.data(), grads.size(), true, false, 1.0f, 1.0f, stream());
+      CHECK(gpu::detail::grouped_products() == before + 1);
+      check_close(ddw.host(), want_dw, tol<T>(), "matmul_group, the weights' gradients, " + what);
+    }
+  }
+  // A group with one product left to compute runs as matmul; negative sizes are refused by name.
+  const auto a = rng.values<T>(12), b = rng.values<T>(12);
+  std::vector<double> want(9);
+  cpu::matmul(a.d.data(), b.d.data(), want.data(), 3, 3, 4, false, false);
+  Dev<T> da(a.t), db(b.t), dc(std::size_t(9));
+  const Product one[] = {{da.get(), db.get(), dc.get(), 3, 3, 4}, {da.get(), db.get(), dc.get(), 0, 3, 4}};
+  const long before = gpu::detail::grouped_products();
+  gpu::matmul_group(one, 2, false, false, 1.0f, 0.0f, stream());
+  CHECK(gpu::detail::grouped_products() == before);
+  check_close(dc.host(), want, tol<T>(), "matmul_group of one product");
+  const Product negative{da.get(), db.get(), dc.get(), 3, -3, 4};
+  check_error<loom::Error>([&] { gpu::matmul_group(&negative, 1, false, false, 1.0f, 0.0f, stream()); },
+                           "matmul_group: product 0 has a negative size (m=3, n=-3, k=4)");
+}
+
 // --- element-wise ------------------------------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("bias, sums and GELU match the CPU", "[cuda][elementwise]", LOOM_TYPES) {
@@ -463,6 +536,9 @@ TEMPLATE_TEST_CASE("layer norm forward and backward match the CPU", "[cuda][laye
     gpu::layernorm_backward_weight(dg.get(), dx.get(), dm.get(), dr.get(), ddw.get(), ddb.get(), sh.R, sh.C,
                                    stream());
     check_close(ddx.host(), dxr, tol<T>(), "layernorm_backward_input" + what);
+    check_residual(n, ddx, [&](T* out, const T* res) {
+      gpu::layernorm_backward_input(dg.get(), dx.get(), dw.get(), dm.get(), dr.get(), out, sh.R, sh.C, stream(), res);
+    }, "layernorm_backward_input" + what);
     check_close(ddw.host(), dwr, tol<T>(), "layernorm_backward_weight dw" + what);
     check_close(ddb.host(), dbr, tol<T>(), "layernorm_backward_weight db" + what);
   }
@@ -498,6 +574,9 @@ TEMPLATE_TEST_CASE("RMS norm forward and backward match the CPU", "[cuda][rmsnor
     gpu::rmsnorm_backward_input(dg.get(), dx.get(), dw.get(), dr.get(), ddx.get(), sh.R, sh.C, stream());
     gpu::rmsnorm_backward_weight(dg.get(), dx.get(), dr.get(), ddw.get(), sh.R, sh.C, stream());
     check_close(ddx.host(), dxr, tol<T>(), "rmsnorm_backward_input" + what);
+    check_residual(n, ddx, [&](T* out, const T* res) {
+      gpu::rmsnorm_backward_input(dg.get(), dx.get(), dw.get(), dr.get(), out, sh.R, sh.C, stream(), res);
+    }, "rmsnorm_backward_input" + what);
     check_close(ddw.host(), dwr, tol<T>(), "rmsnorm_backward_weight" + what);
   }
 }

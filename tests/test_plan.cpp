@@ -111,7 +111,7 @@ TEST_CASE("memory: llama3-1b under tp2.dp4.zero3, category by category, is docs/
   const std::int64_t N = 2 * 1024, B = 2;
   const double per_block = T * double(4 * N * d + N * qkv + N * hq * hd + 3 * N * f) + A * double(4 * N + B * hq * 1024);
   const double head = T * double(N * d) + 4 * A * double(N) + T * double(N * Vr + N);
-  const double scratch = T * double(N * d + N) + T * double(5 * N * d + N * hq * hd + N * qkv + 3 * N * f);
+  const double scratch = T * double(N * d + N) + T * double(4 * N * d + N * hq * hd + N * qkv + 3 * N * f);
   CHECK(m.bytes.activations == double(L) * per_block + 2 * T * double(N * d) + head + scratch);
 }
 

@@ -74,6 +74,15 @@ struct Ops<Host> {
                  int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f) const {
     cpu::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta);
   }
+  //! count products of sizes of their own, alike in transposes, alpha and beta (a device runs them as one grouped
+  //! product; here one after another, each as matmul computes it).
+  template <class T>
+  void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha = 1.0f,
+                    float beta = 0.0f) const {
+    check_group(ps, count);
+    for (std::size_t i = 0; i < count; ++i)
+      cpu::matmul(ps[i].a, ps[i].b, ps[i].c, ps[i].m, ps[i].n, ps[i].k, trans_a, trans_b, alpha, beta);
+  }
   //! The row stride, in elements, of a wide matrix of `cols` columns of T that products and the loss read (the
   //! logits): on the host the columns themselves.
   template <class T>
@@ -119,10 +128,11 @@ struct Ops<Host> {
                          double eps) const {
     cpu::layernorm_forward(x, w, b, out, mean, rstd, R, C, eps);
   }
+  //! dx = the input's gradient, or with dres dres + it (dres may be dx: a residual's gradient, added in place).
   template <class T>
   void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                                T* dx, int R, int C) const {
-    cpu::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C);
+                                T* dx, int R, int C, const T* dres = nullptr) const {
+    cpu::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, dres);
   }
   template <class T>
   void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
@@ -135,9 +145,9 @@ struct Ops<Host> {
     cpu::rmsnorm_forward(x, w, out, rstd, R, C, eps);
   }
   template <class T>
-  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R,
-                              int C) const {
-    cpu::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C);
+  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C,
+                              const T* dres = nullptr) const {
+    cpu::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, dres);
   }
   template <class T>
   void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C) const {
@@ -393,6 +403,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.matmul_bias(c, c, c, p, i, i, i, b, b);
   o.matmul_bias_gelu(c, c, c, p, p, i, i, i, b, b);
   o.matmul_dgelu(c, c, c, p, i, i, i, b, b);
+  o.matmul_group(static_cast<const Product<T>*>(nullptr), n, b, b, f, f);
   { O::template row_pitch<T>(ld) } -> std::convertible_to<std::ptrdiff_t>;
   o.bias_add(c, c, p, i, i);
   o.bias_backward(c, p, i, i);
@@ -403,10 +414,10 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.swiglu_forward(c, p, i, i);
   o.swiglu_backward(c, c, p, i, i);
   o.layernorm_forward(c, c, c, p, a, a, i, i, f);
-  o.layernorm_backward_input(c, c, c, ca, ca, p, i, i);
+  o.layernorm_backward_input(c, c, c, ca, ca, p, i, i, c);
   o.layernorm_backward_weight(c, c, ca, ca, p, p, i, i);
   o.rmsnorm_forward(c, c, p, a, i, i, d);
-  o.rmsnorm_backward_input(c, c, c, ca, p, i, i);
+  o.rmsnorm_backward_input(c, c, c, ca, p, i, i, c);
   o.rmsnorm_backward_weight(c, c, ca, p, i, i);
   o.rope_rotate(p, ca, ca, i, i, i, i, i, b);
   o.ce_partials(c, a, a, i, i, ld);

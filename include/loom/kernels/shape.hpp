@@ -43,4 +43,23 @@ inline void check_shape(const AttentionShape& s) {
   LOOM_CHECK(s.causal || s.keys() > 0 || s.T == 0, "attention without keys has no softmax (T=", s.T, " Tk=0)");
 }
 
+//! One product of a group (Ops::matmul_group): C = alpha op(A) op(B) + beta C with op(A) m x k, op(B) k x n and C
+//! m x n, row-major and dense, each product with sizes and operands of its own (a mixture of experts' products, one
+//! per expert over the rows it received). The group shares the transposes, alpha and beta.
+template <class T>
+struct Product {
+  const T* a;
+  const T* b;
+  T* c;
+  int m, n, k;
+};
+
+//! The sizes of a group's products, refused where negative.
+template <class T>
+void check_group(const Product<T>* ps, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    LOOM_CHECK(ps[i].m >= 0 && ps[i].n >= 0 && ps[i].k >= 0, "matmul_group: product ", i, " has a negative size (m=",
+               ps[i].m, ", n=", ps[i].n, ", k=", ps[i].k, ")");
+}
+
 }  // namespace loom::kernels

@@ -237,6 +237,15 @@ class RoutedExperts {
       if (n > 0) f(o, n, expert(first, le));
     }
   }
+  //! f(first row, rows, the expert's parameters or gradients in `first`) for each local expert that received rows:
+  //! one product each (f returns it), run as one group of products.
+  template <class F>
+  void each_product(const Plan& p, T* first, bool trans_a, bool trans_b, float beta, F&& f) const {
+    std::vector<kernels::Product<T>> products;
+    products.reserve(std::size_t(local_));
+    each_expert(p, first, [&](int o, int n, const Expert& e) { products.push_back(f(o, n, e)); });
+    ops_.matmul_group(products.data(), products.size(), trans_a, trans_b, 1.0f, beta);
+  }
   int rows() const { return rows_; }
   //! Whether a sequence's tokens are spread over ranks (sequence or context parallelism).
   bool split() const { return sequence_parallel_ || (cp_ && cp_->size() > 1); }
@@ -498,17 +507,28 @@ void RoutedExperts<T, Dev>::forward(const T* x, const Params& w, Acts& a, T* y, 
     clock.wait(h);
     ops.scatter_rows(out.data(), p.grouped.data(), a.xin.data(), p.received(), d_);
   }
-  // The local experts, one GEMM pair per expert over its rows; their outputs, back by source rank.
+  // The local experts: each layer's products of every expert over its rows as one group, the activation over all
+  // the rows at once; their outputs, back by source rank.
   Tensor y_grouped = scratch(received_rows(p), d_);
+  const int R = static_cast<int>(p.received());
+  each_product(p, w.experts, false, false, 0.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{a.xin.data() + std::size_t(o) * d_, e.fc_w, a.h.data() + std::size_t(o) * up(), n,
+                               up(), d_};
+  });
   each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
     T* h = a.h.data() + std::size_t(o) * up();
-    T* gi = a.g.data() + std::size_t(o) * f_;
-    ops.matmul(a.xin.data() + std::size_t(o) * d_, e.fc_w, h, n, up(), d_, false, false);
     if (e.fc_b) ops.bias_add(h, e.fc_b, h, n, up());
-    if (gated_) ops.swiglu_forward(h, gi, n, f_);
-    else ops.gelu_forward(h, gi, std::size_t(n) * f_);
+  });
+  if (R > 0) {
+    if (gated_) ops.swiglu_forward(a.h.data(), a.g.data(), R, f_);
+    else ops.gelu_forward(a.h.data(), a.g.data(), std::size_t(R) * f_);
+  }
+  each_product(p, w.experts, false, false, 0.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{a.g.data() + std::size_t(o) * f_, e.proj_w, y_grouped.data() + std::size_t(o) * d_, n,
+                               d_, f_};
+  });
+  each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
     T* yo = y_grouped.data() + std::size_t(o) * d_;
-    ops.matmul(gi, e.proj_w, yo, n, d_, f_, false, false);
     if (e.proj_b) ops.bias_add(yo, e.proj_b, yo, n, d_);
   });
   ops.gather_rows(static_cast<const T*>(y_grouped.data()), p.grouped.data(), static_cast<const T*>(nullptr), out.data(),
@@ -558,18 +578,17 @@ void RoutedExperts<T, Dev>::backward_input(const T* dy, const Params& w, const A
   // The experts' input gradients, expert-major, then back by source rank.
   Tensor dx_grouped = scratch(received_rows(p), d_);
   Tensor dact = gated_ ? scratch(received_rows(p), f_) : Tensor();  // gated: the gradient of silu(gate) up
-  each_expert(p, w.experts, [&](int o, int n, const Expert& e) {
-    T* dh = g.dh.data() + std::size_t(o) * up();
-    const T* h = a.h.data() + std::size_t(o) * up();
-    if (gated_) {
-      T* da = dact.data() + std::size_t(o) * f_;
-      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, da, n, f_, d_, false, true);
-      ops.swiglu_backward(h, da, dh, n, f_);
-    } else {
-      ops.matmul(g.dyin.data() + std::size_t(o) * d_, e.proj_w, dh, n, f_, d_, false, true);
-      ops.gelu_backward(h, dh, dh, std::size_t(n) * f_);
-    }
-    ops.matmul(dh, e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n, d_, up(), false, true);
+  T* dmid = gated_ ? dact.data() : g.dh.data();  // the second layer's input gradient, R x f
+  each_product(p, w.experts, false, true, 0.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{g.dyin.data() + std::size_t(o) * d_, e.proj_w, dmid + std::size_t(o) * f_, n, f_, d_};
+  });
+  if (const int R = static_cast<int>(p.received()); R > 0) {
+    if (gated_) ops.swiglu_backward(static_cast<const T*>(a.h.data()), static_cast<const T*>(dmid), g.dh.data(), R, f_);
+    else ops.gelu_backward(static_cast<const T*>(a.h.data()), static_cast<const T*>(dmid), dmid, std::size_t(R) * f_);
+  }
+  each_product(p, w.experts, false, true, 0.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{g.dh.data() + std::size_t(o) * up(), e.fc_w, dx_grouped.data() + std::size_t(o) * d_, n,
+                               d_, up()};
   });
   ops.gather_rows(static_cast<const T*>(dx_grouped.data()), p.grouped.data(), static_cast<const T*>(nullptr),
                   dout.data(), p.received(), d_);
@@ -609,13 +628,17 @@ void RoutedExperts<T, Dev>::backward_weight(const T* x, const Acts& a, const Gra
   const auto& ops = ops_;
   const int N = rows();
   const Plan& p = a.plan;
+  each_product(p, dw.experts, true, false, 1.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{a.g.data() + std::size_t(o) * f_, g.dyin.data() + std::size_t(o) * d_, e.proj_w, f_, d_,
+                               n};
+  });
+  each_product(p, dw.experts, true, false, 1.0f, [&](int o, int n, const Expert& e) {
+    return kernels::Product<T>{a.xin.data() + std::size_t(o) * d_, g.dh.data() + std::size_t(o) * up(), e.fc_w, d_,
+                               up(), n};
+  });
   each_expert(p, dw.experts, [&](int o, int n, const Expert& e) {
-    const T* dyo = g.dyin.data() + std::size_t(o) * d_;
-    const T* dh = g.dh.data() + std::size_t(o) * up();
-    ops.matmul(a.g.data() + std::size_t(o) * f_, dyo, e.proj_w, f_, d_, n, true, false, 1.0f, 1.0f);
-    if (e.proj_b) ops.bias_backward(dyo, e.proj_b, n, d_);
-    ops.matmul(a.xin.data() + std::size_t(o) * d_, dh, e.fc_w, d_, up(), n, true, false, 1.0f, 1.0f);
-    if (e.fc_b) ops.bias_backward(dh, e.fc_b, n, up());
+    if (e.proj_b) ops.bias_backward(static_cast<const T*>(g.dyin.data() + std::size_t(o) * d_), e.proj_b, n, d_);
+    if (e.fc_b) ops.bias_backward(static_cast<const T*>(g.dh.data() + std::size_t(o) * up()), e.fc_b, n, up());
   });
   ops.matmul(x, g.dlogits.data(), dw.router, d_, E_, N, true, false, 1.0f, 1.0f);
 }

@@ -31,11 +31,12 @@ struct Norm {
     if (rms) ops.rmsnorm_forward(x, w, out, rstd, R, C, eps);
     else ops.layernorm_forward(x, w, b, out, mean, rstd, R, C, eps);
   }
-  //! dx (written) from dout.
-  void backward_input(const T* dout, const T* x, const T* w, const acc* mean, const acc* rstd, T* dx, int R,
-                      int C) const {
-    if (rms) ops.rmsnorm_backward_input(dout, x, w, rstd, dx, R, C);
-    else ops.layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C);
+  //! dx (written) from dout; with dres, dx = dres + the norm's gradient (the residual's gradient to the same input,
+  //! added in the same pass; dres may be dx).
+  void backward_input(const T* dout, const T* x, const T* w, const acc* mean, const acc* rstd, T* dx, int R, int C,
+                      const T* dres = nullptr) const {
+    if (rms) ops.rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, dres);
+    else ops.layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, dres);
   }
   //! dw (and LayerNorm's db) += their gradients from dout.
   void backward_weight(const T* dout, const T* x, const acc* mean, const acc* rstd, T* dw, T* db, int R,

@@ -311,7 +311,7 @@ struct Act {
   }
   //! GptBlock::make_grads(recompute_core, l): backward's branch gradients.
   constexpr double block_grads(bool recompute_core, int l) const {
-    double b = T * double(5 * rows * d) + T * double(N * hq * hd + N * qkv) + (sp ? 2 * T * double(N * d) : 0);
+    double b = T * double(4 * rows * d) + T * double(N * hq * hd + N * qkv) + (sp ? 2 * T * double(N * d) : 0);
     if (recompute_core) b += T * double(N * hq * hd) + A * double(B * hq * Tl);
     if (l < 0 ? any_dense() : !s->moe_block(l))
       b += T * double(N * up(s->ffn())) + (s->gated() ? T * double(N * s->ffn() / tp) : 0) + (sp ? 2 * T * double(N * d) : 0);

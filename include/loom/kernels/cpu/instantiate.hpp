@@ -23,13 +23,14 @@
   prefix template void swiglu_forward<T>(const T*, T*, int, int);                                                  \
   prefix template void swiglu_backward<T>(const T*, const T*, T*, int, int);                                       \
   prefix template void rmsnorm_forward<T>(const T*, const T*, T*, acc_t<T>*, int, int, double);                    \
-  prefix template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const acc_t<T>*, T*, int, int);     \
+  prefix template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const acc_t<T>*, T*, int, int,      \
+                                                 const T*);                                                       \
   prefix template void rmsnorm_backward_weight<T>(const T*, const T*, const acc_t<T>*, T*, int, int);              \
   prefix template void rope_rotate<T>(T*, const acc_t<T>*, const acc_t<T>*, int, int, int, int, int, bool);        \
   prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc_t<T>*, acc_t<T>*, int, int,       \
                                             double);                                                                \
   prefix template void layernorm_backward_input<T>(const T*, const T*, const T*, const acc_t<T>*, const acc_t<T>*, \
-                                                   T*, int, int);                                                   \
+                                                   T*, int, int, const T*);                                         \
   prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc_t<T>*, const acc_t<T>*, T*, T*,  \
                                                     int, int);                                                      \
   prefix template void ce_partials<T>(const T*, acc_t<T>*, acc_t<T>*, int, int, std::ptrdiff_t);                    \

@@ -67,10 +67,11 @@ void swiglu_backward(const T* h, const T* dout, T* dh, int R, int F);
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mean, acc_t<T>* rstd, int R, int C,
                        double eps = 1e-5);
-//! dx = gradient of the input (written).
+//! dx = gradient of the input (written); with dres, dx = dres + that gradient (rounded to T first, as a separate
+//! accumulate would add it): a residual path's gradient to the same input. dres may be dx.
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                              T* dx, int R, int C);
+                              T* dx, int R, int C, const T* dres = nullptr);
 //! dw += sum_r dout * xhat, db += sum_r dout.
 template <class T>
 void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,
@@ -80,9 +81,10 @@ void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, 
 //! out[r] = x[r] * rstd * w over C columns, rstd = (mean of x[r]^2 + eps)^-1/2, kept for backward.
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int C, double eps = 1e-6);
-//! dx = gradient of the input (written).
+//! dx = gradient of the input (written); with dres, dx = dres + that gradient, as layernorm_backward_input.
 template <class T>
-void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C);
+void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C,
+                            const T* dres = nullptr);
 //! dw += sum_r dout * x * rstd.
 template <class T>
 void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C);

@@ -85,6 +85,11 @@ __host__ __device__ __forceinline__ T narrow(A x) {
   else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(x));
   else return static_cast<T>(x);
 }
+//! v, or with a residual's gradient r (not null) r[i] + v rounded to T: what accumulating v into r gives.
+template <class T>
+__device__ __forceinline__ T with_residual(T v, const T* r, std::size_t i) {
+  return r == nullptr ? v : narrow<T>(widen(r[i]) + widen(v));
+}
 
 // Accurate (not the fast-math intrinsics): results are compared with the CPU's to 1e-5.
 __device__ __forceinline__ float exp_(float x) { return expf(x); }

@@ -80,6 +80,16 @@ struct Ops<Cuda> {
     const auto span = product_span(M, N, K, trans_a, trans_b, "");
     cuda::entry::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
   }
+  //! count products of sizes of their own, alike in transposes, alpha and beta: one grouped product of cuBLAS.
+  template <class T>
+  void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha = 1.0f,
+                    float beta = 0.0f) const {
+    double flops = 0;
+    for (std::size_t i = 0; i < count; ++i) flops += 2.0 * ps[i].m * ps[i].n * ps[i].k;
+    const cuda::ProfileScope span(
+        stream, [&] { return loom::detail::cat("matmul group", trans_a ? " At" : "", trans_b ? " Bt" : ""); }, flops);
+    cuda::entry::matmul_group(ps, count, trans_a, trans_b, alpha, beta, stream);
+  }
   //! The row stride, in elements, of a wide matrix of `cols` columns of T that products and the loss read (the
   //! logits): whole 128-byte lines, which the tensor cores' fast products and 16-byte loads need (GPT-2's 50257
   //! columns of bf16 become 50304).
@@ -135,10 +145,10 @@ struct Ops<Cuda> {
     cuda::entry::rmsnorm_forward(x, w, out, rstd, R, C, eps, stream);
   }
   template <class T>
-  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R,
-                              int C) const {
+  void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C,
+                              const T* dres = nullptr) const {
     const cuda::ProfileScope span("rmsnorm_backward_input", stream);
-    cuda::entry::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream);
+    cuda::entry::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, dres, stream);
   }
   template <class T>
   void rmsnorm_backward_weight(const T* dout, const T* x, const acc_t<T>* rstd, T* dw, int R, int C) const {
@@ -161,9 +171,9 @@ struct Ops<Cuda> {
   }
   template <class T>
   void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                                T* dx, int R, int C) const {
+                                T* dx, int R, int C, const T* dres = nullptr) const {
     const cuda::ProfileScope span("layernorm_backward_input", stream);
-    cuda::entry::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream);
+    cuda::entry::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, dres, stream);
   }
   template <class T>
   void layernorm_backward_weight(const T* dout, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, T* dw, T* db,

@@ -267,6 +267,11 @@ void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T
   cuda::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
 }
 template <class T>
+void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
+                  cudaStream_t stream) {
+  cuda::matmul_group(ps, count, trans_a, trans_b, alpha, beta, stream);
+}
+template <class T>
 void bias_add(const T* x, const T* bias, T* out, int R, int C, cudaStream_t stream) {
   cuda::bias_add(x, bias, out, R, C, stream);
 }
@@ -304,8 +309,8 @@ void rmsnorm_forward(const T* x, const T* w, T* out, acc<T>* rstd, int R, int C,
 }
 template <class T>
 void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* rstd, T* dx, int R, int C,
-                            cudaStream_t stream) {
-  cuda::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream);
+                            const T* dres, cudaStream_t stream) {
+  cuda::rmsnorm_backward_input(dout, x, w, rstd, dx, R, C, stream, dres);
 }
 template <class T>
 void rmsnorm_backward_weight(const T* dout, const T* x, const acc<T>* rstd, T* dw, int R, int C,
@@ -324,8 +329,8 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc<T>* mean,
 }
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* mean, const acc<T>* rstd, T* dx,
-                              int R, int C, cudaStream_t stream) {
-  cuda::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream);
+                              int R, int C, const T* dres, cudaStream_t stream) {
+  cuda::layernorm_backward_input(dout, x, w, mean, rstd, dx, R, C, stream, dres);
 }
 template <class T>
 void layernorm_backward_weight(const T* dout, const T* x, const acc<T>* mean, const acc<T>* rstd, T* dw, T* db,

@@ -36,6 +36,9 @@ template <class T>
 void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
                int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream);
 template <class T>
+void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
+                  cudaStream_t stream);
+template <class T>
 void bias_add(const T* x, const T* bias, T* out, int R, int C, cudaStream_t stream);
 template <class T>
 void bias_backward(const T* dout, T* dbias, int R, int C, cudaStream_t stream);
@@ -55,7 +58,7 @@ template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* out, acc<T>* rstd, int R, int C, double eps, cudaStream_t stream);
 template <class T>
 void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* rstd, T* dx, int R, int C,
-                            cudaStream_t stream);
+                            const T* dres, cudaStream_t stream);
 template <class T>
 void rmsnorm_backward_weight(const T* dout, const T* x, const acc<T>* rstd, T* dw, int R, int C,
                              cudaStream_t stream);
@@ -67,7 +70,7 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc<T>* mean,
                        double eps, cudaStream_t stream);
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc<T>* mean, const acc<T>* rstd,
-                              T* dx, int R, int C, cudaStream_t stream);
+                              T* dx, int R, int C, const T* dres, cudaStream_t stream);
 template <class T>
 void layernorm_backward_weight(const T* dout, const T* x, const acc<T>* mean, const acc<T>* rstd, T* dw, T* db,
                                int R, int C, cudaStream_t stream);
@@ -173,6 +176,7 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
   prefix template void matmul_dgelu<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);    \
   prefix template void matmul_ld<T>(const T*, std::ptrdiff_t, const T*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, \
                                     int, bool, bool, float, float, cudaStream_t);                                     \
+  prefix template void matmul_group<T>(const Product<T>*, std::size_t, bool, bool, float, float, cudaStream_t);      \
   prefix template void bias_add<T>(const T*, const T*, T*, int, int, cudaStream_t);                                   \
   prefix template void bias_backward<T>(const T*, T*, int, int, cudaStream_t);                                        \
   prefix template void add<T>(const T*, const T*, T*, std::size_t, cudaStream_t);                                     \
@@ -183,14 +187,14 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
   prefix template void swiglu_backward<T>(const T*, const T*, T*, int, int, cudaStream_t);                            \
   prefix template void rmsnorm_forward<T>(const T*, const T*, T*, acc<T>*, int, int, double, cudaStream_t);           \
   prefix template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, T*, int, int,           \
-                                                 cudaStream_t);                                                       \
+                                                 const T*, cudaStream_t);                                             \
   prefix template void rmsnorm_backward_weight<T>(const T*, const T*, const acc<T>*, T*, int, int, cudaStream_t);     \
   prefix template void rope_rotate<T>(T*, const acc<T>*, const acc<T>*, int, int, int, int, int, bool,                \
                                       cudaStream_t);                                                                  \
   prefix template void layernorm_forward<T>(const T*, const T*, const T*, T*, acc<T>*, acc<T>*, int, int, double,     \
                                             cudaStream_t);                                                            \
   prefix template void layernorm_backward_input<T>(const T*, const T*, const T*, const acc<T>*, const acc<T>*,        \
-                                                   T*, int, int, cudaStream_t);                                       \
+                                                   T*, int, int, const T*, cudaStream_t);                             \
   prefix template void layernorm_backward_weight<T>(const T*, const T*, const acc<T>*, const acc<T>*, T*, T*,         \
                                                     int, int, cudaStream_t);                                          \
   prefix template void ce_partials<T>(const T*, acc<T>*, acc<T>*, int, int, std::ptrdiff_t, cudaStream_t);            \

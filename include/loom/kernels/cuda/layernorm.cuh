@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Block) layernorm_forward_kernel(const T* x, co
 template <class T, int Block>
 __global__ void __launch_bounds__(Block)
     layernorm_backward_input_kernel(const T* dout, const T* x, const T* w, const acc_t<T>* mean,
-                                    const acc_t<T>* rstd, T* dx, int C) {
+                                    const acc_t<T>* rstd, T* dx, int C, const T* dres) {
   using A = acc_t<T>;
   using Reduce = cub::BlockReduce<Pair<A>, Block>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Block)
   for (int c = threadIdx.x; c < C; c += Block) {
     const A xhat = (widen(xr[c]) - m) * rs;
     const A g = widen(gr[c]) * widen(w[c]);
-    dr[c] = narrow<T>(rs * (g - mean_g - xhat * mean_gx));
+    dr[c] = with_residual(narrow<T>(rs * (g - mean_g - xhat * mean_gx)), dres, row * C + c);
   }
 }
 
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
 template <class T>
 __global__ void __launch_bounds__(32 * warp_rows_per_block)
     layernorm_backward_input_warp_kernel(const T* dout, const T* x, const T* w, const acc_t<T>* mean,
-                                         const acc_t<T>* rstd, T* dx, int R, int C) {
+                                         const acc_t<T>* rstd, T* dx, int R, int C, const T* dres) {
   using A = acc_t<T>;
   constexpr int V = vec_width<T>, P = warp_row_max / (32 * V);
   const int row = blockIdx.x * warp_rows_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -166,9 +166,13 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
   for (int i = 0; i < P; ++i) {
     const int p = i * 32 + lane;
     if (p >= packs) break;
-    Pack<T, V> d;
+    Pack<T, V> d, r;
+    if (dres != nullptr) r = load_pack<V>(dres + at + p * V);
 #pragma unroll
-    for (int j = 0; j < V; ++j) d.v[j] = narrow<T>(rs * (gw[i][j] - mean_g - xh[i][j] * mean_gx));
+    for (int j = 0; j < V; ++j) {
+      d.v[j] = narrow<T>(rs * (gw[i][j] - mean_g - xh[i][j] * mean_gx));
+      if (dres != nullptr) d.v[j] = narrow<T>(widen(r.v[j]) + widen(d.v[j]));
+    }
     store_pack(dx + at + p * V, d);
   }
 }
@@ -231,20 +235,22 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mea
   layernorm_forward(x, w, b, out, mean, rstd, R, C, 1e-5, stream);
 }
 
-//! dx = gradient of the input (written).
+//! dx = gradient of the input (written); with dres, dx = dres + that gradient rounded to T (what a separate
+//! accumulate of it gives, one pass fewer); dres may be dx.
 template <Floating T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                              T* dx, int R, int C, cudaStream_t stream) {
+                              T* dx, int R, int C, cudaStream_t stream, const T* dres = nullptr) {
   if (R <= 0) return;
   using D = device_t<T>;
-  if (detail::warp_rows<D>(C, {dout, x, w, dx})) {
+  if (detail::warp_rows<D>(C, {dout, x, w, dx, dres})) {
     detail::layernorm_backward_input_warp_kernel<D>
         <<<(R + detail::warp_rows_per_block - 1) / detail::warp_rows_per_block, 32 * detail::warp_rows_per_block, 0,
-           stream>>>(detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), R, C);
+           stream>>>(detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), R, C,
+                     detail::dev(dres));
   } else {
     detail::with_row_block(C, [&](auto block) {
       detail::layernorm_backward_input_kernel<D, block()><<<R, block(), 0, stream>>>(
-          detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), C);
+          detail::dev(dout), detail::dev(x), detail::dev(w), mean, rstd, detail::dev(dx), C, detail::dev(dres));
     });
   }
   detail::check_launch("layernorm_backward_input");

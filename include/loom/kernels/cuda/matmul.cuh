@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 namespace loom::kernels::cuda {
 
@@ -472,7 +473,88 @@ void matmul_ld(const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T* C,
   strided_product(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
 }
 
+//! How many groups of products this process ran as one grouped product of cuBLAS (what the tests check).
+inline std::atomic<long>& grouped_products() {
+  static std::atomic<long> n{0};
+  return n;
+}
+
+//! The products of a group (device element type T) in one call of cuBLAS's grouped product: each a problem of its
+//! own sizes, consecutive products of equal sizes sharing a group of the call, their operands' addresses uploaded
+//! to the device on the stream. A product without rows or columns is skipped, one without an inner size scales C
+//! by beta (as matmul does), and a group left with a single product runs as matmul.
+template <class T>
+void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
+                  cudaStream_t stream) {
+  using BT = BlasTypes<T>;
+  using Scalar = typename BT::Scalar;
+  check_group(ps, count);
+  std::vector<const Product<T>*> run;  // the products cuBLAS computes
+  for (std::size_t i = 0; i < count; ++i) {
+    const Product<T>& p = ps[i];
+    if (p.m == 0 || p.n == 0) continue;
+    if (p.k == 0) matmul(p.a, p.b, p.c, p.m, p.n, 0, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
+    else run.push_back(&p);
+  }
+  if (run.empty()) return;
+  if (run.size() == 1) {
+    const Product<T>& p = *run.front();
+    matmul(p.a, p.b, p.c, p.m, p.n, p.k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
+    return;
+  }
+  // Column-major, as run_product: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), cuBLAS's A being our B.
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<Scalar> alphas, betas;
+  std::vector<const void*> pointers(3 * run.size());  // cuBLAS's A array, then its B array, then C's
+  for (std::size_t i = 0; i < run.size(); ++i) {
+    const Product<T>& p = *run[i];
+    pointers[i] = p.b, pointers[run.size() + i] = p.a, pointers[2 * run.size() + i] = p.c;
+    if (!m.empty() && m.back() == p.n && n.back() == p.m && k.back() == p.k) {
+      ++size.back();
+      continue;
+    }
+    m.push_back(p.n), n.push_back(p.m), k.push_back(p.k);
+    lda.push_back(trans_b ? p.k : p.n), ldb.push_back(trans_a ? p.m : p.k), ldc.push_back(p.n);
+    alphas.push_back(Scalar(alpha)), betas.push_back(Scalar(beta)), size.push_back(1);
+  }
+  const std::vector<cublasOperation_t> op_a(m.size(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N),
+      op_b(m.size(), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  // A copy from pageable memory has read it when the call returns: the host vector may go.
+  CudaBuffer<const void*> on_device(pointers.size(), stream);
+  LOOM_CUDA(cudaMemcpyAsync(on_device.data(), pointers.data(), pointers.size() * sizeof(const void*),
+                            cudaMemcpyHostToDevice, stream));
+  const void* const* A = on_device.data();
+  const void* const* B = A + run.size();
+  void* const* C = const_cast<void* const*>(A + 2 * run.size());
+  cublasHandle_t h = blas_context().blas();
+  LOOM_CUBLAS(cublasSetStream(h, stream));
+  const int groups = static_cast<int>(m.size());
+  if constexpr (std::is_same_v<T, double>) {
+    LOOM_CUBLAS(cublasDgemmGroupedBatched(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
+                                          reinterpret_cast<const double* const*>(A), lda.data(),
+                                          reinterpret_cast<const double* const*>(B), ldb.data(), betas.data(),
+                                          reinterpret_cast<double* const*>(C), ldc.data(), groups, size.data()));
+  } else {
+    LOOM_CUBLAS(cublasGemmGroupedBatchedEx(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
+                                           A, BT::data, lda.data(), B, BT::data, ldb.data(), betas.data(), C, BT::data,
+                                           ldc.data(), groups, size.data(), BT::compute));
+  }
+  ++grouped_products();
+}
+
 }  // namespace detail
+
+//! count products of sizes of their own, alike in transposes, alpha and beta, as one grouped product (one launch
+//! for a mixture of experts' products, and no plan per size: their row counts change every step).
+template <Floating T>
+void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
+                  cudaStream_t stream) {
+  using D = device_t<T>;
+  std::vector<Product<D>> on(count);
+  for (std::size_t i = 0; i < count; ++i)
+    on[i] = {detail::dev(ps[i].a), detail::dev(ps[i].b), detail::dev(ps[i].c), ps[i].m, ps[i].n, ps[i].k};
+  detail::matmul_group(on.data(), count, trans_a, trans_b, alpha, beta, stream);
+}
 
 //! C = alpha * op(A) * op(B) + beta * C, for `batch` independent products; op(A) is M x K (A stored M x K, or K x M
 //! when trans_a), op(B) is K x N (B stored K x N, or N x K when trans_b), C is M x N; all row-major and contiguous;

@@ -24,16 +24,18 @@ struct AdamW {
   bool init;
   template <int N>
   __device__ void apply(std::size_t i) const {
-    auto p = load_pack<N>(param + i);
+    const bool from_master = master != nullptr && !init;  // the parameters then are only written
+    Pack<T, N> p;
+    if (!from_master) p = load_pack<N>(param + i);
     const auto g = load_pack<N>(grad + i);
     auto mm = load_pack<N>(m + i);
     auto vv = load_pack<N>(v + i);
     Pack<A, N> w;
-    if (master != nullptr && !init) w = load_pack<N>(master + i);
+    if (from_master) w = load_pack<N>(master + i);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const A G = widen(g.v[j]);
-      A P = (master != nullptr && !init ? w.v[j] : widen(p.v[j])) * decay;
+      A P = (from_master ? w.v[j] : widen(p.v[j])) * decay;
       const A M = mm.v[j] * b1 + G * one_minus_b1;
       const A V = vv.v[j] * b2 + one_minus_b2 * G * G;
       P += step * M / (sqrt_(V) / bc2_sqrt + eps);
@@ -61,14 +63,16 @@ struct Sgd {
   A* master;  // null, or fp32 master weights (read from param on the first step)
   template <int N>
   __device__ void apply(std::size_t i) const {
-    auto p = load_pack<N>(param + i);
+    const bool from_master = master != nullptr && !first;  // the parameters then are only written
+    Pack<T, N> p;
+    if (!from_master) p = load_pack<N>(param + i);
     const auto g = load_pack<N>(grad + i);
     Pack<A, N> b, w;
     if (buf != nullptr) b = load_pack<N>(buf + i);
-    if (master != nullptr && !first) w = load_pack<N>(master + i);
+    if (from_master) w = load_pack<N>(master + i);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const A P = master != nullptr && !first ? w.v[j] : widen(p.v[j]);
+      const A P = from_master ? w.v[j] : widen(p.v[j]);
       A G = use_wd ? widen(g.v[j]) + wd * P : widen(g.v[j]);
       if (use_momentum && !first) G = b.v[j] * mom + G;
       b.v[j] = G;

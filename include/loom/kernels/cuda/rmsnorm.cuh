@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(Block)
 
 template <class T, int Block>
 __global__ void __launch_bounds__(Block)
-    rmsnorm_backward_input_kernel(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int C) {
+    rmsnorm_backward_input_kernel(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int C,
+                                  const T* dres) {
   using A = acc_t<T>;
   using Reduce = cub::BlockReduce<A, Block>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(Block)
   __syncthreads();
   const A k = rs * rs * s_gx;
   for (int c = threadIdx.x; c < C; c += Block)
-    dr[c] = narrow<T>(rs * (widen(gr[c]) * widen(w[c]) - widen(xr[c]) * k));
+    dr[c] = with_residual(narrow<T>(rs * (widen(gr[c]) * widen(w[c]) - widen(xr[c]) * k)), dres, row * C + c);
 }
 
 template <class T>
@@ -85,14 +86,14 @@ void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int 
   detail::check_launch("rmsnorm_forward");
 }
 
-//! dx = gradient of the input (written).
+//! dx = gradient of the input (written); with dres, dx = dres + it, as layernorm_backward_input.
 template <Floating T>
 void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const T* dres = nullptr) {
   if (R <= 0) return;
   detail::with_row_block(C, [&](auto block) {
     detail::rmsnorm_backward_input_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
-        detail::dev(dout), detail::dev(x), detail::dev(w), rstd, detail::dev(dx), C);
+        detail::dev(dout), detail::dev(x), detail::dev(w), rstd, detail::dev(dx), C, detail::dev(dres));
   });
   detail::check_launch("rmsnorm_backward_input");
 }

@@ -130,7 +130,7 @@ class GptBlock {
   };
   //! The branch gradients that backward_input leaves for backward_weight.
   struct Grads {
-    Buf dfcp, dln2, dtmp, dattp, dln1;
+    Buf dfcp, dln2, dattp, dln1;
     typename Attention::Grads attn;
     typename Mlp::Grads mlp;
     typename Moe::Grads moe;
@@ -170,7 +170,7 @@ class GptBlock {
   //! recompute recomputes (which forward, not keeping it, also writes there).
   Grads make_grads(bool recompute_core = false, int l = -1) const {
     const std::int64_t r = rows(), d = width();
-    Grads g{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core), {}, {}};
+    Grads g{Buf({r, d}), Buf({r, d}), Buf({r, d}), Buf({r, d}), attn_.make_grads(recompute_core), {}, {}};
     if (dense_mlp(l)) g.mlp = mlp_.make_grads();
     if (moe_ && (l < 0 || moe_block(l))) g.moe = moe_->make_grads();
     return g;
@@ -208,7 +208,6 @@ class GptBlock {
     trace::Scope span("backward_input block", "compute");
     const auto& ops = region_.ops;
     const int d = width(), r = rows();
-    const std::size_t nd = std::size_t(r) * d;
     // MLP branch: y = x2 + drop(mlp(ln2(x2)))
     drop.backward(ops, dx, g.dfcp.data(), l, 2);
     if (moe_block(l)) {
@@ -216,13 +215,14 @@ class GptBlock {
     } else {
       mlp_.backward_input(g.dfcp.data(), w.mlp, a.mlp, g.mlp, g.dln2.data());
     }
-    norm_.backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), g.dtmp.data(), r, d);
-    ops.accumulate(g.dtmp.data(), dx, nd);  // d(x2)
+    // d(x2) = d(output) + the norm's gradient, in the norm's pass: into dx, or without dropout straight into the
+    // attention branch's gradient (dropout's backward would copy it there).
+    T* dx2 = drop.p == 0 ? g.dattp.data() : dx;
+    norm_.backward_input(g.dln2.data(), a.x2.data(), w.ln2_w, a.mean2.data(), a.rstd2.data(), dx2, r, d, dx);
     // Attention branch: x2 = x + drop(attention(ln1(x)))
-    drop.backward(ops, dx, g.dattp.data(), l, 1);
+    if (drop.p != 0) drop.backward(ops, dx, g.dattp.data(), l, 1);
     attn_.backward_input(g.dattp.data(), w.attn, a.attn, g.attn, g.dln1.data());
-    norm_.backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), g.dtmp.data(), r, d);
-    ops.accumulate(g.dtmp.data(), dx, nd);  // d(x)
+    norm_.backward_input(g.dln1.data(), x, w.ln1_w, a.mean1.data(), a.rstd1.data(), dx, r, d, dx2);  // d(x)
   }
 
   //! Block l's weight gradients (accumulated into dw) from the branch gradients in g.
@@ -246,7 +246,7 @@ class GptBlock {
            Moe::bytes(a.moe);
   }
   static std::size_t bytes(const Grads& g) {
-    return held(g.dfcp, g.dln2, g.dtmp, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
+    return held(g.dfcp, g.dln2, g.dattp, g.dln1, g.attn.dy_full, g.attn.dout, g.attn.dqkv, g.attn.dx_full,
                 g.attn.core.out, g.attn.core.lse, g.mlp.dy_full, g.mlp.dg, g.mlp.dx_full, g.mlp.dh) +
            Moe::bytes(g.moe);
   }

@@ -33,11 +33,12 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, acc_t<T>* mea
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout w.
 template <class T>
 void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                              T* dx, int R, int C) {
+                              T* dx, int R, int C, const T* dres) {
   detail::check_type<T>();
   using A = acc_t<T>;
   const std::size_t n = std::size_t(C);
   std::vector<A> wbuf, xbuf, dbuf, obuf;
+  std::vector<T> own(dres ? n : 0);  // with a residual: the norm's part of a row, then added to it
   const auto W = detail::arr(detail::load(w, n, wbuf), n);
   for (int r = 0; r < R; ++r) {
     const std::ptrdiff_t o = std::ptrdiff_t(r) * C;
@@ -46,8 +47,10 @@ void layernorm_backward_input(const T* dout, const T* x, const T* w, const acc_t
     const A mu = mean[r], rs = rstd[r];
     const A g_mean = G.sum() / A(C);
     const A gx_mean = (G * (X - mu)).sum() * rs / A(C);
-    detail::arr(detail::result(dx + o, n, obuf), n) = rs * (G - g_mean - (X - mu) * (rs * gx_mean));
-    detail::store(dx + o, n, obuf);
+    T* part = dres ? own.data() : dx + o;
+    detail::arr(detail::result(part, n, obuf), n) = rs * (G - g_mean - (X - mu) * (rs * gx_mean));
+    detail::store(part, n, obuf);
+    if (dres) add<T>(part, dres + o, dx + o, n);
   }
 }
 

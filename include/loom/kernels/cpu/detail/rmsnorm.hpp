@@ -27,11 +27,13 @@ void rmsnorm_forward(const T* x, const T* w, T* out, acc_t<T>* rstd, int R, int 
 
 // y = x rs w with rs = (mean(x^2) + eps)^-1/2: dx = rs (g - x rs^2 mean(g x)), g = dout w.
 template <class T>
-void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C) {
+void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T>* rstd, T* dx, int R, int C,
+                            const T* dres) {
   detail::check_type<T>();
   using A = acc_t<T>;
   const std::size_t n = std::size_t(C);
   std::vector<A> wbuf, xbuf, dbuf, obuf;
+  std::vector<T> own(dres ? n : 0);  // with a residual: the norm's part of a row, then added to it
   const auto W = detail::arr(detail::load(w, n, wbuf), n);
   for (int r = 0; r < R; ++r) {
     const std::ptrdiff_t o = std::ptrdiff_t(r) * C;
@@ -39,8 +41,10 @@ void rmsnorm_backward_input(const T* dout, const T* x, const T* w, const acc_t<T
     const auto G = detail::arr(detail::load(dout + o, n, dbuf), n) * W;
     const A rs = rstd[r];
     const A gx_mean = (G * X).sum() / A(C);
-    detail::arr(detail::result(dx + o, n, obuf), n) = rs * (G - X * (rs * rs * gx_mean));
-    detail::store(dx + o, n, obuf);
+    T* part = dres ? own.data() : dx + o;
+    detail::arr(detail::result(part, n, obuf), n) = rs * (G - X * (rs * rs * gx_mean));
+    detail::store(part, n, obuf);
+    if (dres) add<T>(part, dres + o, dx + o, n);
   }
 }
 
