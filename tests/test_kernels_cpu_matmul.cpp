@@ -102,6 +102,22 @@ TEST_CASE("Ops<Host>::matmul_group: products of sizes of their own in one buffer
                       Catch::Contains("matmul_group: product 0 has a negative size (m=2, n=-1, k=3)"));
 }
 
+TEST_CASE("Ops<Host>::matmul_bgrad is the product then the bias's column sums, bit for bit", "[kernels][matmul]") {
+  const loom::kernels::Ops<loom::Host> ops;
+  const int M = 6, N = 5, K = 9;
+  for (const bool ta : {false, true}) {
+    const auto a = convert<float>(random_vector(M * K, 70)), b = convert<float>(random_vector(K * N, 71));
+    auto c = convert<float>(random_vector(M * N, 72)), bias = convert<float>(random_vector(N, 73));
+    auto want = c, want_bias = bias;
+    k::matmul(a.data(), b.data(), want.data(), M, N, K, ta, false, 0.5f, 1.0f);
+    k::bias_backward(b.data(), want_bias.data(), K, N);
+    ops.matmul_bgrad(a.data(), b.data(), c.data(), bias.data(), M, N, K, ta, 0.5f, 1.0f);
+    REQUIRE(c == want);
+    REQUIRE(bias == want_bias);
+    REQUIRE(bias != convert<float>(random_vector(N, 73)));
+  }
+}
+
 TEST_CASE("batched matmul: per-batch strides and a shared operand", "[kernels][matmul]") {
   const int M = 6, N = 5, K = 7, batch = 3;
   for (auto [ta, tb] : transposes)

@@ -320,6 +320,35 @@ TEMPLATE_TEST_CASE("matmul_bias equals the product plus the bias on every row; b
   }
 }
 
+TEMPLATE_TEST_CASE("matmul_bgrad: a weight's gradient and its bias's (B's column sums, accumulated) in one product; "
+                   "bf16, fp16 and float sum the bias's in the epilogue",
+                   "[cuda][matmul]", LOOM_TYPES) {
+  using T = TestType;
+  Rng rng(25);
+  struct Shape {
+    int M, N, K;
+  };
+  const auto line = [](int n) { return n * sizeof(T) % 16 == 0; };
+  for (const Shape sh : {Shape{64, 96, 128}, Shape{40, 72, 304}, Shape{5, 13, 7}}) {
+    for (const bool ta : {true, false}) {
+      const auto a = rng.values<T>(std::size_t(sh.M) * sh.K), b = rng.values<T>(std::size_t(sh.K) * sh.N);
+      const auto c = rng.values<T>(std::size_t(sh.M) * sh.N), bias = rng.values<T>(std::size_t(sh.N));
+      std::vector<double> want = c.d, want_bias = bias.d;
+      cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, false, 0.5f, 1.0f);
+      cpu::bias_backward(b.d.data(), want_bias.data(), sh.K, sh.N);
+      Dev<T> da(a.t), db(b.t), dc(c.t), dbias(bias.t);
+      const long before = gpu::detail::fused_epilogues();
+      gpu::matmul_bgrad(da.get(), db.get(), dc.get(), dbias.get(), sh.M, sh.N, sh.K, ta, 0.5f, 1.0f, stream());
+      const std::string what = "matmul_bgrad M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
+                               std::to_string(sh.K) + " ta=" + std::to_string(ta);
+      check_close(dc.host(), want, tol<T>(), what + ", the product");
+      check_close(dbias.host(), want_bias, tol<T>(), what + ", the bias's gradient");
+      if (line(sh.M) && line(sh.N) && line(sh.K) && !std::is_same_v<T, double>) report_fusion(before, what);
+      if (std::is_same_v<T, double> || !line(sh.N)) CHECK(gpu::detail::fused_epilogues() == before);
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("matmul_bias_gelu and matmul_dgelu equal the product, bias and GELU (or its derivative) apart; "
                    "bf16 and fp16 fuse them",
                    "[cuda][matmul]", LOOM_TYPES) {

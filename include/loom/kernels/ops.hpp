@@ -74,6 +74,14 @@ struct Ops<Host> {
                  int N, int K, bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f) const {
     cpu::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta);
   }
+  //! C = alpha op(A) B + beta C and dbias += the column sums of B (K x N as stored): a layer's weight gradient and
+  //! its bias's from the output's gradient B (a device sums the bias's in the product's epilogue).
+  template <class T>
+  void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha = 1.0f,
+                    float beta = 0.0f) const {
+    cpu::matmul(A, B, C, M, N, K, trans_a, false, alpha, beta);
+    cpu::bias_backward(B, dbias, K, N);
+  }
   //! count products of sizes of their own, alike in transposes, alpha and beta (a device runs them as one grouped
   //! product; here one after another, each as matmul computes it).
   template <class T>
@@ -404,6 +412,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.matmul_bias_gelu(c, c, c, p, p, i, i, i, b, b);
   o.matmul_dgelu(c, c, c, p, i, i, i, b, b);
   o.matmul_group(static_cast<const Product<T>*>(nullptr), n, b, b, f, f);
+  o.matmul_bgrad(c, c, p, p, i, i, i, b, f, f);
   { O::template row_pitch<T>(ld) } -> std::convertible_to<std::ptrdiff_t>;
   o.bias_add(c, c, p, i, i);
   o.bias_backward(c, p, i, i);

@@ -50,10 +50,10 @@ struct ColumnParallelLinear {
     region.ops.matmul(dy, w, dx_full, region.N, region.C, out, false, true);
     region.enter_backward(dx_full, dx);
   }
-  //! dW += x_full^T dy, db += the column sums of dy.
+  //! dW += x_full^T dy, db += the column sums of dy (in the same product on a device).
   void backward_weight(const T* x_full, const T* dy, T* dw, T* db) const {
-    region.ops.matmul(x_full, dy, dw, region.C, out, region.N, true, false, 1.0f, 1.0f);
-    if (db) region.ops.bias_backward(dy, db, region.N, out);
+    if (db) region.ops.matmul_bgrad(x_full, dy, dw, db, region.C, out, region.N, true, 1.0f, 1.0f);
+    else region.ops.matmul(x_full, dy, dw, region.C, out, region.N, true, false, 1.0f, 1.0f);
   }
 };
 
@@ -92,8 +92,13 @@ struct RowParallelLinear {
     if (gelu_in) region.ops.matmul_dgelu(dy_full, w, gelu_in, dx, region.N, in, region.C, false, true);
     else region.ops.matmul(dy_full, w, dx, region.N, in, region.C, false, true);
   }
-  //! dW += x^T dy_full; db += the column sums of this rank's rows of dy (a partial sum with sequence parallelism).
+  //! dW += x^T dy_full; db += the column sums of this rank's rows of dy (a partial sum with sequence parallelism;
+  //! without it, dy_full's rows are dy's, and the product sums them on a device).
   void backward_weight(const T* x, const T* dy_full, const T* dy, T* dw, T* db) const {
+    if (db && region.rows() == region.N) {
+      region.ops.matmul_bgrad(x, dy_full, dw, db, in, region.C, region.N, true, 1.0f, 1.0f);
+      return;
+    }
     region.ops.matmul(x, dy_full, dw, in, region.C, region.N, true, false, 1.0f, 1.0f);
     if (db) region.ops.bias_backward(dy, db, region.rows(), region.C);
   }

@@ -80,6 +80,13 @@ struct Ops<Cuda> {
     const auto span = product_span(M, N, K, trans_a, trans_b, "");
     cuda::entry::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
   }
+  //! C = alpha op(A) B + beta C and dbias += the column sums of B: the bias's gradient in the product's epilogue.
+  template <class T>
+  void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha = 1.0f,
+                    float beta = 0.0f) const {
+    const auto span = product_span(M, N, K, trans_a, false, " +bgrad");
+    cuda::entry::matmul_bgrad(A, B, C, dbias, M, N, K, trans_a, alpha, beta, stream);
+  }
   //! count products of sizes of their own, alike in transposes, alpha and beta: one grouped product of cuBLAS.
   template <class T>
   void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha = 1.0f,

@@ -267,6 +267,11 @@ void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T
   cuda::matmul_ld(A, lda, B, ldb, C, ldc, M, N, K, trans_a, trans_b, alpha, beta, stream);
 }
 template <class T>
+void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha, float beta,
+                  cudaStream_t stream) {
+  cuda::matmul_bgrad(A, B, C, dbias, M, N, K, trans_a, alpha, beta, stream);
+}
+template <class T>
 void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
                   cudaStream_t stream) {
   cuda::matmul_group(ps, count, trans_a, trans_b, alpha, beta, stream);

@@ -36,6 +36,9 @@ template <class T>
 void matmul_ld(const T* A, std::ptrdiff_t lda, const T* B, std::ptrdiff_t ldb, T* C, std::ptrdiff_t ldc, int M, int N,
                int K, bool trans_a, bool trans_b, float alpha, float beta, cudaStream_t stream);
 template <class T>
+void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha, float beta,
+                  cudaStream_t stream);
+template <class T>
 void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
                   cudaStream_t stream);
 template <class T>
@@ -176,6 +179,7 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
   prefix template void matmul_dgelu<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);    \
   prefix template void matmul_ld<T>(const T*, std::ptrdiff_t, const T*, std::ptrdiff_t, T*, std::ptrdiff_t, int, int, \
                                     int, bool, bool, float, float, cudaStream_t);                                     \
+  prefix template void matmul_bgrad<T>(const T*, const T*, T*, T*, int, int, int, bool, float, float, cudaStream_t);   \
   prefix template void matmul_group<T>(const Product<T>*, std::size_t, bool, bool, float, float, cudaStream_t);      \
   prefix template void bias_add<T>(const T*, const T*, T*, int, int, cudaStream_t);                                   \
   prefix template void bias_backward<T>(const T*, T*, int, int, cudaStream_t);                                        \

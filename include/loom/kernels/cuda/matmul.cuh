@@ -49,17 +49,28 @@ struct BlasTypes<__half> {
 inline constexpr std::size_t gemm_workspace_limit = std::size_t{32} << 20;
 
 //! What cuBLASLt does to a product as it stores it (GemmKey::epilogue): nothing, add a bias to every row, the same
-//! and then GELU (tanh form) keeping its input (forward of an MLP's first layer, with or without the bias), or
-//! multiply by the GELU's derivative at a kept input (backward).
-enum class Epilogue { plain, bias, gelu_bias, gelu, dgelu };
+//! and then GELU (tanh form) keeping its input (forward of an MLP's first layer, with or without the bias),
+//! multiply by the GELU's derivative at a kept input (backward), or sum our B's rows into the bias pointer (a
+//! weight gradient's product giving its bias's gradient: cuBLAS's A is our B, whose columns are the bias's, and
+//! the sum runs over the product's inner size).
+enum class Epilogue { plain, bias, gelu_bias, gelu, dgelu, bgrad };
 inline cublasLtEpilogue_t epilogue_of(Epilogue e) {
   switch (e) {
     case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::gelu: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::bgrad: return CUBLASLT_EPILOGUE_BGRADA;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
+}
+//! Whether epilogue e keeps or reads the GELU's input (the aux matrix).
+constexpr bool with_aux(Epilogue e) {
+  return e == Epilogue::gelu_bias || e == Epilogue::gelu || e == Epilogue::dgelu;
+}
+//! Whether epilogue e reads or writes the bias pointer.
+constexpr bool with_bias_pointer(Epilogue e) {
+  return e == Epilogue::bias || e == Epilogue::gelu_bias || e == Epilogue::bgrad;
 }
 
 //! Everything the algorithm choice depends on.
@@ -158,8 +169,8 @@ class BlasContext {
       const cublasLtEpilogue_t epilogue = epilogue_of(k.epilogue);
       const void* stand_in = reinterpret_cast<const void*>(std::uintptr_t{16});
       const std::int64_t aux_ld = k.N;
-      const bool gelu = k.epilogue != Epilogue::bias;
-      const bool with_bias = k.epilogue == Epilogue::bias || k.epilogue == Epilogue::gelu_bias;
+      const bool gelu = with_aux(k.epilogue);
+      const bool with_bias = with_bias_pointer(k.epilogue);
       cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                          sizeof(epilogue));
       if (st == CUBLAS_STATUS_SUCCESS && with_bias)
@@ -386,9 +397,9 @@ inline std::atomic<long>& fused_epilogues() {
 //! product) takes the separate passes, as PyTorch's addmm does, cuBLASLt's epilogues being unreliable there.
 template <class T>
 bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux, T* C, int M, int N, int K,
-                      bool trans_a, bool trans_b, cudaStream_t stream) {
+                      bool trans_a, bool trans_b, cudaStream_t stream, float alpha = 1.0f, float beta = 0.0f) {
   using BT = BlasTypes<T>;
-  const bool gelu = e != Epilogue::bias;
+  const bool gelu = with_aux(e);
   if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K < 2 || !rows_of_16_bytes<T>(trans_a ? M : K) ||
       !rows_of_16_bytes<T>(trans_b ? K : N) || !rows_of_16_bytes<T>(N) || (bias && !aligned(bias, 16)) ||
       (aux && !aligned(aux, 16)))
@@ -400,16 +411,35 @@ bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux,
   const GemmPlan& plan = ctx.plan<T>(key);
   if (!plan.found) return false;
   using Scalar = typename BT::Scalar;
-  const Scalar one = 1, zero = 0;
+  const Scalar al = Scalar(alpha), be = Scalar(beta);
   if (bias)
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   if (aux)
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   CudaBuffer<unsigned char> workspace(plan.workspace, stream);
-  LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &one, B, plan.a, A, plan.b, &zero, C, plan.c, C, plan.c, &plan.algo,
+  LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &al, B, plan.a, A, plan.b, &be, C, plan.c, C, plan.c, &plan.algo,
                              workspace.data(), plan.workspace, stream));
   ++fused_epilogues();
   return true;
+}
+
+//! C = alpha op(A) B + beta C, dbias += the column sums of B (K x N): the bias's gradient summed in the product's
+//! epilogue into a scratch vector, then added (the epilogue writes; a gradient accumulates), or a second pass.
+template <class T>
+void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha, float beta,
+                  cudaStream_t stream) {
+  check_sizes(M, N, K);
+  if (N == 0) return;
+  if (M > 0 && K > 0) {
+    CudaBuffer<T> sums(std::size_t(N), stream);
+    if (epilogue_product<T>(Epilogue::bgrad, A, B, sums.data(), nullptr, C, M, N, K, trans_a, false, stream, alpha,
+                            beta)) {
+      accumulate(sums.data(), dbias, std::size_t(N), stream);
+      return;
+    }
+  }
+  if (M > 0) matmul(A, B, C, M, N, K, trans_a, false, alpha, beta, 1, 0, 0, 0, stream);
+  bias_backward(B, dbias, K, N, stream);
 }
 
 //! C = op(A) op(B) + bias on every row.
@@ -592,6 +622,14 @@ void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M
                       bool trans_b, cudaStream_t stream) {
   detail::matmul_bias_gelu(detail::dev(A), detail::dev(B), detail::dev(bias), detail::dev(pre), detail::dev(C), M, N,
                            K, trans_a, trans_b, stream);
+}
+//! C = alpha op(A) B + beta C and dbias += the column sums of B (K x N as stored): a layer's weight and bias
+//! gradients from its output's gradient B, the bias's summed by the product (cuBLASLt's BGRADA epilogue).
+template <Floating T>
+void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, bool trans_a, float alpha, float beta,
+                  cudaStream_t stream) {
+  detail::matmul_bgrad(detail::dev(A), detail::dev(B), detail::dev(C), detail::dev(dbias), M, N, K, trans_a, alpha,
+                       beta, stream);
 }
 //! C = (op(A) op(B)) GELU'(pre), element by element: the gradient of an MLP's hidden layer from its output's.
 template <Floating T>

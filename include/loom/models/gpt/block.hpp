@@ -35,6 +35,9 @@ struct RowPlace {
 
   //! Tokens per whole sequence.
   int global_seq() const { return seq * cp; }
+  //! How many whole sequences, positions 0 to seq - 1 each, the rows are (one call of a kernel over them all), or 0
+  //! where they are not (context parallelism's zigzag chunks, a sequence-parallel share that cuts one).
+  int whole_sequences() const { return cp == 1 && first % seq == 0 && rows % seq == 0 ? rows / seq : 0; }
   //! f(i, n, b, t0) for each run of n rows from row i (counted from `first`) that are consecutive positions t0,
   //! t0 + 1, ... of sequence b of the micro-batch.
   template <class F>

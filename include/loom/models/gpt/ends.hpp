@@ -27,10 +27,14 @@ class GptEmbedding {
   void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
     const int d = region_.C;
     emb_.forward(ids, wte, full, x);
-    if (wpe)
+    if (!wpe) {
+    } else if (const int b = place_.whole_sequences(); b > 0) {
+      region_.ops.add_positions(wpe, x, b, place_.seq, d, 0);
+    } else {
       place_.each_run([&](int i, int n, int, int t0) {
         region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
       });
+    }
     drop.forward(region_.ops, x, x, 0, 0);
   }
   //! Accumulates the tables' gradients from dx, the gradient of x (overwritten); dfull as full in forward.
@@ -38,10 +42,14 @@ class GptEmbedding {
     const int d = region_.C;
     drop.backward(region_.ops, dx, dx, 0, 0);
     emb_.backward(ids, dx, dfull, dwte);
-    if (dwpe)
+    if (!dwpe) {
+    } else if (const int b = place_.whole_sequences(); b > 0) {  // summed over the sequences in one pass
+      region_.ops.positions_backward(dx, dwpe, b, place_.seq, d, 0);
+    } else {
       place_.each_run([&](int i, int n, int, int t0) {
         region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
       });
+    }
   }
 
  private:
