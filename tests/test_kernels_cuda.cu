@@ -1040,6 +1040,48 @@ TEMPLATE_TEST_CASE("the parallel layers' row operations match the host's: widen,
 
 // --- optimizers --------------------------------------------------------------------------------------------------
 
+TEMPLATE_TEST_CASE("adamw_runs updates every run as adamw_step does, bit for bit: decay or not, starts off the "
+                   "packs, runs over several blocks' chunks, an empty one, state apart from the parameters, master "
+                   "weights",
+                   "[cuda][optim]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  using Run = loom::kernels::UpdateRun;
+  Rng rng(31);
+  // A run within one chunk, one over three (8192 elements each), an empty one, three elements from an odd start
+  // (one by one), and a run whose state lies 40 elements further than its parameters (a shard's layout).
+  const std::vector<Run> runs = {{0, 0, 768, false},           {768, 768, 16389, true}, {17157, 17157, 0, true},
+                                 {17157, 17157, 3, false},     {17160, 17200, 8000, true}};
+  const std::size_t n = 25160, state = 25200;
+  constexpr bool with_master = !std::is_same_v<T, A>;
+  const auto p0 = rng.values<T>(n);
+  Dev<T> pa(p0.t), pb(p0.t);
+  const std::vector<A> zeros(state, A(0));
+  Dev<A> ma(zeros), va(zeros), wa(zeros), mb(zeros), vb(zeros), wb(zeros);
+  for (int t = 1; t <= 2; ++t) {  // the first step takes the master weights from the parameters
+    const auto g = rng.values<T>(n);
+    Dev<T> dg(g.t);
+    gpu::adamw_runs(pa.get(), dg.get(), ma.get(), va.get(), with_master ? wa.get() : nullptr, runs.data(), runs.size(),
+                    1e-2, 0.9, 0.999, 1e-8, 0.1, t, stream());
+    for (const Run& r : runs)
+      gpu::adamw_step(pb.get() + r.param, dg.get() + r.param, mb.get() + r.at, vb.get() + r.at, std::size_t(r.n), 1e-2,
+                      0.9, 0.999, 1e-8, r.decay ? 0.1 : 0.0, t, with_master ? wb.get() + r.at : nullptr, stream());
+  }
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  CHECK(same(pa.host(), pb.host()));
+  CHECK(same(ma.host(), mb.host()));
+  CHECK(same(va.host(), vb.host()));
+  CHECK(same(wa.host(), wb.host()));
+  CHECK_FALSE(same(pa.host(), p0.t));
+  const Run negative{0, 0, -1, false};
+  check_error<loom::Error>([&] {
+    gpu::adamw_runs(pa.get(), pa.get(), ma.get(), va.get(), static_cast<A*>(nullptr), &negative, 1, 1e-2, 0.9, 0.999,
+                    1e-8, 0.1, 3, stream());
+  }, "adamw_runs: run 0 has a negative place or size (param=0, at=0, n=-1)");
+}
+
 TEMPLATE_TEST_CASE("AdamW and SGD steps match the CPU", "[cuda][optim]", LOOM_TYPES) {
   using T = TestType;
   using A = gpu::acc_t<T>;

@@ -237,6 +237,19 @@ struct Ops<Host> {
                   double beta2, double eps, double weight_decay, int t, acc_t<T>* master = nullptr) const {
     cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master);
   }
+  //! adamw_step over count runs of the flat buffers (param and grad at run.param, m, v and master at run.at;
+  //! weight_decay where run.decay), one after the other (a device updates them all in one launch). master: null, or
+  //! the fp32 master weights.
+  template <class T>
+  void adamw_runs(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master, const UpdateRun* runs,
+                  std::size_t count, double lr, double beta1, double beta2, double eps, double weight_decay,
+                  int t) const {
+    for (std::size_t i = 0; i < count; ++i) {
+      const UpdateRun& r = runs[i];
+      cpu::adamw_step(param + r.param, grad + r.param, m + r.at, v + r.at, static_cast<std::size_t>(r.n), lr, beta1,
+                      beta2, eps, r.decay ? weight_decay : 0.0, t, master ? master + r.at : nullptr);
+    }
+  }
   template <class T>
   void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
                 double weight_decay, bool first, acc_t<T>* master = nullptr) const {
@@ -444,6 +457,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.attention_backward(c, c, c, c, c, ca, p, p, p, s);
   o.adamw_step(p, c, a, a, n, d, d, d, d, d, i);
   o.adamw_step(p, c, a, a, n, d, d, d, d, d, i, a);
+  o.adamw_runs(p, c, a, a, a, static_cast<const UpdateRun*>(nullptr), n, d, d, d, d, d, i);
   o.sgd_step(p, c, a, n, d, d, d, b);
   o.sgd_step(p, c, a, n, d, d, d, b, a);
   o.copy(c, p, n);

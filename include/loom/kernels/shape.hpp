@@ -4,6 +4,7 @@
 #include <loom/core/error.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace loom::kernels {
 
@@ -42,6 +43,14 @@ inline void check_shape(const AttentionShape& s) {
              s.T, " Tk=", s.keys(), "); a block of keys before the queries is causal: false");
   LOOM_CHECK(s.causal || s.keys() > 0 || s.T == 0, "attention without keys has no softmax (T=", s.T, " Tk=0)");
 }
+
+//! A run of elements an optimizer updates alike (Ops::adamw_runs): parameters [param, param + n) of the model's
+//! flat buffer, their gradients at the same place of the gradient buffer, their state at [at, at + n) of the
+//! optimizer's, with weight decay or without.
+struct UpdateRun {
+  std::int64_t param, at, n;
+  bool decay;  //!< weight decay applies (matrices and embeddings)
+};
 
 //! One product of a group (Ops::matmul_group): C = alpha op(A) op(B) + beta C with op(A) m x k, op(B) k x n and C
 //! m x n, row-major and dense, each product with sizes and operands of its own (a mixture of experts' products, one

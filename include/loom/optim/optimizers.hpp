@@ -19,11 +19,8 @@ namespace loom::optim {
 
 //! A run of elements an optimizer updates alike: parameters [param, param + n) of the model's flat buffer, with their
 //! gradients at the same place of the gradient buffer, and their state at [at, at + n) of the optimizer's: the same
-//! place without sharding; a rank's shard under ZeRO (train::ShardPlan).
-struct Slice {
-  std::int64_t param, at, n;
-  bool decay;  //!< weight decay applies (matrices and embeddings)
-};
+//! place without sharding; a rank's shard under ZeRO (train::ShardPlan). Weight decay where `decay`.
+using Slice = kernels::UpdateRun;
 
 //! The slices of an unsharded optimizer: one per parameter, gradients and state where the parameter is.
 inline std::vector<Slice> slices_of(const std::vector<layers::ParamSpec>& specs) {
@@ -93,13 +90,12 @@ class AdamW {
   AdamW(const std::vector<layers::ParamSpec>& specs, std::int64_t n, AdamWConfig cfg = {}, kernels::Ops<Dev> ops = {})
       : AdamW(slices_of(specs), n, cfg, ops) {}
 
-  //! One step of the parameters from their gradients (grads laid out as the parameters: see Slice).
+  //! One step of the parameters from their gradients (grads laid out as the parameters: see Slice): every slice in
+  //! one call (on a device one launch).
   void step(const Tensor<T, Dev>& params, const Tensor<T, Dev>& grads, double lr) {
     ++t_;
-    for (const auto& s : slices_)
-      ops_.adamw_step(params.data() + s.param, grads.data() + s.param, m_.data() + s.at, v_.data() + s.at,
-                      static_cast<std::size_t>(s.n), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                      s.decay ? cfg_.weight_decay : 0.0, t_, master(s));
+    ops_.adamw_runs(params.data(), grads.data(), m_.data(), v_.data(), has_master ? w_.data() : nullptr,
+                    slices_.data(), slices_.size(), lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t_);
   }
   //! Whether it keeps fp32 master weights (bf16 or fp16 parameters).
   static constexpr bool has_master = !std::is_same_v<T, acc>;
@@ -116,8 +112,6 @@ class AdamW {
   static constexpr const char* name = "adamw";
 
  private:
-  acc* master(const Slice& s) const { return has_master ? w_.data() + s.at : nullptr; }
-
   std::vector<Slice> slices_;
   AdamWConfig cfg_;
   kernels::Ops<Dev> ops_;

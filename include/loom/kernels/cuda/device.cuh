@@ -139,7 +139,9 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
 }
 
 //! Whether p may be read in packs of `bytes` (null counts as aligned: an empty range).
-inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+__host__ __device__ inline bool aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
 //! Whether every pointer allows 16-byte packs.
 inline bool vec_ok(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)

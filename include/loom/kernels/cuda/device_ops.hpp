@@ -272,6 +272,14 @@ struct Ops<Cuda> {
     const cuda::ProfileScope span("adamw_step", stream);
     cuda::entry::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master, stream);
   }
+  //! adamw_step over count runs of the flat buffers, in one launch.
+  template <class T>
+  void adamw_runs(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master, const UpdateRun* runs,
+                  std::size_t count, double lr, double beta1, double beta2, double eps, double weight_decay,
+                  int t) const {
+    const cuda::ProfileScope span("adamw_runs", stream);
+    cuda::entry::adamw_runs(param, grad, m, v, master, runs, count, lr, beta1, beta2, eps, weight_decay, t, stream);
+  }
   template <class T>
   void sgd_step(T* param, const T* grad, acc_t<T>* buf, std::size_t n, double lr, double momentum,
                 double weight_decay, bool first, acc_t<T>* master = nullptr) const {

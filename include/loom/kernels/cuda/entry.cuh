@@ -410,6 +410,11 @@ void adamw_step(T* param, const T* grad, acc<T>* m, acc<T>* v, std::size_t n, do
   cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, master, stream);
 }
 template <class T>
+void adamw_runs(T* param, const T* grad, acc<T>* m, acc<T>* v, acc<T>* master, const UpdateRun* runs, std::size_t count,
+                double lr, double beta1, double beta2, double eps, double weight_decay, int t, cudaStream_t stream) {
+  cuda::adamw_runs(param, grad, m, v, master, runs, count, lr, beta1, beta2, eps, weight_decay, t, stream);
+}
+template <class T>
 void sgd_step(T* param, const T* grad, acc<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
               bool first, acc<T>* master, cudaStream_t stream) {
   cuda::sgd_step(param, grad, buf, n, lr, momentum, weight_decay, first, master, stream);

@@ -117,6 +117,9 @@ template <class T>
 void adamw_step(T* param, const T* grad, acc<T>* m, acc<T>* v, std::size_t n, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int t, acc<T>* master, cudaStream_t stream);
 template <class T>
+void adamw_runs(T* param, const T* grad, acc<T>* m, acc<T>* v, acc<T>* master, const UpdateRun* runs, std::size_t count,
+                double lr, double beta1, double beta2, double eps, double weight_decay, int t, cudaStream_t stream);
+template <class T>
 void sgd_step(T* param, const T* grad, acc<T>* buf, std::size_t n, double lr, double momentum, double weight_decay,
               bool first, acc<T>* master, cudaStream_t stream);
 //! x[i] = value (value passed as its bytes, so that this header needs no 16-bit arithmetic).
@@ -220,6 +223,8 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
                                             cudaStream_t);                                                            \
   prefix template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const acc<T>*, T*,     \
                                              T*, T*, const AttentionShape&, cudaStream_t);                            \
+  prefix template void adamw_runs<T>(T*, const T*, acc<T>*, acc<T>*, acc<T>*, const UpdateRun*, std::size_t, double,  \
+                                     double, double, double, double, int, cudaStream_t);                              \
   prefix template void adamw_step<T>(T*, const T*, acc<T>*, acc<T>*, std::size_t, double, double, double,             \
                                      double, double, int, acc<T>*, cudaStream_t);                                     \
   prefix template void sgd_step<T>(T*, const T*, acc<T>*, std::size_t, double, double, double, bool, acc<T>*,         \

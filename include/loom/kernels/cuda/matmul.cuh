@@ -512,7 +512,8 @@ inline std::atomic<long>& grouped_products() {
 //! The products of a group (device element type T) in one call of cuBLAS's grouped product: each a problem of its
 //! own sizes, consecutive products of equal sizes sharing a group of the call, their operands' addresses uploaded
 //! to the device on the stream. A product without rows or columns is skipped, one without an inner size scales C
-//! by beta (as matmul does), and a group left with a single product runs as matmul.
+//! by beta (as matmul does), and a group left with a single product, or one the library has no grouped kernels for
+//! (CUBLAS_STATUS_NOT_SUPPORTED), runs as matmul, product by product.
 template <class T>
 void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
                   cudaStream_t stream) {
@@ -559,16 +560,23 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
   cublasHandle_t h = blas_context().blas();
   LOOM_CUBLAS(cublasSetStream(h, stream));
   const int groups = static_cast<int>(m.size());
-  if constexpr (std::is_same_v<T, double>) {
-    LOOM_CUBLAS(cublasDgemmGroupedBatched(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
-                                          reinterpret_cast<const double* const*>(A), lda.data(),
-                                          reinterpret_cast<const double* const*>(B), ldb.data(), betas.data(),
-                                          reinterpret_cast<double* const*>(C), ldc.data(), groups, size.data()));
-  } else {
-    LOOM_CUBLAS(cublasGemmGroupedBatchedEx(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
-                                           A, BT::data, lda.data(), B, BT::data, ldb.data(), betas.data(), C, BT::data,
-                                           ldc.data(), groups, size.data(), BT::compute));
+  const cublasStatus_t status = [&] {
+    if constexpr (std::is_same_v<T, double>)
+      return cublasDgemmGroupedBatched(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
+                                       reinterpret_cast<const double* const*>(A), lda.data(),
+                                       reinterpret_cast<const double* const*>(B), ldb.data(), betas.data(),
+                                       reinterpret_cast<double* const*>(C), ldc.data(), groups, size.data());
+    else
+      return cublasGemmGroupedBatchedEx(h, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(), A,
+                                        BT::data, lda.data(), B, BT::data, ldb.data(), betas.data(), C, BT::data,
+                                        ldc.data(), groups, size.data(), BT::compute);
+  }();
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // a library without the grouped kernels for this case: one by one
+    for (const Product<T>* p : run)
+      matmul(p->a, p->b, p->c, p->m, p->n, p->k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
+    return;
   }
+  cublas_check(status, std::is_same_v<T, double> ? "cublasDgemmGroupedBatched" : "cublasGemmGroupedBatchedEx");
   ++grouped_products();
 }
 

@@ -6,6 +6,7 @@
 #include <loom/kernels/cuda/elementwise.cuh>
 
 #include <cmath>
+#include <vector>
 
 namespace loom::kernels::cuda {
 
@@ -85,6 +86,50 @@ struct Sgd {
   }
 };
 
+//! A run of adamw_runs as its kernel reads it: UpdateRun with its decay factor (1 - lr wd, or 1) and the first of
+//! the chunks its elements make.
+struct DeviceRun {
+  std::int64_t param, at, n, first_chunk;
+  double decay;
+};
+//! The elements one block of adamw_runs updates (the last chunk of a run, fewer).
+inline constexpr std::int64_t run_chunk = 8192;
+inline constexpr int run_threads = 256;
+
+//! Block b updates chunk b: it finds its run (the last whose first chunk is at or before b), and updates the chunk's
+//! elements in packs where every operand's address allows them, one by one otherwise (a run may start anywhere).
+template <class T>
+__global__ void __launch_bounds__(run_threads) adamw_runs_kernel(AdamW<T> op, const DeviceRun* runs, int count) {
+  using A = acc_t<T>;
+  const std::int64_t chunk = blockIdx.x;
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (runs[mid].first_chunk <= chunk) lo = mid;
+    else hi = mid - 1;
+  }
+  const DeviceRun r = runs[lo];
+  const std::int64_t begin = (chunk - r.first_chunk) * run_chunk;
+  const std::int64_t len = r.n - begin < run_chunk ? r.n - begin : run_chunk;
+  op.param += r.param + begin;
+  op.grad += r.param + begin;
+  op.m += r.at + begin;
+  op.v += r.at + begin;
+  if (op.master != nullptr) op.master += r.at + begin;
+  op.decay = A(r.decay);
+  constexpr int N = vec_width<T>;
+  constexpr std::size_t state_pack = N * sizeof(A);
+  const bool vec = aligned(op.param, 16) && aligned(op.grad, 16) && aligned(op.m, state_pack) &&
+                   aligned(op.v, state_pack) && aligned(op.master, state_pack);
+  std::int64_t i = threadIdx.x;
+  if (vec) {
+    const std::int64_t packs = len / N;
+    for (std::int64_t p = threadIdx.x; p < packs; p += run_threads) op.template apply<N>(std::size_t(p) * N);
+    i = packs * N + threadIdx.x;
+  }
+  for (; i < len; i += run_threads) op.template apply<1>(std::size_t(i));
+}
+
 }  // namespace detail
 
 //! torch.optim.AdamW's update for step t (1-based): p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -114,6 +159,51 @@ void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n
   const bool vec = detail::vec_ok({param, grad}) && detail::aligned(m, acc_pack) && detail::aligned(v, acc_pack) &&
                    detail::aligned(master, acc_pack);
   detail::launch_map(op, n, vec, stream, "adamw_step");
+}
+
+//! adamw_step over count runs of the flat buffers (param and grad at run.param, m, v and master at run.at;
+//! weight_decay where run.decay; master null or fp32 master weights) in one launch: a block per chunk of a run, each
+//! element updated as adamw_step updates it. The runs' table goes to the device on the stream.
+template <Floating T>
+void adamw_runs(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* master, const UpdateRun* runs,
+                std::size_t count, double lr, double beta1, double beta2, double eps, double weight_decay, int t,
+                cudaStream_t stream) {
+  using D = device_t<T>;
+  using A = acc_t<T>;
+  std::vector<detail::DeviceRun> table;
+  std::int64_t chunks = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const UpdateRun& r = runs[i];
+    LOOM_CHECK(r.n >= 0 && r.param >= 0 && r.at >= 0, "adamw_runs: run ", i, " has a negative place or size (param=",
+               r.param, ", at=", r.at, ", n=", r.n, ")");
+    if (r.n == 0) continue;
+    table.push_back({r.param, r.at, r.n, chunks, r.decay ? 1.0 - lr * weight_decay : 1.0});
+    chunks += (r.n + detail::run_chunk - 1) / detail::run_chunk;
+  }
+  if (chunks == 0) return;
+  LOOM_CHECK(chunks <= 0x7fffffff, "adamw_runs: ", chunks, " chunks of ", detail::run_chunk,
+             " elements are more blocks than a launch takes");
+  // A copy from pageable memory has read it when the call returns: the table may go.
+  CudaBuffer<detail::DeviceRun> on_device(table.size(), stream);
+  LOOM_CUDA(cudaMemcpyAsync(on_device.data(), table.data(), table.size() * sizeof(detail::DeviceRun),
+                            cudaMemcpyHostToDevice, stream));
+  const detail::AdamW<D> op{detail::dev(param),
+                            detail::dev(grad),
+                            m,
+                            v,
+                            A(1),
+                            A(beta1),
+                            A(1.0 - beta1),
+                            A(beta2),
+                            A(1.0 - beta2),
+                            A(std::sqrt(1.0 - std::pow(beta2, t))),
+                            A(-lr / (1.0 - std::pow(beta1, t))),
+                            A(eps),
+                            master,
+                            t == 1};
+  detail::adamw_runs_kernel<D><<<static_cast<unsigned>(chunks), detail::run_threads, 0, stream>>>(
+      op, on_device.data(), static_cast<int>(table.size()));
+  detail::check_launch("adamw_runs");
 }
 
 //! torch.optim.SGD with momentum (dampening 0, no Nesterov): g += wd*p; buf = first ? g : momentum*buf + g;
