@@ -334,11 +334,11 @@ TEMPLATE_TEST_CASE("matmul_bgrad: a weight's gradient and its bias's (B's column
       const auto a = rng.values<T>(std::size_t(sh.M) * sh.K), b = rng.values<T>(std::size_t(sh.K) * sh.N);
       const auto c = rng.values<T>(std::size_t(sh.M) * sh.N), bias = rng.values<T>(std::size_t(sh.N));
       std::vector<double> want = c.d, want_bias = bias.d;
-      cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, false, 0.5f, 1.0f);
+      cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, false, 1.0f, 1.0f);
       cpu::bias_backward(b.d.data(), want_bias.data(), sh.K, sh.N);
       Dev<T> da(a.t), db(b.t), dc(c.t), dbias(bias.t);
       const long before = gpu::detail::fused_epilogues();
-      gpu::matmul_bgrad(da.get(), db.get(), dc.get(), dbias.get(), sh.M, sh.N, sh.K, ta, 0.5f, 1.0f, stream());
+      gpu::matmul_bgrad(da.get(), db.get(), dc.get(), dbias.get(), sh.M, sh.N, sh.K, ta, 1.0f, 1.0f, stream());
       const std::string what = "matmul_bgrad M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
                                std::to_string(sh.K) + " ta=" + std::to_string(ta);
       check_close(dc.host(), want, tol<T>(), what + ", the product");
@@ -347,6 +347,19 @@ TEMPLATE_TEST_CASE("matmul_bgrad: a weight's gradient and its bias's (B's column
       if (std::is_same_v<T, double> || !line(sh.N)) CHECK(gpu::detail::fused_epilogues() == before);
     }
   }
+  // A scaled product: the bias's sums are not scaled, so the epilogue (whose sums may take alpha) is not offered.
+  const int M = 64, N = 96, K = 128;
+  const auto a = rng.values<T>(std::size_t(M) * K), b = rng.values<T>(std::size_t(K) * N);
+  const auto bias = rng.values<T>(std::size_t(N));
+  std::vector<double> want(std::size_t(M) * N), want_bias = bias.d;
+  cpu::matmul(a.d.data(), b.d.data(), want.data(), M, N, K, true, false, 0.5f, 0.0f);
+  cpu::bias_backward(b.d.data(), want_bias.data(), K, N);
+  Dev<T> da(a.t), db(b.t), dc(std::size_t(M) * N), dbias(bias.t);
+  const long before = gpu::detail::fused_epilogues();
+  gpu::matmul_bgrad(da.get(), db.get(), dc.get(), dbias.get(), M, N, K, true, 0.5f, 0.0f, stream());
+  check_close(dc.host(), want, tol<T>(), "matmul_bgrad with alpha 0.5, the product");
+  check_close(dbias.host(), want_bias, tol<T>(), "matmul_bgrad with alpha 0.5, the bias's gradient");
+  CHECK(gpu::detail::fused_epilogues() == before);
 }
 
 TEMPLATE_TEST_CASE("matmul_bias_gelu and matmul_dgelu equal the product, bias and GELU (or its derivative) apart; "

@@ -85,10 +85,14 @@ __host__ __device__ __forceinline__ T narrow(A x) {
   else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(x));
   else return static_cast<T>(x);
 }
+//! a + b rounded, never contracted with a product before it into a fused multiply-add (whose one rounding would
+//! differ from a separate kernel's add).
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 //! v, or with a residual's gradient r (not null) r[i] + v rounded to T: what accumulating v into r gives.
 template <class T>
 __device__ __forceinline__ T with_residual(T v, const T* r, std::size_t i) {
-  return r == nullptr ? v : narrow<T>(widen(r[i]) + widen(v));
+  return r == nullptr ? v : narrow<T>(add_rn(widen(r[i]), widen(v)));
 }
 
 // Accurate (not the fast-math intrinsics): results are compared with the CPU's to 1e-5.

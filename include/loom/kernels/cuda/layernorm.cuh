@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(32 * warp_rows_per_block)
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       d.v[j] = narrow<T>(rs * (gw[i][j] - mean_g - xh[i][j] * mean_gx));
-      if (dres != nullptr) d.v[j] = narrow<T>(widen(r.v[j]) + widen(d.v[j]));
+      if (dres != nullptr) d.v[j] = narrow<T>(add_rn(widen(r.v[j]), widen(d.v[j])));
     }
     store_pack(dx + at + p * V, d);
   }

@@ -430,7 +430,7 @@ void matmul_bgrad(const T* A, const T* B, T* C, T* dbias, int M, int N, int K, b
                   cudaStream_t stream) {
   check_sizes(M, N, K);
   if (N == 0) return;
-  if (M > 0 && K > 0) {
+  if (M > 0 && K > 0 && alpha == 1.0f) {  // whether the epilogue's sums take alpha is not the library's word
     CudaBuffer<T> sums(std::size_t(N), stream);
     if (epilogue_product<T>(Epilogue::bgrad, A, B, sums.data(), nullptr, C, M, N, K, trans_a, false, stream, alpha,
                             beta)) {
@@ -512,8 +512,8 @@ inline std::atomic<long>& grouped_products() {
 //! The products of a group (device element type T) in one call of cuBLAS's grouped product: each a problem of its
 //! own sizes, consecutive products of equal sizes sharing a group of the call, their operands' addresses uploaded
 //! to the device on the stream. A product without rows or columns is skipped, one without an inner size scales C
-//! by beta (as matmul does), and a group left with a single product, or one the library has no grouped kernels for
-//! (CUBLAS_STATUS_NOT_SUPPORTED), runs as matmul, product by product.
+//! by beta (as matmul does), and a group left with a single product, one of 16-bit operands off 16 bytes, or one
+//! the library has no grouped kernels for (CUBLAS_STATUS_NOT_SUPPORTED), runs as matmul, product by product.
 template <class T>
 void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
                   cudaStream_t stream) {
@@ -528,14 +528,23 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
     else run.push_back(&p);
   }
   if (run.empty()) return;
-  if (run.size() == 1) {
-    const Product<T>& p = *run.front();
-    matmul(p.a, p.b, p.c, p.m, p.n, p.k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
+  // 16-bit operands on 16 bytes, rows of 16-byte multiples: what the grouped kernels read in packs (a mixture of
+  // experts' widths are multiples of 8 in practice; other groups go one product at a time).
+  const auto packed = [&](const Product<T>& p) {
+    if constexpr (sizeof(T) != 2) return true;
+    else
+      return aligned(p.a, 16) && aligned(p.b, 16) && aligned(p.c, 16) && p.n % 8 == 0 &&
+             (trans_b ? p.k : p.n) % 8 == 0 && (trans_a ? p.m : p.k) % 8 == 0;
+  };
+  if (run.size() == 1 || !std::all_of(run.begin(), run.end(), [&](const Product<T>* p) { return packed(*p); })) {
+    for (const Product<T>* p : run)
+      matmul(p->a, p->b, p->c, p->m, p->n, p->k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
     return;
   }
   // Column-major, as run_product: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), cuBLAS's A being our B.
   std::vector<int> m, n, k, lda, ldb, ldc, size;
   std::vector<Scalar> alphas, betas;
+  std::vector<cublasOperation_t> op_a, op_b;
   std::vector<const void*> pointers(3 * run.size());  // cuBLAS's A array, then its B array, then C's
   for (std::size_t i = 0; i < run.size(); ++i) {
     const Product<T>& p = *run[i];
@@ -547,9 +556,8 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
     m.push_back(p.n), n.push_back(p.m), k.push_back(p.k);
     lda.push_back(trans_b ? p.k : p.n), ldb.push_back(trans_a ? p.m : p.k), ldc.push_back(p.n);
     alphas.push_back(Scalar(alpha)), betas.push_back(Scalar(beta)), size.push_back(1);
+    op_a.push_back(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N), op_b.push_back(trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   }
-  const std::vector<cublasOperation_t> op_a(m.size(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N),
-      op_b(m.size(), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   // A copy from pageable memory has read it when the call returns: the host vector may go.
   CudaBuffer<const void*> on_device(pointers.size(), stream);
   LOOM_CUDA(cudaMemcpyAsync(on_device.data(), pointers.data(), pointers.size() * sizeof(const void*),

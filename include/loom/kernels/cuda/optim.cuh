@@ -86,6 +86,28 @@ struct Sgd {
   }
 };
 
+//! The update of step t (1-based) on these buffers: decay is 1 - lr wd (each run of adamw_runs sets its own), the
+//! bias corrections and the step size in double on the host.
+template <class T>
+AdamW<T> adamw_op(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, double decay, double lr, double beta1,
+                  double beta2, double eps, int t, acc_t<T>* master) {
+  using A = acc_t<T>;
+  return {param,
+          grad,
+          m,
+          v,
+          A(decay),
+          A(beta1),
+          A(1.0 - beta1),
+          A(beta2),
+          A(1.0 - beta2),
+          A(std::sqrt(1.0 - std::pow(beta2, t))),
+          A(-lr / (1.0 - std::pow(beta1, t))),
+          A(eps),
+          master,
+          t == 1};
+}
+
 //! A run of adamw_runs as its kernel reads it: UpdateRun with its decay factor (1 - lr wd, or 1) and the first of
 //! the chunks its elements make.
 struct DeviceRun {
@@ -140,20 +162,8 @@ void adamw_step(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, std::size_t n
                 double beta2, double eps, double weight_decay, int t, acc_t<T>* master, cudaStream_t stream) {
   using D = device_t<T>;
   using A = acc_t<T>;
-  const detail::AdamW<D> op{detail::dev(param),
-                            detail::dev(grad),
-                            m,
-                            v,
-                            A(1.0 - lr * weight_decay),
-                            A(beta1),
-                            A(1.0 - beta1),
-                            A(beta2),
-                            A(1.0 - beta2),
-                            A(std::sqrt(1.0 - std::pow(beta2, t))),
-                            A(-lr / (1.0 - std::pow(beta1, t))),
-                            A(eps),
-                            master,
-                            t == 1};
+  const auto op = detail::adamw_op(detail::dev(param), detail::dev(grad), m, v, 1.0 - lr * weight_decay, lr, beta1,
+                                   beta2, eps, t, master);
   // m and v go in packs of as many elements as param's 16 bytes: 32 bytes of float for bf16/fp16.
   constexpr std::size_t acc_pack = detail::vec_width<D> * sizeof(A);
   const bool vec = detail::vec_ok({param, grad}) && detail::aligned(m, acc_pack) && detail::aligned(v, acc_pack) &&
@@ -169,7 +179,6 @@ void adamw_runs(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* mas
                 std::size_t count, double lr, double beta1, double beta2, double eps, double weight_decay, int t,
                 cudaStream_t stream) {
   using D = device_t<T>;
-  using A = acc_t<T>;
   std::vector<detail::DeviceRun> table;
   std::int64_t chunks = 0;
   for (std::size_t i = 0; i < count; ++i) {
@@ -187,20 +196,7 @@ void adamw_runs(T* param, const T* grad, acc_t<T>* m, acc_t<T>* v, acc_t<T>* mas
   CudaBuffer<detail::DeviceRun> on_device(table.size(), stream);
   LOOM_CUDA(cudaMemcpyAsync(on_device.data(), table.data(), table.size() * sizeof(detail::DeviceRun),
                             cudaMemcpyHostToDevice, stream));
-  const detail::AdamW<D> op{detail::dev(param),
-                            detail::dev(grad),
-                            m,
-                            v,
-                            A(1),
-                            A(beta1),
-                            A(1.0 - beta1),
-                            A(beta2),
-                            A(1.0 - beta2),
-                            A(std::sqrt(1.0 - std::pow(beta2, t))),
-                            A(-lr / (1.0 - std::pow(beta1, t))),
-                            A(eps),
-                            master,
-                            t == 1};
+  const auto op = detail::adamw_op(detail::dev(param), detail::dev(grad), m, v, 1.0, lr, beta1, beta2, eps, t, master);
   detail::adamw_runs_kernel<D><<<static_cast<unsigned>(chunks), detail::run_threads, 0, stream>>>(
       op, on_device.data(), static_cast<int>(table.size()));
   detail::check_launch("adamw_runs");
