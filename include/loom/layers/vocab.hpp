@@ -62,6 +62,13 @@ struct VocabParallelCrossEntropy {
   void forward(const T* logits, const std::int32_t* targets, T* losses, acc* row_max, acc* row_sumexp) const {
     if (N <= 0) return;
     const std::size_t n = static_cast<unsigned>(N);  // through unsigned: GCC 12 then sees no negative N in copies
+    if constexpr (Tp::size == 1) {  // the rank's partials are the whole rows': no exchange, nothing to rescale
+      auto target = ops.template scratch<acc>(n);
+      ops.ce_partials(logits, row_max, row_sumexp, N, slice.count, ld);
+      ops.ce_target_logit(logits, targets, target.data(), N, slice.count, slice.first, ld);
+      ops.template ce_losses<T>(row_max, row_sumexp, target.data(), losses, N);
+      return;
+    }
     auto local_max = ops.template scratch<acc>(n), sums = ops.template scratch<acc>(2 * n);
     ops.ce_partials(logits, local_max.data(), row_sumexp, N, slice.count, ld);
     ops.copy(local_max.data(), row_max, n);

@@ -72,7 +72,8 @@ class GptWeights {
   //! A view of this rank's part of one parameter (or its gradient) by its Hugging Face name.
   Buf param(std::string_view name) const { return view_of(params_, name); }
   Buf grad(std::string_view name) const { return view_of(grads_, name); }
-  void zero_grad() { grads_.fill(T(0)); }
+  //! Zeroes the gradients on the model's stream (ordered with its kernels, and in a device's profile).
+  void zero_grad() { ops_.fill(grads_.data(), static_cast<std::size_t>(grads_.numel()), T(0)); }
   //! The operations the model runs on its device (on CUDA: with the stream they are issued on).
   const kernels::Ops<Dev>& ops() const { return ops_; }
   int tp_rank() const { return tp_.rank(); }
