@@ -472,6 +472,24 @@ TEMPLATE_TEST_CASE("matmul_group matches the CPU: a mixture of experts' products
       check_close(ddw.host(), want_dw, tol<T>(), "matmul_group, the weights' gradients, " + what);
     }
   }
+  // Rows of 13 elements (26 bytes for bf16 and fp16, off the 16 bytes the grouped kernels read): the group goes
+  // product by product for 16-bit types, grouped for the others, with the same values.
+  {
+    const int m0 = 9, m1 = 11, k = 13, nn = 13;
+    const auto x = rng.values<T>(std::size_t(m0 + m1) * k), w = rng.values<T>(std::size_t(2) * k * nn);
+    std::vector<double> want(std::size_t(m0 + m1) * nn);
+    cpu::matmul(x.d.data(), w.d.data(), want.data(), m0, nn, k, false, false);
+    cpu::matmul(x.d.data() + std::size_t(m0) * k, w.d.data() + std::size_t(k) * nn, want.data() + std::size_t(m0) * nn,
+                m1, nn, k, false, false);
+    Dev<T> dx(x.t), dw(w.t), dy(want.size());
+    const Product odd[] = {{dx.get(), dw.get(), dy.get(), m0, nn, k},
+                           {dx.get() + std::size_t(m0) * k, dw.get() + std::size_t(k) * nn,
+                            dy.get() + std::size_t(m0) * nn, m1, nn, k}};
+    const long before = gpu::detail::grouped_products();
+    gpu::matmul_group(odd, 2, false, false, 1.0f, 0.0f, stream());
+    CHECK(gpu::detail::grouped_products() == before + (sizeof(T) == 2 ? 0 : 1));
+    check_close(dy.host(), want, tol<T>(), "matmul_group on rows of 13 elements");
+  }
   // A group with one product left to compute runs as matmul; negative sizes are refused by name.
   const auto a = rng.values<T>(12), b = rng.values<T>(12);
   std::vector<double> want(9);
