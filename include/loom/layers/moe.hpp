@@ -1,8 +1,8 @@
 // A mixture-of-experts MLP, on the host or a device, its experts split over an expert-parallel group: a router picks
 // each token's top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
 // which sorts them by the rank that holds the expert, and sent there with an all-to-all of variable counts; each
-// rank runs its local experts, one GEMM per expert over the rows it received for it (expert-major), and returns the
-// outputs with a second all-to-all; each token's output is the sum of its kept experts' outputs times their weights,
+// rank runs its local experts, a GEMM per expert over the rows it received for it (expert-major; each layer's as one
+// grouped product, Ops::matmul_group), and returns the outputs with a second all-to-all; each token's output is the sum of its kept experts' outputs times their weights,
 // plus the shared experts' (an MLP every token passes through, split over the tensor-parallel group as the dense MLP
 // is). Backward mirrors it: the weighted output gradients go out and the input gradients come back by the same two
 // all-to-alls.

@@ -29,10 +29,10 @@ inline std::vector<Slice> slices_of(const std::vector<layers::ParamSpec>& specs)
   return out;
 }
 
-//! The slices a device updates in one launch each: runs of slices contiguous in the parameters and in the state,
-//! alike in decay, merged (an element's update depends on it alone, so the results are the same; GPT-2's 148
-//! parameters make 98 runs). The host keeps one call per slice, whose vectorised loops would split the elements
-//! differently between packets and scalars.
+//! The slices a device updates: runs of slices contiguous in the parameters and in the state, alike in decay, merged
+//! (an element's update depends on it alone, so the results are the same; GPT-2's 148 parameters make 98 runs), which
+//! AdamW updates in one launch and SGD in one launch each. The host keeps one call per slice, whose vectorised loops
+//! would split the elements differently between packets and scalars.
 inline std::vector<Slice> coalesced(const std::vector<Slice>& slices) {
   std::vector<Slice> out;
   for (const Slice& s : slices) {
