@@ -2,10 +2,10 @@
 // each token's top-k experts (moe_router.hpp), every sequence routed as one group; the kept assignments are sorted by expert,
 // which sorts them by the rank that holds the expert, and sent there with an all-to-all of variable counts; each
 // rank runs its local experts, a GEMM per expert over the rows it received for it (expert-major; each layer's as one
-// grouped product, Ops::matmul_group), and returns the outputs with a second all-to-all; each token's output is the sum of its kept experts' outputs times their weights,
-// plus the shared experts' (an MLP every token passes through, split over the tensor-parallel group as the dense MLP
-// is). Backward mirrors it: the weighted output gradients go out and the input gradients come back by the same two
-// all-to-alls.
+// grouped product, Ops::matmul_group), and returns the outputs with a second all-to-all; each token's output is the
+// sum of its kept experts' outputs times their weights, plus the shared experts' (an MLP every token passes through,
+// split over the tensor-parallel group as the dense MLP is). Backward mirrors it: the weighted output gradients go
+// out and the input gradients come back by the same two all-to-alls.
 //
 // The routed experts (RoutedExperts: the router, the dispatch, the local experts and the combine) depend on the element
 // type and the device alone, so that loom::cpu_kernels compiles the host's once per type; MoeLayer<T, Dev, Tp> adds

@@ -528,6 +528,10 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
     else run.push_back(&p);
   }
   if (run.empty()) return;
+  const auto one_by_one = [&] {
+    for (const Product<T>* p : run)
+      matmul(p->a, p->b, p->c, p->m, p->n, p->k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
+  };
   // 16-bit operands on 16 bytes, rows of 16-byte multiples: what the grouped kernels read in packs (a mixture of
   // experts' widths are multiples of 8 in practice; other groups go one product at a time).
   const auto packed = [&](const Product<T>& p) {
@@ -536,11 +540,8 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
       return aligned(p.a, 16) && aligned(p.b, 16) && aligned(p.c, 16) && p.n % 8 == 0 &&
              (trans_b ? p.k : p.n) % 8 == 0 && (trans_a ? p.m : p.k) % 8 == 0;
   };
-  if (run.size() == 1 || !std::all_of(run.begin(), run.end(), [&](const Product<T>* p) { return packed(*p); })) {
-    for (const Product<T>* p : run)
-      matmul(p->a, p->b, p->c, p->m, p->n, p->k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
-    return;
-  }
+  if (run.size() == 1 || !std::all_of(run.begin(), run.end(), [&](const Product<T>* p) { return packed(*p); }))
+    return one_by_one();
   // Column-major, as run_product: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), cuBLAS's A being our B.
   std::vector<int> m, n, k, lda, ldb, ldc, size;
   std::vector<Scalar> alphas, betas;
@@ -579,11 +580,7 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
                                         BT::data, lda.data(), B, BT::data, ldb.data(), betas.data(), C, BT::data,
                                         ldc.data(), groups, size.data(), BT::compute);
   }();
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // a library without the grouped kernels for this case: one by one
-    for (const Product<T>* p : run)
-      matmul(p->a, p->b, p->c, p->m, p->n, p->k, trans_a, trans_b, alpha, beta, 1, 0, 0, 0, stream);
-    return;
-  }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return one_by_one();  // a library without grouped kernels for it
   cublas_check(status, std::is_same_v<T, double> ? "cublasDgemmGroupedBatched" : "cublasGemmGroupedBatchedEx");
   ++grouped_products();
 }
