@@ -51,6 +51,7 @@ Row measure(const models::GptShape& S, const std::string& name, const StepOption
   const int T = std::min(o.seq, S.max_seq);
   models::GptOptions mo;
   mo.moe.capacity_factor = 0, mo.moe.aux_loss_coeff = 0;
+  mo.loss_gradient_in_forward = true;
   models::GptModel<float> m(S, 1, mo);
   optim::AdamW<float> opt(m.specs(), S.params());
   std::vector<std::int32_t> ids, tg;

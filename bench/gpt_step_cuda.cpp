@@ -18,7 +18,9 @@ using namespace loom;
 template <models::GptShape S, class T>
 Row measure(const std::string& name, const std::string& dtype, const StepOptions& o) {
   const int T_ = std::min(o.seq, S.max_seq);
-  models::Gpt<S, T, Parallel<>, Cuda> m(1);
+  models::GptOptions mo;
+  mo.loss_gradient_in_forward = true;  // as the trainer: the loss's gradient written at forward
+  models::Gpt<S, T, Parallel<>, Cuda> m(1, mo);
   optim::AdamW<T, Cuda> opt(m.specs(), m.params().numel(), {0.9, 0.95, 1e-8, 0.1}, m.ops());
   std::vector<std::int32_t> ids, tg;
   tokens(S.vocab, static_cast<std::size_t>(o.batch) * T_, ids, tg);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 
 using namespace loom;
 using models::Gpt;
@@ -110,6 +111,33 @@ TEST_CASE("recompute, micro-batching and the split backward change nothing", "[g
   }
   CHECK(std::abs(lm - la) <= 1e-12 * std::abs(la));
   CHECK(max_rel_diff(a.grads(), mb.grads()) < 1e-13);
+}
+
+TEST_CASE("the loss's gradient left in the logits by forward gives backward's gradients", "[gpt]") {
+  // 16 rows: the products apply the loss's scale as their alpha; 18: a float would round it, so double scales the
+  // gradient first.
+  const auto shape = GENERATE(std::pair{2, 8}, std::pair{3, 6});
+  const int B = shape.first, T = shape.second;
+  CAPTURE(B, T);
+  const auto b = batch(B, T, gqa.vocab, 2);
+  GptOptions plain, fused;
+  fused.loss_gradient_in_forward = true;
+  Gpt<gqa, double> a(9, plain), f(9, fused);
+  a.zero_grad(), f.zero_grad();
+  // Two micro-batches, the second at another scale: the products apply each one's.
+  for (const double scale : {1.0, 0.25}) {
+    const double la = a.forward(b.ids.data(), b.targets.data(), B, T, 1);
+    const double lf = f.forward(b.ids.data(), b.targets.data(), B, T, 1);
+    CHECK(lf == la);
+    CHECK_NOTHROW(a.logits(0));
+    CHECK_THROWS_WITH(f.logits(0), Catch::Contains("logits(0): the loss's forward turned them into its gradient"));
+    a.backward(scale);
+    f.backward(scale);
+  }
+  const double d = max_rel_diff(a.grads(), f.grads());
+  INFO("largest relative difference " << d);
+  CHECK(d < 1e-13);
+  CHECK(max_rel_diff(a.grads(), Gpt<gqa, double>(9, plain).grads()) > 0);  // the gradients are not zero
 }
 
 TEST_CASE("a checkpoint round-trips in the Hugging Face GPT-2 layout", "[gpt][checkpoint]") {

@@ -89,7 +89,9 @@ bool near(double got, double want, double tolerance) { return std::abs(got - wan
 template <GptShape S, class T>
 void compare_gradients(GptOptions o) {
   HostGpt<S, T> h(42, o);
-  CudaGpt<S, T> d(42, o);
+  GptOptions fused = o;  // the device's loss leaves its gradient in the logits at forward, as in training
+  fused.loss_gradient_in_forward = true;
+  CudaGpt<S, T> d(42, fused);
   const int B = 2, T1 = S.max_seq - 3;  // off the attention kernels' tile sizes
   const auto b = batch(B, T1, S.vocab);
   h.zero_grad();

@@ -118,6 +118,28 @@ TEST_CASE("Ops<Host>::matmul_bgrad is the product then the bias's column sums, b
   }
 }
 
+TEST_CASE("Ops<Host>::matmul_residual is the product, the bias and then the residual's sum, bit for bit",
+          "[kernels][matmul]") {
+  const loom::kernels::Ops<loom::Host> ops;
+  const int M = 6, N = 5, K = 9;
+  for (const bool with_bias : {true, false}) {
+    const auto a = convert<float>(random_vector(M * K, 80)), b = convert<float>(random_vector(K * N, 81));
+    const auto res = convert<float>(random_vector(M * N, 82)), bias = convert<float>(random_vector(N, 83));
+    std::vector<float> want(M * N), c(M * N);
+    ops.matmul_bias(a.data(), b.data(), bias.data(), want.data(), M, N, K, false, true);
+    if (!with_bias) k::matmul(a.data(), b.data(), want.data(), M, N, K, false, true);
+    ops.add(res.data(), want.data(), want.data(), want.size());
+    ops.matmul_residual(a.data(), b.data(), with_bias ? bias.data() : nullptr, res.data(), c.data(), M, N, K, false,
+                        true);
+    REQUIRE(c == want);
+    REQUIRE(c != res);
+  }
+  auto x = convert<float>(random_vector(M * N, 84));
+  const float* no_bias = nullptr;
+  REQUIRE_THROWS_WITH(ops.matmul_residual(x.data(), x.data(), no_bias, x.data(), x.data(), M, N, N, false, false),
+                      Catch::Contains("matmul_residual: the residual must not be the output (M=6, N=5)"));
+}
+
 TEST_CASE("batched matmul: per-batch strides and a shared operand", "[kernels][matmul]") {
   const int M = 6, N = 5, K = 7, batch = 3;
   for (auto [ta, tb] : transposes)

@@ -285,7 +285,8 @@ TEMPLATE_TEST_CASE("matmul_ld: row strides of their own, on whole lines (no padd
   }
 }
 
-TEMPLATE_TEST_CASE("matmul_bias equals the product plus the bias on every row; bf16, fp16 and float fuse it",
+TEMPLATE_TEST_CASE("matmul_bias adds the bias to every row, matmul_residual the bias (or none) and a residual read "
+                   "apart from the output; bf16, fp16 and float fuse them",
                    "[cuda][matmul]", LOOM_TYPES) {
   using T = TestType;
   Rng rng(22);
@@ -298,26 +299,49 @@ TEMPLATE_TEST_CASE("matmul_bias equals the product plus the bias on every row; b
         const auto a = rng.values<T>(std::size_t(sh.M) * sh.K);
         const auto b = rng.values<T>(std::size_t(sh.K) * sh.N);
         const auto bias = rng.values<T>(std::size_t(sh.N));
+        const auto res = rng.values<T>(std::size_t(sh.M) * sh.N);
         const auto c = rng.values<T>(std::size_t(sh.M) * sh.N);  // overwritten
-        std::vector<double> want(c.d.size());
-        cpu::matmul(a.d.data(), b.d.data(), want.data(), sh.M, sh.N, sh.K, ta, tb);
-        for (int r = 0; r < sh.M; ++r)
-          for (int n = 0; n < sh.N; ++n) want[std::size_t(r) * sh.N + n] += bias.d[std::size_t(n)];
-        Dev<T> da(a.t), db(b.t), dbias(bias.t), dc(c.t);
-        const long fused_before = gpu::detail::fused_epilogues();
-        gpu::matmul_bias(da.get(), db.get(), dbias.get(), dc.get(), sh.M, sh.N, sh.K, ta, tb, stream());
-        const std::string what = "matmul_bias M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
+        std::vector<double> product(c.d.size());
+        cpu::matmul(a.d.data(), b.d.data(), product.data(), sh.M, sh.N, sh.K, ta, tb);
+        const std::string what = " M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" +
                                  std::to_string(sh.K) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
-        check_close(dc.host(), want, tol<T>(), what);
-        // Rows of 16-byte multiples in a type with an epilogue: the bias rode on the product.
+        // Rows of 16-byte multiples in a type with an epilogue: the bias and the residual ride on the product.
         const auto line = [](int n) { return n * sizeof(T) % 16 == 0; };
-        const bool rows16 = line(sh.M) && line(sh.N) && line(sh.K);
-        if (rows16 && !std::is_same_v<T, double>) report_fusion(fused_before, what);
-        if (std::is_same_v<T, double> || !line(sh.N))
-          CHECK(gpu::detail::fused_epilogues() == fused_before);
+        const bool rows16 = line(sh.M) && line(sh.N) && line(sh.K), fusable = !std::is_same_v<T, double>;
+        Dev<T> da(a.t), db(b.t), dbias(bias.t), dres(res.t);
+        // kind 0: matmul_bias; 1, 2: matmul_residual with the bias and without.
+        for (int kind = 0; kind < 3; ++kind) {
+          std::vector<double> want = product;
+          for (int r = 0; r < sh.M; ++r)
+            for (int n = 0; n < sh.N; ++n) {
+              const std::size_t i = std::size_t(r) * sh.N + n;
+              want[i] += (kind < 2 ? bias.d[std::size_t(n)] : 0.0) + (kind > 0 ? res.d[i] : 0.0);
+            }
+          Dev<T> dc(c.t);
+          const long fused_before = gpu::detail::fused_epilogues();
+          if (kind == 0) {
+            gpu::matmul_bias(da.get(), db.get(), dbias.get(), dc.get(), sh.M, sh.N, sh.K, ta, tb, stream());
+          } else {
+            gpu::matmul_residual(da.get(), db.get(), kind == 1 ? dbias.get() : nullptr, dres.get(), dc.get(), sh.M,
+                                 sh.N, sh.K, ta, tb, stream());
+          }
+          const char* names[] = {"matmul_bias", "matmul_residual", "matmul_residual without a bias"};
+          const std::string name = names[kind] + what;
+          // The residual: one rounding where fused (summed in the accumulator), two apart.
+          check_close(dc.host(), want, (kind == 0 ? 1 : 2) * tol<T>(), name);
+          if (rows16 && fusable) report_fusion(fused_before, name);
+          if (!fusable || !line(sh.N)) CHECK(gpu::detail::fused_epilogues() == fused_before);
+        }
+        const auto kept = dres.host();  // the residual is read, not written
+        CHECK(std::memcmp(kept.data(), res.t.data(), kept.size() * sizeof(T)) == 0);
       }
     }
   }
+  Dev<T> d(std::size_t{64 * 64});
+  const T* no_bias = nullptr;
+  check_error<loom::Error>(
+      [&] { gpu::matmul_residual(d.get(), d.get(), no_bias, d.get(), d.get(), 64, 64, 64, false, false, stream()); },
+      "the residual must not be the output");
 }
 
 TEMPLATE_TEST_CASE("matmul_bgrad: a weight's gradient and its bias's (B's column sums, accumulated) in one product; "
@@ -787,6 +811,47 @@ TEMPLATE_TEST_CASE("cross-entropy matches the CPU, whole and over two vocabulary
   CHECK(rescaled[1] == 0);
 }
 
+TEMPLATE_TEST_CASE("ce_loss_grad: the loss and, over the logits, its gradient in one kernel, as forward and backward "
+                   "with a loss gradient of one",
+                   "[cuda][cross_entropy]", LOOM_TYPES) {
+  using T = TestType;
+  using A = gpu::acc_t<T>;
+  Rng rng(6);
+  const int R = 23, V = 5003;
+  auto targets = rng.ints(R, 0, V - 1);
+  targets[4] = -1;  // a row left out of the loss: no target to subtract
+  const Dev<std::int32_t> dtargets(targets);
+  for (const int pitch : {(V + 63) / 64 * 64, V + 3}) {  // rows on 128-byte lines (16-byte packs), and off them
+    std::vector<double> rows(std::size_t(R) * pitch, 99.0);
+    const auto logits = rng.values<T>(std::size_t(R) * V, -5.0, 5.0);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) rows[std::size_t(r) * pitch + v] = logits.d[std::size_t(r) * V + v];
+    const auto in = rounded<T>(rows);
+    std::vector<double> losses(R), mx(R), se(R), want = in.d;
+    const std::vector<double> ones(R, 1.0);
+    cpu::cross_entropy_forward(logits.d.data(), targets.data(), losses.data(), mx.data(), se.data(), R, V);
+    cpu::ce_backward(in.d.data(), targets.data(), mx.data(), se.data(), ones.data(), want.data(), R, V, 0, pitch);
+    Dev<T> dl(in.t), dlosses(R);
+    Dev<A> dmx(R), dse(R);
+    gpu::ce_loss_grad(dl.get(), dtargets.get(), dmx.get(), dse.get(), dlosses.get(), R, V, pitch, stream());
+    const std::string what = " pitch " + std::to_string(pitch);
+    check_close(dlosses.host(), losses, tol<T>(), "ce_loss_grad losses" + what);
+    check_close(dmx.host(), mx, tol_acc<T>(), "ce_loss_grad max" + what);
+    check_close(dse.host(), se, tol_acc<T>(), "ce_loss_grad sumexp" + what);
+    // The gradients on their own scale (the gaps' 99 would widen the tolerance a hundredfold), the gaps exactly.
+    const auto got = dl.host();
+    std::vector<T> got_rows;
+    std::vector<double> want_rows;
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < pitch; ++v) {
+        const std::size_t i = std::size_t(r) * pitch + v;
+        if (v < V) got_rows.push_back(got[i]), want_rows.push_back(want[i]);
+        else CHECK(to_double(got[i]) == 99.0);
+      }
+    check_close(got_rows, want_rows, tol<T>(), "ce_loss_grad gradient" + what);
+  }
+}
+
 // --- embeddings --------------------------------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("embeddings and positions match the CPU", "[cuda][embedding]", LOOM_TYPES) {
@@ -876,6 +941,7 @@ struct AttnCase {
   bool fused;           // q, k, v (and dq, dk, dv) in one buffer, rows of (Hq + 2 Hkv) D
   int Tk = -1;          // keys per sequence (-1: T), for a block that every query sees
   bool causal = true;   // false: every query sees every key of the block (ring attention's other ranks' blocks)
+  int spare = 8;        // elements past the heads in each row of out and its gradient (1: rows off 16 bytes)
 };
 
 template <class T>
@@ -897,7 +963,7 @@ void attention_case(const AttnCase& c, Rng& rng) {
     v_at = k_at + key_rows * s.ldkv;
     size = v_at + key_rows * s.ldkv;
   }
-  s.ldo = std::ptrdiff_t(c.Hq) * c.D + 8;  // 8 spare elements per row: they must stay as they are
+  s.ldo = std::ptrdiff_t(c.Hq) * c.D + c.spare;  // spare elements per row: they must stay as they are
   const std::size_t out_size = rows * s.ldo, lse_size = std::size_t(c.B) * c.Hq * c.T;
   const std::string what = " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Hq=" + std::to_string(c.Hq) +
                            " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
@@ -949,6 +1015,8 @@ TEMPLATE_TEST_CASE("attention forward and backward match the CPU: lengths, heads
       {2, 33, 4, 2, 16, false, 17, false}, {1, 64, 2, 1, 64, false, 130, false}, {2, 70, 4, 4, 32, false, 70, false},
       {1, 1, 2, 2, 16, false, 65, false},  {2, 96, 4, 2, 64, false, 32, false},
       {1, 100, 4, 2, 128, false, 150, false},
+      // Output rows off 16 bytes: 16-byte loads of out and its gradient are not possible.
+      {1, 40, 2, 1, 64, false, -1, true, 1},
   };
   for (const AttnCase& c : cases) attention_case<T>(c, rng);
 }

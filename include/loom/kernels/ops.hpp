@@ -53,6 +53,16 @@ struct Ops<Host> {
     cpu::matmul(A, B, C, M, N, K, trans_a, trans_b);
     cpu::bias_add(C, bias, C, M, N);
   }
+  //! C = op(A) op(B) + bias (may be null) + R, R an M x N residual other than C (a device reads R as the product's
+  //! C); the same values as the product, the bias and then add(R, C, C).
+  template <class T>
+  void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                       bool trans_b) const {
+    LOOM_CHECK(R != C, "matmul_residual: the residual must not be the output (M=", M, ", N=", N, ")");
+    cpu::matmul(A, B, C, M, N, K, trans_a, trans_b);
+    if (bias) cpu::bias_add(C, bias, C, M, N);
+    cpu::add(R, C, C, std::size_t(M) * std::size_t(N));
+  }
   //! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre), tanh form (a device fuses both into the product).
   template <class T>
   void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
@@ -83,7 +93,8 @@ struct Ops<Host> {
     cpu::bias_backward(B, dbias, K, N);
   }
   //! count products of sizes of their own, alike in transposes, alpha and beta (a device runs them as one grouped
-  //! product; here one after another, each as matmul computes it).
+  //! product, perhaps at the same time, so their outputs must not overlap; here one after another, each as matmul
+  //! computes it).
   template <class T>
   void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha = 1.0f,
                     float beta = 0.0f) const {
@@ -190,6 +201,20 @@ struct Ops<Host> {
   void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max, const acc_t<T>* row_sumexp,
                    const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld = 0) const {
     cpu::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld);
+  }
+  //! The cross-entropy of R rows over the whole vocabulary (V) and its gradient at once: losses, the rows' max and
+  //! sum of exp, and each logit replaced by d(losses[r]) / d(logit) = softmax - [v == targets[r]], unscaled (a device
+  //! does it in one pass over the logits): the loss's forward and, with a row's loss gradient of one, its backward.
+  template <class T>
+  void ce_loss_grad(T* logits, const std::int32_t* targets, acc_t<T>* row_max, acc_t<T>* row_sumexp, T* losses, int R,
+                    int V, std::ptrdiff_t ld = 0) const {
+    if (R <= 0) return;
+    std::vector<acc_t<T>> target(static_cast<std::size_t>(R));
+    const std::vector<T> ones(static_cast<std::size_t>(R), T(1));
+    cpu::ce_partials(logits, row_max, row_sumexp, R, V, ld);
+    cpu::ce_target_logit(logits, targets, target.data(), R, V, 0, ld);
+    cpu::ce_losses<T>(row_max, row_sumexp, target.data(), losses, R);
+    cpu::ce_backward(logits, targets, row_max, row_sumexp, ones.data(), logits, R, V, 0, ld);
   }
 
   template <class T>
@@ -422,6 +447,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.matmul(c, c, p, i, i, i, b, b, f, f);
   o.matmul_ld(c, ld, c, ld, p, ld, i, i, i, b, b, f, f);
   o.matmul_bias(c, c, c, p, i, i, i, b, b);
+  o.matmul_residual(c, c, c, c, p, i, i, i, b, b);
   o.matmul_bias_gelu(c, c, c, p, p, i, i, i, b, b);
   o.matmul_dgelu(c, c, c, p, i, i, i, b, b);
   o.matmul_group(static_cast<const Product<T>*>(nullptr), n, b, b, f, f);
@@ -447,6 +473,7 @@ concept DeviceOpsFor = requires(const O& o, const T* c, T* p, acc_t<T>* a, const
   o.ce_target_logit(c, ids, a, i, i, i, ld);
   o.template ce_losses<T>(ca, ca, ca, p, i);
   o.ce_backward(c, ids, ca, ca, c, p, i, i, i, ld);
+  o.ce_loss_grad(p, ids, a, a, p, i, i, ld);
   o.embedding_forward(ids, c, p, i, i, i, i);
   o.embedding_backward(ids, c, p, i, i, i, i);
   o.add_positions(c, p, i, i, i, i);

@@ -103,14 +103,15 @@ struct ParallelAttention {
   const T* input_full(const T* x, const Acts& a) const { return sp ? a.in_full.data() : x; }
 
   //! y (this rank's rows x d) from x (this rank's rows x d); partial is N x d scratch (may be y without sequence
-  //! parallelism). The core's result goes to a.core, or when forward does not keep it (selective recompute) to
-  //! `scratch`.
-  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, Core& scratch) const {
+  //! parallelism), plus `residual` (x's rows, not y) where given. The core's result goes to a.core, or when forward
+  //! does not keep it (selective recompute) to `scratch`.
+  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, Core& scratch,
+               const T* residual = nullptr) const {
     qkv_.forward(x, sp ? a.in_full.data() : const_cast<T*>(x), w.qkv_w, w.qkv_b, a.qkv.data());
     rotate(a.qkv.data(), false);
     Core& c = a.core.held() ? a.core : scratch;
     core_forward(a.qkv.data(), c);
-    proj_.forward(c.out.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
+    proj_.forward(c.out.data(), w.proj_w, w.proj_b, sp ? partial : y, y, residual);
   }
   //! dx (this rank's rows x d) from dy; keeps what backward_weight needs in g (under selective recompute the core,
   //! recomputed here).

@@ -73,10 +73,11 @@ struct RowParallelLinear {
   int in;            //!< local input features
 
   //! y (this rank's rows x out) = the sum over ranks of x W (partial: N x out, may be y without sequence
-  //! parallelism), plus b.
-  void forward(const T* x, const T* w, const T* b, T* partial, T* y) const {
-    if constexpr (Tp::size == 1) {  // no partial sums: the bias joins the product
-      if (b) region.ops.matmul_bias(x, w, b, partial, region.N, region.C, in, false, false);
+  //! parallelism), plus b, plus `residual` (this rank's rows x out, not y) where given: a residual branch's end.
+  void forward(const T* x, const T* w, const T* b, T* partial, T* y, const T* residual = nullptr) const {
+    if constexpr (Tp::size == 1) {  // no partial sums: the bias and the residual join the product
+      if (residual) region.ops.matmul_residual(x, w, b, residual, partial, region.N, region.C, in, false, false);
+      else if (b) region.ops.matmul_bias(x, w, b, partial, region.N, region.C, in, false, false);
       else region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
       region.exit_forward(partial, y);
       return;
@@ -84,6 +85,7 @@ struct RowParallelLinear {
     region.ops.matmul(x, w, partial, region.N, region.C, in, false, false);
     region.exit_forward(partial, y);
     if (b) region.ops.bias_add(y, b, y, region.rows(), region.C);
+    if (residual) region.ops.add(residual, y, y, std::size_t(region.rows()) * std::size_t(region.C));
   }
   //! dx (N x in) from dy (this rank's rows), through dy_full (N x out, may be dy without sequence parallelism);
   //! times GELU'(gelu_in) where the input was GELU(gelu_in) (N x in), the gradient of the GELU's input.

@@ -58,7 +58,8 @@ struct ParallelMlp {
 
   const T* input_full(const T* x, const Acts& a) const { return sp ? a.in_full.data() : x; }
 
-  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y) const {
+  //! y = the MLP of x, plus `residual` (x's rows, not y) where given.
+  void forward(const T* x, const Params& w, Acts& a, T* partial, T* y, const T* residual = nullptr) const {
     T* x_full = sp ? a.in_full.data() : const_cast<T*>(x);
     if (gated_) {
       fc_.forward(x, x_full, w.fc_w, w.fc_b, a.h.data());
@@ -66,7 +67,7 @@ struct ParallelMlp {
     } else {
       fc_.forward_gelu(x, x_full, w.fc_w, w.fc_b, a.h.data(), a.g.data());  // h: the GELU's input, for backward
     }
-    proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp ? partial : y, y);
+    proj_.forward(a.g.data(), w.proj_w, w.proj_b, sp ? partial : y, y, residual);
   }
   void backward_input(const T* dy, const Params& w, const Acts& a, Grads& g, T* dx) const {
     T* dh = g.dg.data();

@@ -80,6 +80,14 @@ struct VocabParallelCrossEntropy {
     ops.copy(sums.data(), row_sumexp, n);
     ops.template ce_losses<T>(row_max, row_sumexp, sums.data() + N, losses, N);
   }
+  //! Without tensor parallelism (the rank holds the whole vocabulary), forward's losses and partials and backward's
+  //! gradient at once: the logits become the gradient of each row's loss, before the loss's scale (the products
+  //! that use it apply the scale). One pass over the logits where forward and backward make three.
+  void forward_with_gradient(T* logits, const std::int32_t* targets, T* losses, acc* row_max, acc* row_sumexp) const {
+    static_assert(Tp::size == 1, "loom: the loss's gradient in its forward needs the whole vocabulary on the rank");
+    if (N <= 0) return;
+    ops.ce_loss_grad(logits, targets, row_max, row_sumexp, losses, N, slice.count, ld);
+  }
   //! dlogits (may be logits) from dloss (N).
   void backward(const T* logits, const std::int32_t* targets, const acc* row_max, const acc* row_sumexp,
                 const T* dloss, T* dlogits) const {

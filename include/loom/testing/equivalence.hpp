@@ -88,7 +88,8 @@ Run single_rank(const Training<typename Model::Options>& t) {
   run_local<Parallel<>>([&](auto& ctx) {
     auto& tp = ctx.template comm<Axis::tp>();
     using Comm = std::remove_reference_t<decltype(tp)>;
-    Model m(t.seed, tp, static_cast<Comm*>(nullptr), static_cast<Comm*>(nullptr), models::Part{}, t.model);
+    Model m(t.seed, tp, static_cast<Comm*>(nullptr), static_cast<Comm*>(nullptr), models::Part{},
+            train::detail::trained_options(t.model));
     const auto n = static_cast<std::int64_t>(m.params().numel());
     optim::AdamW<T> adamw(m.specs(), n, {0.9, 0.999, 1e-8, t.weight_decay});
     std::vector<std::int32_t> in(static_cast<std::size_t>(t.batch) * t.seq), tg(in.size());

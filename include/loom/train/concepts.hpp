@@ -95,6 +95,13 @@ concept BuiltFromShape = requires(const typename Model::Shape& shape, std::uint6
 };
 template <class Model>
 concept FixesShape = requires { Model::static_shape; };
+//! The model's options as the trainer builds its parts with them: a model that can leave its loss's gradient in
+//! the logits at forward does (the trainer never reads the logits).
+template <class Options>
+Options trained_options(Options o) {
+  if constexpr (requires { o.loss_gradient_in_forward = true; }) o.loss_gradient_in_forward = true;
+  return o;
+}
 }  // namespace detail
 
 template <class Model, class Comm>

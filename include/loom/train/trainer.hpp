@@ -203,7 +203,7 @@ class TrainerOf {
     LOOM_CHECK(at.tp->size() == tp, "the model is split over ", tp, " tensor-parallel ranks but the layout's "
                "tensor-parallel group has ", at.tp->size());
     // Under ZeRO-3 over several ranks each rank writes only its shard of the parameters (TrainerCore).
-    typename Part::Options model = options.model;
+    typename Part::Options model = detail::trained_options(options.model);
     if constexpr (Zero >= 3) model.write_buffers = (at.shard ? at.shard : at.dp)->size() == 1;
     constexpr int cp = Part::config::template size<Axis::cp>;
     LOOM_CHECK(cp == 1 || at.cp, "the model is split over ", cp, " context-parallel ranks but the rank was given no "

@@ -273,6 +273,34 @@ __global__ void delta_kernel(const T* dout, const T* out, acc_t<T>* delta, Atten
   sum = group_sum<32>(sum);
   if (lane == 0) delta[(std::size_t(b) * s.Hq + h) * s.T + t] = sum;
 }
+//! The same in 16-byte loads, G lanes a row (a warp holds 32 / G rows), where rows and heads start on 16 bytes.
+template <class T, int G>
+__global__ void delta_packed_kernel(const T* dout, const T* out, acc_t<T>* delta, AttentionShape s) {
+  using A = acc_t<T>;
+  constexpr int V = vec_width<T>;
+  const std::size_t row = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+  const int lane = threadIdx.x % G;
+  const std::size_t rows = std::size_t(s.B) * s.T * s.Hq;
+  // A warp's last rows may lie past the end: their lanes stay for the shuffles, reading nothing.
+  const bool valid = row < rows;
+  const int h = valid ? static_cast<int>(row % s.Hq) : 0;
+  const std::size_t bt = valid ? row / s.Hq : 0;
+  A sum = 0;
+  if (valid) {
+    const T* o = out + bt * s.ldo + std::size_t(h) * s.D;
+    const T* g = dout + bt * s.ldo + std::size_t(h) * s.D;
+    for (int d = lane * V; d < s.D; d += G * V) {
+      const auto gp = load_pack<V>(g + d), op = load_pack<V>(o + d);
+#pragma unroll
+      for (int e = 0; e < V; ++e) sum += widen(gp.v[e]) * widen(op.v[e]);
+    }
+  }
+  sum = group_sum<G>(sum);
+  if (valid && lane == 0) {
+    const int t = static_cast<int>(bt % s.T), b = static_cast<int>(bt / s.T);
+    delta[(std::size_t(b) * s.Hq + h) * s.T + t] = sum;
+  }
+}
 
 //! Per key tile: dV = sum P^T dO and dK = scale sum dS^T Q over the query tiles that see it (causal: those at or
 //! after it), and over the query heads that share the key/value head.
@@ -506,7 +534,12 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   if (s.B == 0 || s.T == 0) return;
   const std::size_t rows = std::size_t(s.B) * s.T * s.Hq;
   CudaBuffer<acc_t<T>> delta(rows, stream);
-  delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(dout, out, delta.data(), s);
+  constexpr int group = 8;  // lanes a row in 16-byte loads: GPT-2's head of 64 bf16 is one load each
+  if (s.D % vec_width<T> == 0 && s.ldo * std::int64_t(sizeof(T)) % 16 == 0 && vec_ok({dout, out}))
+    delta_packed_kernel<T, group><<<static_cast<unsigned>((rows * group + 255) / 256), 256, 0, stream>>>(
+        dout, out, delta.data(), s);
+  else
+    delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(dout, out, delta.data(), s);
   check_launch("attention_backward");
   if (with_registers<T>(s.D, [&](auto policy) {
         using P = decltype(policy);

@@ -121,31 +121,60 @@ __global__ void ce_losses_kernel(const acc_t<T>* row_max, const acc_t<T>* row_su
   losses[r] = narrow<T>(log_(row_sumexp[r]) + row_max[r] - target_logit[r]);
 }
 
-// dlogits may be logits: each element (or pack) is read, then written, by one thread.
-template <class T, int Block>
-__global__ void __launch_bounds__(Block)
-    ce_backward_kernel(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max,
-                       const acc_t<T>* row_sumexp, const T* dloss, T* dlogits, int V, int v0, std::ptrdiff_t ld) {
-  using A = acc_t<T>;
+//! dr[v] = f(v, lr[v] widened) for v = 0 .. V - 1, this thread's share of a block of Block threads: 16 bytes a load
+//! and a store where both rows start on 16 bytes, one by one otherwise. dr may be lr: each element (or pack) is
+//! read, then written, by one thread.
+template <int Block, class T, class F>
+__device__ __forceinline__ void map_row(const T* lr, T* dr, int V, F&& f) {
   constexpr int W = vec_width<T>;
-  const std::size_t row = blockIdx.x;
-  const A m = row_max[row], inv = A(1) / row_sumexp[row], g = widen(dloss[row]);
-  const long long t = static_cast<long long>(targets[row]) - v0;
-  const T* lr = logits + row * ld;
-  T* dr = dlogits + row * ld;
-  const auto grad = [&](int v, A x) { return narrow<T>(g * (exp_(x - m) * inv - (v == t ? A(1) : A(0)))); };
   int done = 0;
   if (reinterpret_cast<std::uintptr_t>(lr) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dr) % 16 == 0) {
     const int packs = V / W;
     for (int i = threadIdx.x; i < packs; i += Block) {
       auto x = load_pack<W>(lr + i * W);
 #pragma unroll
-      for (int j = 0; j < W; ++j) x.v[j] = grad(i * W + j, widen(x.v[j]));
+      for (int j = 0; j < W; ++j) x.v[j] = f(i * W + j, widen(x.v[j]));
       store_pack(dr + i * W, x);
     }
     done = packs * W;
   }
-  for (int v = done + threadIdx.x; v < V; v += Block) dr[v] = grad(v, widen(lr[v]));
+  for (int v = done + threadIdx.x; v < V; v += Block) dr[v] = f(v, widen(lr[v]));
+}
+
+template <class T, int Block>
+__global__ void __launch_bounds__(Block)
+    ce_backward_kernel(const T* logits, const std::int32_t* targets, const acc_t<T>* row_max,
+                       const acc_t<T>* row_sumexp, const T* dloss, T* dlogits, int V, int v0, std::ptrdiff_t ld) {
+  using A = acc_t<T>;
+  const std::size_t row = blockIdx.x;
+  const A m = row_max[row], inv = A(1) / row_sumexp[row], g = widen(dloss[row]);
+  const long long t = static_cast<long long>(targets[row]) - v0;
+  map_row<Block>(logits + row * ld, dlogits + row * ld, V,
+                 [&](int v, A x) { return narrow<T>(g * (exp_(x - m) * inv - (v == t ? A(1) : A(0)))); });
+}
+
+// The loss and its gradient in one pass over each row of the whole vocabulary: the row's max and sum of exp, the
+// loss from the target's logit (read by thread 0 before any thread overwrites the row), then each logit replaced by
+// its gradient, read again while the block's row is still in L2.
+template <class T, int Block>
+__global__ void __launch_bounds__(Block)
+    ce_loss_grad_kernel(T* logits, const std::int32_t* targets, acc_t<T>* row_max, acc_t<T>* row_sumexp, T* losses,
+                        int V, std::ptrdiff_t ld) {
+  using A = acc_t<T>;
+  const std::size_t row = blockIdx.x;
+  T* lr = logits + row * ld;
+  A m, s;
+  row_max_sumexp<T, Block>(lr, V, m, s);
+  const std::int32_t t = targets[row];
+  if (threadIdx.x == 0) {
+    const A target = (t >= 0 && t < V) ? widen(lr[t]) : A(0);
+    row_max[row] = m;
+    row_sumexp[row] = s;
+    losses[row] = narrow<T>(log_(s) + m - target);
+  }
+  __syncthreads();  // the target's logit is read before the row is overwritten
+  const A inv = A(1) / s;
+  map_row<Block>(lr, lr, V, [&](int v, A x) { return narrow<T>(exp_(x - m) * inv - (v == t ? A(1) : A(0))); });
 }
 
 inline unsigned blocks_for(int n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
@@ -206,6 +235,20 @@ void ce_backward(const T* logits, const std::int32_t* targets, const acc_t<T>* r
                                     detail::dev(dlogits), V_local, v0, ld ? ld : V_local);
   });
   detail::check_launch("ce_backward");
+}
+
+//! The whole vocabulary's cross-entropy and its gradient at once: losses[r], the row's max and sum of exp, and each
+//! logit replaced by d(losses[r]) / d(logit) = softmax - [v == targets[r]] (unscaled: the products that use it
+//! apply the loss's scale), one pass over the logits where forward and backward take two reads and a write.
+template <Floating T>
+void ce_loss_grad(T* logits, const std::int32_t* targets, acc_t<T>* row_max, acc_t<T>* row_sumexp, T* losses, int R,
+                  int V, std::ptrdiff_t ld, cudaStream_t stream) {
+  if (R <= 0) return;
+  detail::with_row_block(V, [&](auto block) {
+    detail::ce_loss_grad_kernel<device_t<T>, block()><<<R, block(), 0, stream>>>(
+        detail::dev(logits), targets, row_max, row_sumexp, detail::dev(losses), V, ld ? ld : V);
+  });
+  detail::check_launch("ce_loss_grad");
 }
 
 //! The whole single-slice cross-entropy: losses[r] and the partials (R each) for ce_backward.

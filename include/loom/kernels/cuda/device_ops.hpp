@@ -59,6 +59,14 @@ struct Ops<Cuda> {
     const auto span = product_span(M, N, K, trans_a, trans_b, " +bias");
     cuda::entry::matmul_bias(A, B, bias, C, M, N, K, trans_a, trans_b, stream);
   }
+  //! C = op(A) op(B) + bias (may be null) + R (M x N, not C): one product, R read as its C and the bias in its
+  //! epilogue.
+  template <class T>
+  void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                       bool trans_b) const {
+    const auto span = product_span(M, N, K, trans_a, trans_b, bias ? " +bias +res" : " +res");
+    cuda::entry::matmul_residual(A, B, bias, R, C, M, N, K, trans_a, trans_b, stream);
+  }
   //! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre): one product, the GELU in cuBLASLt's epilogue.
   template <class T>
   void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
@@ -217,6 +225,13 @@ struct Ops<Cuda> {
                    const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld = 0) const {
     const cuda::ProfileScope span("ce_backward", stream);
     cuda::entry::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld, stream);
+  }
+  //! The whole vocabulary's losses and, over the logits, their gradients (unscaled), in one kernel.
+  template <class T>
+  void ce_loss_grad(T* logits, const std::int32_t* targets, acc_t<T>* row_max, acc_t<T>* row_sumexp, T* losses, int R,
+                    int V, std::ptrdiff_t ld = 0) const {
+    const cuda::ProfileScope span("ce_loss_grad", stream);
+    cuda::entry::ce_loss_grad(logits, targets, row_max, row_sumexp, losses, R, V, ld, stream);
   }
 
   template <class T>

@@ -252,6 +252,11 @@ void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int 
   cuda::matmul_bias(A, B, bias, C, M, N, K, trans_a, trans_b, stream);
 }
 template <class T>
+void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                     bool trans_b, cudaStream_t stream) {
+  cuda::matmul_residual(A, B, bias, R, C, M, N, K, trans_a, trans_b, stream);
+}
+template <class T>
 void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
                       bool trans_b, cudaStream_t stream) {
   cuda::matmul_bias_gelu(A, B, bias, pre, C, M, N, K, trans_a, trans_b, stream);
@@ -365,6 +370,11 @@ template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc<T>* row_max, const acc<T>* row_sumexp,
                  const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld, cudaStream_t stream) {
   cuda::ce_backward(logits, targets, row_max, row_sumexp, dloss, dlogits, R, V_local, v0, ld, stream);
+}
+template <class T>
+void ce_loss_grad(T* logits, const std::int32_t* targets, acc<T>* row_max, acc<T>* row_sumexp, T* losses, int R,
+                  int V, std::ptrdiff_t ld, cudaStream_t stream) {
+  cuda::ce_loss_grad(logits, targets, row_max, row_sumexp, losses, R, V, ld, stream);
 }
 template <class T>
 void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local,

@@ -27,6 +27,9 @@ template <class T>
 void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, bool trans_a, bool trans_b,
                  cudaStream_t stream);
 template <class T>
+void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                     bool trans_b, cudaStream_t stream);
+template <class T>
 void matmul_bias_gelu(const T* A, const T* B, const T* bias, T* pre, T* C, int M, int N, int K, bool trans_a,
                       bool trans_b, cudaStream_t stream);
 template <class T>
@@ -91,6 +94,9 @@ void ce_losses(const acc<T>* row_max, const acc<T>* row_sumexp, const acc<T>* ta
 template <class T>
 void ce_backward(const T* logits, const std::int32_t* targets, const acc<T>* row_max, const acc<T>* row_sumexp,
                  const T* dloss, T* dlogits, int R, int V_local, int v0, std::ptrdiff_t ld, cudaStream_t stream);
+template <class T>
+void ce_loss_grad(T* logits, const std::int32_t* targets, acc<T>* row_max, acc<T>* row_sumexp, T* losses, int R,
+                  int V, std::ptrdiff_t ld, cudaStream_t stream);
 template <class T>
 void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, int C, int v0, int V_local,
                        cudaStream_t stream);
@@ -177,6 +183,8 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
 #define LOOM_CUDA_KERNELS_FOR(prefix, T)                                                                              \
   prefix template void matmul<T>(const T*, const T*, T*, int, int, int, bool, bool, float, float, cudaStream_t);      \
   prefix template void matmul_bias<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);     \
+  prefix template void matmul_residual<T>(const T*, const T*, const T*, const T*, T*, int, int, int, bool, bool,     \
+                                          cudaStream_t);                                                             \
   prefix template void matmul_bias_gelu<T>(const T*, const T*, const T*, T*, T*, int, int, int, bool, bool,           \
                                            cudaStream_t);                                                             \
   prefix template void matmul_dgelu<T>(const T*, const T*, const T*, T*, int, int, int, bool, bool, cudaStream_t);    \
@@ -211,6 +219,8 @@ void sums_of_squares(const T* x, const std::int64_t* at, const std::int64_t* n, 
   prefix template void ce_losses<T>(const acc<T>*, const acc<T>*, const acc<T>*, T*, int, cudaStream_t);              \
   prefix template void ce_backward<T>(const T*, const std::int32_t*, const acc<T>*, const acc<T>*, const T*,          \
                                       T*, int, int, int, std::ptrdiff_t, cudaStream_t);                               \
+  prefix template void ce_loss_grad<T>(T*, const std::int32_t*, acc<T>*, acc<T>*, T*, int, int, std::ptrdiff_t,       \
+                                       cudaStream_t);                                                                 \
   prefix template void embedding_forward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);     \
   prefix template void embedding_backward<T>(const std::int32_t*, const T*, T*, int, int, int, int, cudaStream_t);    \
   prefix template void add_positions<T>(const T*, T*, int, int, int, int, cudaStream_t);                              \

@@ -385,19 +385,22 @@ void matmul(const T* A, const T* B, T* C, int M, int N, int K, bool trans_a, boo
   run_product(key, A, B, C, alpha, beta, stream);
 }
 
-//! How many products this process ran with a bias or a GELU in cuBLASLt's epilogue (what the tests check).
+//! How many products this process ran with cuBLASLt's epilogue doing more (a bias, a GELU or its derivative, a
+//! bias's gradient) or reading a residual as C (what the tests check).
 inline std::atomic<long>& fused_epilogues() {
   static std::atomic<long> n{0};
   return n;
 }
 
-//! C = op(A) op(B) through cuBLASLt's epilogue e (bias: N values; aux: the GELU's input, M x N), dense operands;
+//! C = alpha op(A) op(B) + beta C_in through cuBLASLt's epilogue e (bias: N values; aux: the GELU's input, M x N),
+//! dense operands, C_in being `in` where given (an M x N matrix other than C: a residual) and C itself otherwise;
 //! returns false, having done nothing, where the type, the rows' alignment or the heuristic rule it out. The GELU
 //! epilogues take 16-bit types only (cuBLASLt's GELU is not float's accuracy); an inner size of one (an outer
 //! product) takes the separate passes, as PyTorch's addmm does, cuBLASLt's epilogues being unreliable there.
 template <class T>
 bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux, T* C, int M, int N, int K,
-                      bool trans_a, bool trans_b, cudaStream_t stream, float alpha = 1.0f, float beta = 0.0f) {
+                      bool trans_a, bool trans_b, cudaStream_t stream, float alpha = 1.0f, float beta = 0.0f,
+                      const T* in = nullptr) {
   using BT = BlasTypes<T>;
   const bool gelu = with_aux(e);
   if (std::is_same_v<T, double> || (gelu && sizeof(T) != 2) || K < 2 || !rows_of_16_bytes<T>(trans_a ? M : K) ||
@@ -405,7 +408,7 @@ bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux,
       (aux && !aligned(aux, 16)))
     return false;
   GemmKey key{BT::data, M, N, K, 1, trans_a, trans_b, 0, 0, 0, alignment_of(A, 0, 1), alignment_of(B, 0, 1),
-              alignment_of(C, 0, 1)};
+              in ? std::min(alignment_of(C, 0, 1), alignment_of(in, 0, 1)) : alignment_of(C, 0, 1)};
   key.epilogue = e;
   BlasContext& ctx = blas_context();
   const GemmPlan& plan = ctx.plan<T>(key);
@@ -417,8 +420,8 @@ bool epilogue_product(Epilogue e, const T* A, const T* B, const T* bias, T* aux,
   if (aux)
     LOOM_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   CudaBuffer<unsigned char> workspace(plan.workspace, stream);
-  LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &al, B, plan.a, A, plan.b, &be, C, plan.c, C, plan.c, &plan.algo,
-                             workspace.data(), plan.workspace, stream));
+  LOOM_CUBLAS(cublasLtMatmul(ctx.lt(), plan.op, &al, B, plan.a, A, plan.b, &be, in ? in : C, plan.c, C, plan.c,
+                             &plan.algo, workspace.data(), plan.workspace, stream));
   ++fused_epilogues();
   return true;
 }
@@ -451,6 +454,22 @@ void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int 
   if (epilogue_product<T>(Epilogue::bias, A, B, bias, nullptr, C, M, N, K, trans_a, trans_b, stream)) return;
   matmul(A, B, C, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
   bias_add(C, bias, C, M, N, stream);
+}
+
+//! C = op(A) op(B) (+ bias on every row, where bias is given) + R: a residual R (M x N, not C) read as the
+//! product's C, with the bias in the epilogue, where cuBLASLt takes them; else the product and an add.
+template <class T>
+void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                     bool trans_b, cudaStream_t stream) {
+  check_sizes(M, N, K);
+  LOOM_CHECK(R != C, "matmul_residual: the residual must not be the output (M=", M, ", N=", N, ")");
+  if (M == 0 || N == 0) return;
+  if (epilogue_product<T>(bias ? Epilogue::bias : Epilogue::plain, A, B, bias, nullptr, C, M, N, K, trans_a, trans_b,
+                          stream, 1.0f, 1.0f, R))
+    return;
+  if (bias) matmul_bias(A, B, bias, C, M, N, K, trans_a, trans_b, stream);
+  else matmul(A, B, C, M, N, K, trans_a, trans_b, 1.0f, 0.0f, 1, 0, 0, 0, stream);
+  add(R, C, C, std::size_t(M) * N, stream);
 }
 
 //! pre = op(A) op(B) (+ bias on every row, where bias is given), C = GELU(pre).
@@ -588,7 +607,8 @@ void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool tr
 }  // namespace detail
 
 //! count products of sizes of their own, alike in transposes, alpha and beta, as one grouped product (one launch
-//! for a mixture of experts' products, and no plan per size: their row counts change every step).
+//! for a mixture of experts' products, and no plan per size: their row counts change every step). The products may
+//! run at the same time: their outputs must not overlap.
 template <Floating T>
 void matmul_group(const Product<T>* ps, std::size_t count, bool trans_a, bool trans_b, float alpha, float beta,
                   cudaStream_t stream) {
@@ -627,6 +647,14 @@ void matmul_bias(const T* A, const T* B, const T* bias, T* C, int M, int N, int 
                  cudaStream_t stream) {
   detail::matmul_bias(detail::dev(A), detail::dev(B), detail::dev(bias), detail::dev(C), M, N, K, trans_a, trans_b,
                       stream);
+}
+//! C = op(A) op(B) + bias (may be null) + R, R an M x N residual other than C: a residual branch's last product
+//! and the residual sum in one (the residual read as the product's C).
+template <Floating T>
+void matmul_residual(const T* A, const T* B, const T* bias, const T* R, T* C, int M, int N, int K, bool trans_a,
+                     bool trans_b, cudaStream_t stream) {
+  detail::matmul_residual(detail::dev(A), detail::dev(B), detail::dev(bias), detail::dev(R), detail::dev(C), M, N, K,
+                          trans_a, trans_b, stream);
 }
 //! pre = op(A) op(B) + bias (bias may be null), C = GELU(pre), tanh form: an MLP's first layer, keeping the GELU's
 //! input for backward. The epilogue computes GELU from pre before pre is rounded to T (bf16 and fp16 only).

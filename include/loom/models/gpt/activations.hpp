@@ -36,6 +36,10 @@ struct GptSlot {
   std::vector<std::int32_t> local_ids, local_targets;
   Dropout dropout{0, 0, 0, {}, 0};
   bool forwarded = false;
+  //! Whether forward left the gradient of each row's loss (before the loss's scale) in logits.
+  bool logits_are_gradient = false;
+  //! The loss's scale over the rows, which backward_weight's product applies where logits_are_gradient.
+  double loss_scale = 1;
 
   //! Block i's input (i counted from the part's first block).
   T* input_of(std::size_t i, bool recompute) const {

@@ -190,17 +190,23 @@ class GptBlock {
     const std::size_t nd = std::size_t(r) * d;
     norm_.forward(x, w.ln1_w, w.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), r, d);
     T* x2 = a.x2.data();
-    attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2, g.attn.core);
-    drop.forward(ops, x2, x2, l, 1);
-    ops.add(x, x2, x2, nd);
+    // Without dropout each branch's last product adds the residual as it stores its result (one pass fewer).
+    const bool fold = drop.p == 0;
+    attn_.forward(a.ln1.data(), w.attn, a.attn, partial, x2, g.attn.core, fold ? x : nullptr);
+    if (!fold) {
+      drop.forward(ops, x2, x2, l, 1);
+      ops.add(x, x2, x2, nd);
+    }
     norm_.forward(x2, w.ln2_w, w.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), r, d);
     if (moe_block(l)) {
       moe_->forward(a.ln2.data(), w.moe, a.moe, partial, out, stats);
     } else {
-      mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out);
+      mlp_.forward(a.ln2.data(), w.mlp, a.mlp, partial, out, fold ? x2 : nullptr);
     }
-    drop.forward(ops, out, out, l, 2);
-    ops.add(x2, out, out, nd);
+    if (!fold || moe_block(l)) {
+      drop.forward(ops, out, out, l, 2);
+      ops.add(x2, out, out, nd);
+    }
   }
 
   //! Block l's part of backward that gives the gradient of its input: on entry dx holds d(output), on return

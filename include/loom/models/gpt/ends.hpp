@@ -63,8 +63,12 @@ class GptEmbedding {
 template <class T, class Dev, class Tp>
 class GptHead {
  public:
-  GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, layers::Norm<T, Dev> norm)
-      : region_(region), ce_{region.tp, region.N, slice, region.ops, pitch(slice)}, slice_(slice), norm_(norm) {}
+  //! gradient_in_forward: the loss's forward writes its gradient over the logits, where the rank holds the whole
+  //! vocabulary (GptOptions::loss_gradient_in_forward).
+  GptHead(layers::Region<T, Dev, Tp> region, layers::VocabSlice slice, layers::Norm<T, Dev> norm,
+          bool gradient_in_forward = false)
+      : region_(region), ce_{region.tp, region.N, slice, region.ops, pitch(slice)}, slice_(slice), norm_(norm),
+        fused_(Tp::size == 1 && gradient_in_forward) {}
 
   //! Elements between the rows of the logits of this rank's vocabulary slice (a device pads them to whole lines).
   static std::ptrdiff_t pitch(layers::VocabSlice slice) {
@@ -80,7 +84,16 @@ class GptHead {
     T* lnf_full = full_or(st.lnf_full, st.lnf.data());
     region_.enter_forward(st.lnf.data(), lnf_full);
     ops.matmul_ld(lnf_full, d, wte, d, st.logits.data(), ce_.ld, N, slice_.count, d, false, true);
-    ce_.forward(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
+    st.logits_are_gradient = false;
+    if constexpr (Tp::size == 1) {
+      if (fused_) {
+        ce_.forward_with_gradient(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(),
+                                  st.row_sumexp.data());
+        st.logits_are_gradient = true;
+      }
+    }
+    if (!st.logits_are_gradient)
+      ce_.forward(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(), st.row_sumexp.data());
     return ops.sum(st.losses.data(), std::size_t(N)) / N;
   }
   //! dx, the gradient of the last block's output, from the loss scaled by `scale` (the logits in st become their
@@ -90,11 +103,23 @@ class GptHead {
                       T* dloss, T* dx) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
-    ops.fill(dloss, std::size_t(N), static_cast<T>(scale / N));
     T* logits = st.logits.data();
-    ce_.backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss, logits);
+    // Where forward left each row's loss gradient in the logits, the products apply the scale as their alpha, a
+    // float: where that would round it more than T (double), the gradient is scaled first. Else the logits become
+    // the scaled gradient here.
+    st.loss_scale = scale / N;
+    if (st.logits_are_gradient && sizeof(T) > sizeof(float) &&
+        static_cast<double>(static_cast<float>(st.loss_scale)) != st.loss_scale) {
+      ops.scale(logits, std::size_t(N) * std::size_t(ce_.ld), static_cast<acc_t<T>>(st.loss_scale));
+      st.loss_scale = 1;
+    }
+    if (!st.logits_are_gradient) {
+      ops.fill(dloss, std::size_t(N), static_cast<T>(scale / N));
+      ce_.backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss, logits);
+    }
+    const float alpha = st.logits_are_gradient ? static_cast<float>(st.loss_scale) : 1.0f;
     T* dfull = region_.sequence_parallel ? dlnf_full : dlnf;
-    ops.matmul_ld(logits, ce_.ld, wte, d, dfull, d, N, d, slice_.count, false, false);
+    ops.matmul_ld(logits, ce_.ld, wte, d, dfull, d, N, d, slice_.count, false, false, alpha);
     region_.enter_backward(dfull, dlnf);
     norm_.backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx, region_.rows(), d);
   }
@@ -102,8 +127,9 @@ class GptHead {
   void backward_weight(const GptSlot<T, Dev, Tp>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
+    const float alpha = st.logits_are_gradient ? static_cast<float>(st.loss_scale) : 1.0f;
     ops.matmul_ld(st.logits.data(), ce_.ld, full_or(st.lnf_full, st.lnf.data()), d, dwte, d, slice_.count, d, N, true,
-                  false, 1.0f, 1.0f);
+                  false, alpha, 1.0f);
     norm_.backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
                           region_.rows(), d);
   }
@@ -116,6 +142,7 @@ class GptHead {
   layers::VocabParallelCrossEntropy<T, Dev, Tp> ce_;
   layers::VocabSlice slice_;
   layers::Norm<T, Dev> norm_;
+  bool fused_;  //!< the loss's forward writes its gradient over the logits
 };
 
 }  // namespace loom::models

@@ -204,8 +204,13 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
 
   //! The logits of the micro-batch in `slot`, in the part with the loss: all N = B x T rows (this rank's tokens) of
   //! this rank's vocabulary slice, logits_pitch() elements apart, in Dev's memory; valid from its forward until its
-  //! backward, which turns them into their gradient.
-  const T* logits(int slot) const { return acts_.slots.at(static_cast<std::size_t>(slot)).logits.data(); }
+  //! backward, which turns them into their gradient (or its forward does: GptOptions::loss_gradient_in_forward).
+  const T* logits(int slot) const {
+    const auto& st = acts_.slots.at(static_cast<std::size_t>(slot));
+    LOOM_CHECK(!st.logits_are_gradient, "logits(", slot, "): the loss's forward turned them into its gradient "
+               "(GptOptions::loss_gradient_in_forward); build the model without it to read them");
+    return st.logits.data();
+  }
   //! Elements between the rows of logits(): the slice's width on the host, whole 128-byte lines on a device.
   std::ptrdiff_t logits_pitch() const {
     const auto& shape = acts_.slots.at(0).logits.shape();
@@ -486,7 +491,8 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     block_.emplace(region_, B, T_new, shape_, opt_.ln_eps, layers::CpGroup{cp_.get(), cp_algorithm}, opt_.moe,
                    layers::EpGroup{this->ep()}, rope_ ? &*rope_ : nullptr);
     emb_.emplace(region_, slice_, place());
-    head_.emplace(region_, slice_, layers::Norm<T, Dev>{shape_.norm == NormKind::rms, opt_.ln_eps, ops_});
+    head_.emplace(region_, slice_, layers::Norm<T, Dev>{shape_.norm == NormKind::rms, opt_.ln_eps, ops_},
+                  opt_.loss_gradient_in_forward);
     acts_.allocate(slots(), activation_shape(), *block_);
   }
 

@@ -226,6 +226,10 @@ struct GptOptions {
   //! A model whose buffers are held in shards (ZeRO-3) is built without, and whoever holds a shard writes it
   //! (GptWeights::initialise for the parameters; the gradients it zeroes before they are written).
   bool write_buffers = true;
+  //! Without tensor parallelism, whether the loss's forward also writes its gradient over the logits (one kernel
+  //! and one pass over them fewer on a device; the products of backward apply the loss's scale): then logits() is
+  //! not available after forward. The trainer, which never reads the logits, turns it on.
+  bool loss_gradient_in_forward = false;
 };
 
 //! The first rule of a GPT's dimensions that a shape breaks, or an empty view (Gpt<S> checks them at compile time,
