@@ -1,9 +1,11 @@
 // Token and position embeddings on the device over a slice [v0, v0 + V_local) of the table: gather forward,
-// scatter-add backward (atomicAdd: repeated ids add in an unspecified order), positions added and summed over the
-// batch.
+// scatter-add backward (the positions sorted by id, then each id's rows summed in their order in acc_t and added
+// once: deterministic, no atomics), positions added and summed over the batch.
 #pragma once
 
 #include <loom/kernels/cuda/elementwise.cuh>
+
+#include <cub/device/device_radix_sort.cuh>
 
 namespace loom::kernels::cuda {
 
@@ -32,21 +34,43 @@ struct EmbeddingForward {
   }
 };
 
-template <class T>
-struct EmbeddingBackward {
-  static constexpr int width = 1;
-  const std::int32_t* ids;
-  const T* dout;
-  T* dtable;
-  int C, v0, V;
-  template <int N>
-  __device__ void apply(std::size_t i) const {
-    const std::size_t row = i / C;
-    const int c = static_cast<int>(i % C);
-    const long long local = static_cast<long long>(ids[row]) - v0;
-    if (local >= 0 && local < V) atomicAdd(dtable + local * C + c, dout[i]);
+//! The sort's keys: each position's row of the slice, V for an id outside it (sorted last, skipped); and its index.
+template <class I>
+__global__ void embedding_keys_kernel(const I* ids, I* keys, I* positions, int n, int v0, int V) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const long long local = static_cast<long long>(ids[i]) - v0;
+  keys[i] = local >= 0 && local < V ? static_cast<I>(local) : static_cast<I>(V);
+  positions[i] = static_cast<I>(i);
+}
+
+//! Block j, where sorted position j starts its id's run: the run's rows of dout summed in order (a stable sort keeps
+//! the positions ascending), W columns a thread at a time, added to the id's row of the table once.
+template <class T, int W>
+__global__ void embedding_backward_runs_kernel(const std::int32_t* keys, const std::int32_t* positions, const T* dout,
+                                               T* dtable, int n, int C, int V) {
+  using A = acc_t<T>;
+  const int j = blockIdx.x;
+  const int key = keys[j];
+  if (key >= V || (j > 0 && keys[j - 1] == key)) return;  // the whole block leaves together
+  int end = j + 1;
+  while (end < n && keys[end] == key) ++end;
+  T* row = dtable + std::size_t(key) * C;
+  for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    A s[W];
+#pragma unroll
+    for (int e = 0; e < W; ++e) s[e] = 0;
+    for (int k = j; k < end; ++k) {
+      const auto g = load_pack<W>(dout + std::size_t(positions[k]) * C + c);
+#pragma unroll
+      for (int e = 0; e < W; ++e) s[e] += widen(g.v[e]);
+    }
+    auto cur = load_pack<W>(row + c);
+#pragma unroll
+    for (int e = 0; e < W; ++e) cur.v[e] = narrow<T>(widen(cur.v[e]) + s[e]);
+    store_pack(row + c, cur);
   }
-};
+}
 
 template <class T>
 struct AddPositions {
@@ -104,13 +128,36 @@ void embedding_forward(const std::int32_t* ids, const T* table, T* out, int n, i
                      std::size_t(n) * C, vec, stream, "embedding_forward");
 }
 
-//! dtable[ids[i] - v0] += dout[i] for ids in the slice (a scatter-add with atomicAdd).
+//! dtable[ids[i] - v0] += dout[i] for ids in the slice: the positions sorted by id (cub's stable radix sort), then
+//! a block per distinct id sums its rows in the order of the positions and adds the sum once. The same bits every
+//! run (an atomic scatter-add's order would vary) and one rounding per element of the table.
 template <Floating T>
 void embedding_backward(const std::int32_t* ids, const T* dout, T* dtable, int n, int C, int v0, int V_local,
                         cudaStream_t stream) {
   using D = device_t<T>;
-  detail::launch_map(detail::EmbeddingBackward<D>{ids, detail::dev(dout), detail::dev(dtable), C, v0, V_local},
-                     std::size_t(n) * C, false, stream, "embedding_backward");
+  if (n <= 0 || C <= 0 || V_local <= 0) return;
+  CudaBuffer<std::int32_t> keys(std::size_t(n), stream), positions(std::size_t(n), stream),
+      sorted_keys(std::size_t(n), stream), sorted_positions(std::size_t(n), stream);
+  detail::embedding_keys_kernel<<<(n + 255) / 256, 256, 0, stream>>>(ids, keys.data(), positions.data(), n, v0,
+                                                                     V_local);
+  detail::check_launch("embedding_backward");
+  int bits = 1;  // the keys lie in [0, V_local]
+  while (bits < 31 && (std::int64_t{1} << bits) <= V_local) ++bits;
+  std::size_t scratch_bytes = 0;
+  LOOM_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, keys.data(), sorted_keys.data(),
+                                            positions.data(), sorted_positions.data(), n, 0, bits, stream));
+  CudaBuffer<unsigned char> scratch(scratch_bytes, stream);
+  LOOM_CUDA(cub::DeviceRadixSort::SortPairs(scratch.data(), scratch_bytes, keys.data(), sorted_keys.data(),
+                                            positions.data(), sorted_positions.data(), n, 0, bits, stream));
+  constexpr int threads = 128;
+  if (C % detail::vec_width<D> == 0 && detail::vec_ok({dout, dtable})) {
+    detail::embedding_backward_runs_kernel<D, detail::vec_width<D>><<<n, threads, 0, stream>>>(
+        sorted_keys.data(), sorted_positions.data(), detail::dev(dout), detail::dev(dtable), n, C, V_local);
+  } else {
+    detail::embedding_backward_runs_kernel<D, 1><<<n, threads, 0, stream>>>(
+        sorted_keys.data(), sorted_positions.data(), detail::dev(dout), detail::dev(dtable), n, C, V_local);
+  }
+  detail::check_launch("embedding_backward");
 }
 
 //! out[b, t] += wpe[t0 + t] for B sequences of T positions starting at position t0, rows of C.

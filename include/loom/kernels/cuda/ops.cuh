@@ -20,7 +20,7 @@
 //   optim.cuh           adamw_step, sgd_step
 //
 // Temporary device memory (cuBLASLt workspace, reduction partials) comes from loom::CudaAllocator on the call's
-// stream. Compile with nvcc for sm_90 (or sm_80 and later: bf16 atomics, WMMA, mma.sync and cp.async need it).
+// stream. Compile with nvcc for sm_90 (or sm_80 and later: bf16 WMMA, mma.sync and cp.async need it).
 #pragma once
 
 #include <loom/kernels/cuda/attention.cuh>
