@@ -60,6 +60,8 @@ __global__ void embedding_backward_runs_kernel(const std::int32_t* keys, const s
     A s[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) s[e] = 0;
+    // A frequent token's run is long (hundreds of rows in real text): eight rows' loads in flight at a time.
+#pragma unroll 8
     for (int k = j; k < end; ++k) {
       const auto g = load_pack<W>(dout + std::size_t(positions[k]) * C + c);
 #pragma unroll
