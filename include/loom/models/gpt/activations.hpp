@@ -38,8 +38,9 @@ struct GptSlot {
   bool forwarded = false;
   //! Whether forward left the gradient of each row's loss (before the loss's scale) in logits.
   bool logits_are_gradient = false;
-  //! The loss's scale over the rows, which backward_weight's product applies where logits_are_gradient.
-  double loss_scale = 1;
+  //! The alpha backward's products with the logits' gradient apply: the loss's scale over the rows where forward
+  //! left the gradient unscaled, else 1 (set by the head's backward_input, read by its backward_weight).
+  float logits_alpha = 1.0f;
 
   //! Block i's input (i counted from the part's first block).
   T* input_of(std::size_t i, bool recompute) const {

@@ -27,10 +27,9 @@ class GptEmbedding {
   void forward(const std::int32_t* ids, const T* wte, const T* wpe, T* full, T* x, const Dropout& drop) const {
     const int d = region_.C;
     emb_.forward(ids, wte, full, x);
-    if (!wpe) {
-    } else if (const int b = place_.whole_sequences(); b > 0) {
+    if (const int b = place_.whole_sequences(); wpe && b > 0) {
       region_.ops.add_positions(wpe, x, b, place_.seq, d, 0);
-    } else {
+    } else if (wpe) {
       place_.each_run([&](int i, int n, int, int t0) {
         region_.ops.add_positions(wpe, x + std::ptrdiff_t(i) * d, 1, n, d, t0);
       });
@@ -42,10 +41,9 @@ class GptEmbedding {
     const int d = region_.C;
     drop.backward(region_.ops, dx, dx, 0, 0);
     emb_.backward(ids, dx, dfull, dwte);
-    if (!dwpe) {
-    } else if (const int b = place_.whole_sequences(); b > 0) {  // summed over the sequences in one pass
+    if (const int b = place_.whole_sequences(); dwpe && b > 0) {  // summed over the sequences in one pass
       region_.ops.positions_backward(dx, dwpe, b, place_.seq, d, 0);
-    } else {
+    } else if (dwpe) {
       place_.each_run([&](int i, int n, int, int t0) {
         region_.ops.positions_backward(dx + std::ptrdiff_t(i) * d, dwpe, 1, n, d, t0);
       });
@@ -104,22 +102,21 @@ class GptHead {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
     T* logits = st.logits.data();
-    // Where forward left each row's loss gradient in the logits, the products apply the scale as their alpha, a
-    // float: where that would round it more than T (double), the gradient is scaled first. Else the logits become
-    // the scaled gradient here.
-    st.loss_scale = scale / N;
-    if (st.logits_are_gradient && sizeof(T) > sizeof(float) &&
-        static_cast<double>(static_cast<float>(st.loss_scale)) != st.loss_scale) {
-      ops.scale(logits, std::size_t(N) * std::size_t(ce_.ld), static_cast<acc_t<T>>(st.loss_scale));
-      st.loss_scale = 1;
-    }
+    // The logits become the scaled gradient here; or, where forward left each row's loss gradient in them, the
+    // products apply the scale as their alpha, a float: where that would round it more than T (double), the
+    // gradient is scaled first.
+    const double s = scale / N;
+    st.logits_alpha = 1.0f;
     if (!st.logits_are_gradient) {
-      ops.fill(dloss, std::size_t(N), static_cast<T>(scale / N));
+      ops.fill(dloss, std::size_t(N), static_cast<T>(s));
       ce_.backward(logits, st.targets, st.row_max.data(), st.row_sumexp.data(), dloss, logits);
+    } else if (sizeof(T) <= sizeof(float) || static_cast<double>(static_cast<float>(s)) == s) {
+      st.logits_alpha = static_cast<float>(s);
+    } else {
+      ops.scale(logits, std::size_t(N) * std::size_t(ce_.ld), static_cast<acc_t<T>>(s));
     }
-    const float alpha = st.logits_are_gradient ? static_cast<float>(st.loss_scale) : 1.0f;
     T* dfull = region_.sequence_parallel ? dlnf_full : dlnf;
-    ops.matmul_ld(logits, ce_.ld, wte, d, dfull, d, N, d, slice_.count, false, false, alpha);
+    ops.matmul_ld(logits, ce_.ld, wte, d, dfull, d, N, d, slice_.count, false, false, st.logits_alpha);
     region_.enter_backward(dfull, dlnf);
     norm_.backward_input(dlnf, st.out.data(), lnf_w, st.lnf_mean.data(), st.lnf_rstd.data(), dx, region_.rows(), d);
   }
@@ -127,9 +124,8 @@ class GptHead {
   void backward_weight(const GptSlot<T, Dev, Tp>& st, const T* dlnf, T* dwte, T* dlnf_w, T* dlnf_b) const {
     const auto& ops = region_.ops;
     const int N = region_.N, d = region_.C;
-    const float alpha = st.logits_are_gradient ? static_cast<float>(st.loss_scale) : 1.0f;
     ops.matmul_ld(st.logits.data(), ce_.ld, full_or(st.lnf_full, st.lnf.data()), d, dwte, d, slice_.count, d, N, true,
-                  false, alpha, 1.0f);
+                  false, st.logits_alpha, 1.0f);
     norm_.backward_weight(dlnf, st.out.data(), st.lnf_mean.data(), st.lnf_rstd.data(), dlnf_w, dlnf_b,
                           region_.rows(), d);
   }
