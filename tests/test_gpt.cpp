@@ -138,6 +138,11 @@ TEST_CASE("the loss's gradient left in the logits by forward gives backward's gr
   INFO("largest relative difference " << d);
   CHECK(d < 1e-13);
   CHECK(max_rel_diff(a.grads(), Gpt<gqa, double>(9, plain).grads()) > 0);  // the gradients are not zero
+  // A forward that no backward follows (evaluation) leaves the logits as they are.
+  const double le = f.forward(0, models::MicroBatch{b.ids.data(), b.targets.data(), B, T, 1, 0, false});
+  CHECK(le == a.forward(b.ids.data(), b.targets.data(), B, T, 1));
+  const std::size_t n = std::size_t(B) * T * gqa.vocab;  // on the host the rows are unpadded
+  CHECK(std::equal(f.logits(0), f.logits(0) + n, a.logits(0)));
 }
 
 TEST_CASE("a checkpoint round-trips in the Hugging Face GPT-2 layout", "[gpt][checkpoint]") {

@@ -37,6 +37,9 @@ struct MicroBatch {
   int batch, seq;               //!< B sequences of T tokens
   std::uint64_t step = 0;       //!< keys dropout, with row0 (the global index of the batch's first sequence),
   std::int64_t row0 = 0;        //!< so that its mask does not depend on how the batch is split
+  //! Whether a backward of the micro-batch follows its forward: false in evaluation, where the loss's forward keeps
+  //! only the loss (GptOptions::loss_gradient_in_forward then leaves the logits as they are).
+  bool backward = true;
 };
 
 //! The rules a layout must meet for a model on device Dev, checked where a model is declared.

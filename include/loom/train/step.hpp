@@ -357,7 +357,7 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
   double forward_only(std::int64_t step) {
     std::vector<double> l{0};
     const int mbs = cfg_.micro_batches;
-    for (int i = 0; i < mbs; ++i) l[0] += forward_micro_batch(step, i) / mbs;
+    for (int i = 0; i < mbs; ++i) l[0] += forward_micro_batch(step, i, false) / mbs;
     if constexpr (Zero >= 3) zero_.front()->release_units();  // KeepGathered kept them for a backward
     at_.dp->all_reduce(l, comm::Reduce::avg);
     return l[0];
@@ -367,15 +367,16 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
   std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
 
   //! Without a pipeline: micro-batch i of this rank's rows of the global batch of `step` read and run forward in
-  //! activation slot 0 (through ZeRO where there is: ZeRO-3 gathers each unit); its loss.
-  double forward_micro_batch(std::int64_t step, int i) {
+  //! activation slot 0 (through ZeRO where there is: ZeRO-3 gathers each unit); its loss. `backward`: whether a
+  //! backward of it follows (MicroBatch::backward).
+  double forward_micro_batch(std::int64_t step, int i, bool backward = true) {
     auto& in = in_.front();
     auto& tg = tg_.front();
     in.resize(std::size_t(micro_) * cfg_.seq);
     tg.resize(in.size());
     data_->fill(step, row0(i), micro_, in.data(), tg.data());
-    const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
-                                        row0(i)};
+    typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
+    if constexpr (requires { mb.backward = backward; }) mb.backward = backward;
     if constexpr (Zero > 0) return zero_.front()->forward(0, mb);
     else return this->parts.front()->forward(0, mb, nullptr);
   }

@@ -36,6 +36,7 @@ struct GptSlot {
   std::vector<std::int32_t> local_ids, local_targets;
   Dropout dropout{0, 0, 0, {}, 0};
   bool forwarded = false;
+  bool backward_follows = true;  //!< the micro-batch's (MicroBatch::backward)
   //! Whether forward left the gradient of each row's loss (before the loss's scale) in logits.
   bool logits_are_gradient = false;
   //! The alpha backward's products with the logits' gradient apply: the loss's scale over the rows where forward
@@ -108,7 +109,10 @@ struct GptActivations {
         st.lnf_mean = AccBuf({rows});
         st.lnf_rstd = AccBuf({rows});
         if (Tp::sequence_parallel) st.lnf_full = Buf({N, d});
-        st.logits = Buf({N, kernels::Ops<Dev>::template row_pitch<T>(s.vocab_rows)});  // GptHead::pitch
+        // Rows padded to whole lines (GptHead::pitch) are zeroed once: no kernel writes the padding, and a 16-byte
+        // load or an in-place scale that covers it then reads defined values.
+        const std::int64_t pitch = kernels::Ops<Dev>::template row_pitch<T>(s.vocab_rows);
+        st.logits = pitch == s.vocab_rows ? Buf({N, pitch}) : Buf::zeros({N, pitch});
         st.losses = Buf({N});
         st.row_max = AccBuf({N});
         st.row_sumexp = AccBuf({N});

@@ -84,7 +84,7 @@ class GptHead {
     ops.matmul_ld(lnf_full, d, wte, d, st.logits.data(), ce_.ld, N, slice_.count, d, false, true);
     st.logits_are_gradient = false;
     if constexpr (Tp::size == 1) {
-      if (fused_) {
+      if (fused_ && st.backward_follows) {
         ce_.forward_with_gradient(st.logits.data(), st.targets, st.losses.data(), st.row_max.data(),
                                   st.row_sumexp.data());
         st.logits_are_gradient = true;

@@ -168,6 +168,7 @@ class GptModel : public GptWeights<T, Cfg, Dev> {
     st.targets = tokens_on_device(local_tokens(mb.targets, T_, st.local_targets), st.targets_on_device, head());
     st.dropout = {opt_.dropout, mb.step, mb.row0, place(), shape_.d_model};
     st.forwarded = true;
+    st.backward_follows = mb.backward;
     if (!embedding()) ops_.copy(input, st.act[0].x.data(), std::size_t(region_.rows()) * shape_.d_model);
   }
   //! Forward unit u of the micro-batch forward_begin started in `slot`: the mean loss after the last unit of the part
