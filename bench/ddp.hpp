@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,20 @@ struct Row {
   int dp, batch, seq, buckets;
   double compute_ms, comm_ms, serial_ms, overlap_ms, exposed;
 };
+
+//! The model's gradients, in double on the host.
+template <class Model>
+std::vector<double> grads_of(const Model& m) {
+  const auto& g = m.grads();
+  std::vector<double> out(static_cast<std::size_t>(g.numel()));
+  if constexpr (kernels::is_host_v<typename std::remove_cvref_t<decltype(g)>::device>) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(g.data()[i]);
+  } else {
+    const auto h = to_host(g);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(h.data()[i]);
+  }
+  return out;
+}
 
 //! N ranks of a GPT of shape S in T on Dev (threads of this process; on a GPU they share it): compute alone, the
 //! buckets' reduction alone, and the step with the reduction after backward and overlapped with it.
@@ -73,7 +88,19 @@ Row measure(const DdpOptions& o) {
                       comm::Reduce::avg);
     });
     const double serial = timed([&] { fwd(), off.backward(0, 1.0); });
+    const std::vector<double> averaged = grads_of(m);
     const double overlap = timed([&] { fwd(), on.backward(0, 1.0); });
+    // The overlapped averages are the serial ones: the same buckets, each reduced alike once its gradients are
+    // written (a copy or a collective that read a bucket before backward wrote it would differ by a gradient).
+    const std::vector<double> overlapped = grads_of(m);
+    double largest = 0, worst = 0;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < averaged.size(); ++i) {
+      largest = std::max(largest, std::abs(averaged[i]));
+      if (std::abs(overlapped[i] - averaged[i]) > worst) worst = std::abs(overlapped[i] - averaged[i]), at = i;
+    }
+    LOOM_CHECK(worst <= 1e-2 * largest, "rank ", ctx.rank(), ": the overlapped average of gradient ", at, " is ",
+               overlapped[at], ", the serial one ", averaged[at], " (the largest gradient is ", largest, ")");
     if (ctx.rank() == 0) {
       row.buckets = static_cast<int>(on.buckets().size());
       row.compute_ms = compute, row.comm_ms = comm, row.serial_ms = serial, row.overlap_ms = overlap;

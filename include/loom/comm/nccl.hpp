@@ -249,7 +249,12 @@ class NcclComm : public Frontend<NcclComm> {
         async);
     return std::move(h).then([this, caller, on_device](bool ok) {
       if (!ok || !on_device->done) return;  // failed (its events are back), or complete already (host buffers)
+      // The legacy stream is the current device's: the waiting thread's may be another.
+      int current = device_;
+      cudaGetDevice(&current);
+      if (current != device_) cudaSetDevice(device_);
       const cudaError_t rc = cudaStreamWaitEvent(caller, on_device->done, 0);
+      if (current != device_) cudaSetDevice(current);
       watch(std::move(*on_device));  // its events go back once it is done, however this ends
       LOOM_CUDA(rc);
     });
@@ -286,16 +291,23 @@ class NcclComm : public Frontend<NcclComm> {
     report_failure(op);
     const std::uint64_t seq = ++seq_;
     const auto t0 = Clock::now();
+    LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
+    // Host buffers are staged before the communicator's lock is taken: a copy from pageable memory may wait for the
+    // stream, and where an earlier operation is stuck there, the watchdog must still take the lock to abort it.
+    try {
+      if (ready) LOOM_CUDA(cudaStreamWaitEvent(stream_, ready->event, 0));
+      staged = stage(op);
+    } catch (...) {
+      abort_comm();  // the operation is not issued: the ranks' sequences of operations no longer match
+      throw;
+    }
     {
       const std::lock_guard lk(comm_mutex_);
       if (!comm_) {
         report_failure(op);  // the watchdog's reason, where it aborted the communicator since the check above
         throw aborted(op);
       }
-      LOOM_CUDA(cudaSetDevice(device_));  // current device is per thread; the worker has its own
       try {
-        if (ready) LOOM_CUDA(cudaStreamWaitEvent(stream_, ready->event, 0));
-        staged = stage(op);
         enqueue(op);
         // Its kernels are on the stream once the communicator has settled (non-blocking: a first operation between
         // two ranks connects them in the background).

@@ -521,6 +521,19 @@ static_assert(DeviceOps<Ops<Host>>, "loom: Ops<Host> must provide every operatio
 template <class Device>
 inline constexpr bool is_host_v = std::is_same_v<Device, Host>;
 
+//! Operations on a stream apart from the model's, for the copies a collective reads (gradients widened or padded for
+//! their reduction): they run as soon as the gradients they copy are written, not after every kernel queued on the
+//! model's stream since. On the host there is no stream: the model's operations run them, at once. Ops<Cuda>'s
+//! specialisation makes a stream of its own.
+template <class Device>
+class SideStream {
+ public:
+  template <class O>
+  const O& ops(const O& model) {
+    return model;
+  }
+};
+
 //! The stream a device's operations run on, as communicators order on it (comm::Frontend::on_stream): a
 //! cudaStream_t for Ops<Cuda>; none (the host's order) for the host.
 template <class O>

@@ -157,18 +157,43 @@ class GradientAverage {
 
   explicit GradientAverage(bool in_storage) : widen_(!std::is_same_v<R, T> && !in_storage) {}
 
-  //! Starts the average of g (on ops' device) over comm; finish() then multiplies it by `then` (an expert's 1 / ep).
+  //! On a device, where gradients are widened: memory for the widened copies of n elements, made on the thread that
+  //! queues the model's kernels before the backward whose gradients start() then averages. start() widens into it
+  //! on a stream of its own as soon as the gradients are written (a block made before backward's kernels were
+  //! queued is used by none of them), where a copy made in start() would have to wait for every kernel queued on
+  //! the model's stream by then, later backward chunks included. finish() frees it. Nothing elsewhere.
+  void reserve([[maybe_unused]] std::size_t n) {
+    if constexpr (!std::is_same_v<R, T> && !kernels::is_host_v<Dev>) {
+      if (!widen_) return;
+      MemoryUseScope use(MemoryUse::communication);
+      pool_ = Tensor<R, Dev>({static_cast<std::int64_t>(std::max<std::size_t>(n, 1))});
+      pool_size_ = n, pool_used_ = 0;
+    }
+  }
+
+  //! Starts the average of g (on ops' device, written: on a device, the kernels that wrote it are done) over comm;
+  //! finish() then multiplies it by `then` (an expert's 1 / ep).
   template <class Comm>
   comm::Handle start(Comm& comm, std::span<T> g, const Ops& ops, double then = 1.0) {
     ops_ = &ops;
     if (then != 1.0) scaled_.emplace_back(g, then);
     if constexpr (!std::is_same_v<R, T>) {
       if (widen_) {
+        if (pool_used_ + g.size() <= pool_size_) {  // reserved: widened on a stream of its own
+          R* copy = pool_.data() + pool_used_;
+          pool_used_ += g.size();
+          const auto& side = side_.ops(ops);
+          side.widen(g.data(), copy, g.size());
+          side.mark().wait();  // the copy is written before the collective reads it
+          wide_.emplace_back(g, copy);
+          return comm.all_reduce_async(std::span<R>(copy, g.size()), comm::Reduce::avg);
+        }
         MemoryUseScope use(MemoryUse::communication);
-        auto& [to, copy] = wide_.emplace_back(g, Tensor<R, Dev>({static_cast<std::int64_t>(g.size())}));
-        ops.widen(to.data(), copy.data(), to.size());
+        R* copy = made_.emplace_back(Tensor<R, Dev>({static_cast<std::int64_t>(g.size())})).data();
+        wide_.emplace_back(g, copy);
+        ops.widen(g.data(), copy, g.size());
         ops.mark().wait();  // the copy is written before the collective reads it
-        return comm.all_reduce_async(std::span<R>(copy.data(), to.size()), comm::Reduce::avg);
+        return comm.all_reduce_async(std::span<R>(copy, g.size()), comm::Reduce::avg);
       }
     }
     return comm.all_reduce_async(g, comm::Reduce::avg);
@@ -191,17 +216,24 @@ class GradientAverage {
   //! Once every average started has completed: the widened ones rounded back into their buffers, the experts'
   //! divided by ep (on the device's stream, in order with what reads them next).
   void finish() {
-    for (auto& [to, copy] : wide_) ops_->narrow(copy.data(), to.data(), to.size());
+    for (auto& [to, copy] : wide_) ops_->narrow(copy, to.data(), to.size());
     wide_.clear();
+    made_.clear();
+    pool_ = Tensor<R, Dev>();
+    pool_size_ = pool_used_ = 0;
     for (auto& [to, by] : scaled_) ops_->scale(to.data(), to.size(), static_cast<R>(by));
     scaled_.clear();
   }
 
  private:
   bool widen_;
-  const Ops* ops_ = nullptr;                                     //!< the gradients' device, from the last start
-  std::vector<std::pair<std::span<T>, Tensor<R, Dev>>> wide_;  //!< while averaged: each widened buffer and its copy
-  std::vector<std::pair<std::span<T>, double>> scaled_;         //!< what finish() multiplies, and by what
+  const Ops* ops_ = nullptr;                             //!< the gradients' device, from the last start
+  std::vector<std::pair<std::span<T>, R*>> wide_;        //!< while averaged: each widened buffer and its copy
+  std::vector<Tensor<R, Dev>> made_;                     //!< the copies made by start()
+  Tensor<R, Dev> pool_;                                  //!< the copies reserve() made (pool_size_ elements)
+  std::size_t pool_size_ = 0, pool_used_ = 0;            //!< ... and how many of them start() took
+  kernels::SideStream<Dev> side_;                        //!< where a reserved copy is widened
+  std::vector<std::pair<std::span<T>, double>> scaled_;  //!< what finish() multiplies, and by what
 };
 
 //! Averages a model's gradients over a data-parallel communicator, bucket by bucket, overlapped with backward.
@@ -233,6 +265,7 @@ class DataParallel {
       average_.finish();
       return;
     }
+    average_.reserve(static_cast<std::size_t>(model_.grads().numel()));
     backward_by_buckets(model_, buckets_, slot, scale, AllReduceBucket{this});
     average_.finish();
   }

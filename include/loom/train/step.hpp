@@ -427,6 +427,11 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
       for (auto& z : zero_) z->gather_units();
     // Each part's average over data parallelism starts on Comm as soon as its last backward is done; the executor's
     // graph waits for it before returning.
+    if (dp.size() > 1 && Zero == 0) {
+      std::size_t n = 0;
+      for (auto& p : parts) n += static_cast<std::size_t>(p->grads().numel());
+      average_.reserve(n);
+    }
     const double loss = exec_->run(
         table_,
         [&](int i) {

@@ -90,6 +90,7 @@ class ZeroBase {
   using Buf = Tensor<T, Dev>;
   //! What gradients are reduced in: acc_t<T> (bf16 gradients in fp32), on every device.
   using R = loom::acc_t<T>;
+  using Ops = std::remove_cvref_t<decltype(std::declval<Model&>().ops())>;
 
   //! ZeRO stage `stage` of `model` over the data-parallel group `comm`, in `buckets`; from stage 2 over several
   //! ranks, each bucket but the rank's chunk is released once reduced. With hybrid sharding (HybridShard<s>)
@@ -396,12 +397,12 @@ class ZeroBase {
   }
   //! Where bucket b is sharded: the experts' over the expert-data-parallel group, the others' over comm_.
   Comm& comm_of(std::size_t b) const { return buckets_[b].expert && edp_ ? *edp_ : comm_; }
-  //! dst = src converted, n elements, on the part's device: copied, widened from T to R, or rounded back.
+  //! dst = src converted, n elements, by ops (the part's device): copied, widened from T to R, or rounded back.
   template <class A, class B>
-  void convert(const A* src, B* dst, std::size_t n) const {
-    if constexpr (std::is_same_v<A, B>) model_.ops().copy(src, dst, n);
-    else if constexpr (std::is_same_v<A, T>) model_.ops().widen(src, dst, n);
-    else model_.ops().narrow(src, dst, n);
+  static void convert(const Ops& ops, const A* src, B* dst, std::size_t n) {
+    if constexpr (std::is_same_v<A, B>) ops.copy(src, dst, n);
+    else if constexpr (std::is_same_v<A, T>) ops.widen(src, dst, n);
+    else ops.narrow(src, dst, n);
   }
 
   //! Makes what the reduce-scatters receive into.
@@ -446,10 +447,13 @@ class ZeroBase {
         return h;
       }
     }
+    // The staging copy was made by begin(), before backward's kernels were queued, and the bucket is written: on a
+    // device the copy runs on a stream of its own, not after the kernels queued on the model's stream since.
     U* s = red.staged[b].data();
-    convert(g, s, len);
-    model_.ops().fill(s + len, chunk * static_cast<std::size_t>(n) - len, U(0));
-    model_.ops().mark().wait();  // the copy is written before the collective reads it (not the kernels after it)
+    const Ops& ops = side_.ops(model_.ops());
+    convert(ops, g, s, len);
+    ops.fill(s + len, chunk * static_cast<std::size_t>(n) - len, U(0));
+    ops.mark().wait();  // the copy is written before the collective reads it
     if (shard_grads_) {
       std::lock_guard lock(mu_);
       started_[b] = 1, started_at_[b] = chunks_started_;  // the copy is read, not the bucket
@@ -479,15 +483,16 @@ class ZeroBase {
     if (replicas_ && replicas_->size() > 1) {  // the shard, whole, then one average over the replicas
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b)
         if (staged<U>(b))
-          convert(averages(b), red.shard.data() + plan_.pieces[b].at, static_cast<std::size_t>(plan_.pieces[b].own()));
+          convert(model_.ops(), averages(b), red.shard.data() + plan_.pieces[b].at,
+                  static_cast<std::size_t>(plan_.pieces[b].own()));
       model_.ops().synchronize();
       replicas_->all_reduce(std::span<U>(red.shard.data(), static_cast<std::size_t>(plan_.numel)), comm::Reduce::avg);
       for (const auto& p : plan_.pieces)
-        convert(red.shard.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
+        convert(model_.ops(), red.shard.data() + p.at, g + p.own_lo, static_cast<std::size_t>(p.own()));
     } else {
       for (std::size_t b = 0; b < plan_.pieces.size(); ++b) {
         const auto& p = plan_.pieces[b];
-        convert(averages(b), g + p.own_lo, static_cast<std::size_t>(p.own()));
+        convert(model_.ops(), averages(b), g + p.own_lo, static_cast<std::size_t>(p.own()));
         if (buckets_[b].expert && ep_ > 1)  // the average over edp, of sums over ep ranks' tokens: over dp x cp
           model_.ops().scale(g + p.own_lo, static_cast<std::size_t>(p.own()), static_cast<loom::acc_t<T>>(1.0 / ep_));
       }
@@ -520,6 +525,7 @@ class ZeroBase {
   bool widen_;           //!< gradients are reduce-scattered in R (wider than T), not in T (ReduceIn<bf16>)
   Reduction<R> wide_;    //!< during a reduction in R
   Reduction<T> own_;     //!< during a reduction in T
+  kernels::SideStream<Dev> side_;  //!< where a bucket is copied for its reduce-scatter
 };
 
 }  // namespace detail

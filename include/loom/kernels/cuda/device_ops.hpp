@@ -439,6 +439,28 @@ struct Ops<Cuda> {
 
 static_assert(DeviceOps<Ops<Cuda>>, "loom: Ops<Cuda> must provide every operation of DeviceOps, as Ops<Host> does");
 
+//! A stream of its own, made on the calling thread's device at first use. It does not wait for the legacy default
+//! stream (cudaStreamNonBlocking): its caller orders it, having waited for the event after the kernels that wrote
+//! what it reads, and writing only memory made before those kernels were queued (a block freed with kernels still
+//! queued that use it is then no longer in use).
+template <>
+class SideStream<Cuda> {
+ public:
+  SideStream() = default;
+  SideStream(SideStream&& o) noexcept : ops_{std::exchange(o.ops_.stream, nullptr)} {}
+  SideStream& operator=(SideStream&&) = delete;
+  ~SideStream() {
+    if (ops_.stream) cudaStreamDestroy(ops_.stream);  // its work completes first
+  }
+  const Ops<Cuda>& ops(const Ops<Cuda>&) {
+    if (!ops_.stream) LOOM_CUDA(cudaStreamCreateWithFlags(&ops_.stream, cudaStreamNonBlocking));
+    return ops_;
+  }
+
+ private:
+  Ops<Cuda> ops_;
+};
+
 namespace cuda::detail {
 //! How a worker makes the device its starter was given its own (loom::ThreadDevice): installed when the program
 //! starts.
