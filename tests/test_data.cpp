@@ -178,6 +178,11 @@ TEST_CASE("validation loss is the same on every layout and leaves the model as i
   // Without a pipeline validation runs the forwards alone; ZeRO-3 gathers each unit for them, and releases what
   // KeepGathered would have kept for a backward.
   const auto sharded = run<Parallel<DP<4, ZeRO<3>, KeepGathered>>>(train_data, val, true);
+  // With a pipeline, the forwards alone through it, on every placement of the chunks.
+  const std::vector<std::vector<double>> pipelined{run<Parallel<PP<2, Interleaved<2>>, DP<2>>>(train_data, val, true),
+                                                   run<Parallel<PP<2, ZeroBubbleV>>>(train_data, val, true),
+                                                   run<Parallel<PP<4>>>(train_data, val, true),
+                                                   run<Parallel<PP<2>, DP<2, ZeRO<3>, KeepGathered>>>(train_data, val, true)};
   REQUIRE(one.size() == 5);
   REQUIRE(spread.size() == 5);
   REQUIRE(sharded.size() == 5);
@@ -189,5 +194,9 @@ TEST_CASE("validation loss is the same on every layout and leaves the model as i
   for (std::size_t i = 0; i < one.size(); ++i) {
     CHECK(spread[i] == Approx(one[i]).epsilon(1e-9));
     CHECK(sharded[i] == Approx(one[i]).epsilon(1e-9));
+    for (const auto& p : pipelined) {
+      REQUIRE(p.size() == 5);
+      CHECK(p[i] == Approx(one[i]).epsilon(1e-9));
+    }
   }
 }

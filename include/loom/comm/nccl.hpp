@@ -249,12 +249,14 @@ class NcclComm : public Frontend<NcclComm> {
         async);
     return std::move(h).then([this, caller, on_device](bool ok) {
       if (!ok || !on_device->done) return;  // failed (its events are back), or complete already (host buffers)
-      // The legacy stream is the current device's: the waiting thread's may be another.
+      // The legacy stream is the current device's: the waiting thread's may be another. Its device is put back
+      // only where it chose one (setting device 0 by default would make a context there).
       int current = device_;
       cudaGetDevice(&current);
-      if (current != device_) cudaSetDevice(device_);
+      const bool other = current != device_;
+      if (other) cudaSetDevice(device_);
       const cudaError_t rc = cudaStreamWaitEvent(caller, on_device->done, 0);
-      if (current != device_) cudaSetDevice(current);
+      if (other && loom::chosen_device() >= 0) cudaSetDevice(current);
       watch(std::move(*on_device));  // its events go back once it is done, however this ends
       LOOM_CUDA(rc);
     });

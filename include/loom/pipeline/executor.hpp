@@ -238,6 +238,62 @@ class Executor {
     return loss;
   }
 
+  //! The mean loss over the micro-batches of `table` by forward alone (evaluation): no gradient is computed, and
+  //! each micro-batch's MicroBatch::backward is false. This stage runs, micro-batch by micro-batch and within one in
+  //! the order of the virtual stages it holds, each forward between the receive of its input and the send of its
+  //! output, each exchange waited for: every stage goes through the (micro-batch, virtual stage) pairs in the same
+  //! order, so the pair that is first among those not yet done, anywhere, can always proceed, and no stage waits
+  //! forever. A chunk's forwards all use its slot 0 (the one before is sent, or read by the next chunk, before the
+  //! next starts). Returns the mean loss on the stage that computes the loss, 0 elsewhere.
+  template <ScheduleTable Table, class Provider>
+  double forward_only(const Table& table, Provider&& micro_batch) {
+    const int stage = pp_.rank(), P = pp_.size(), m = table.micro_batches;
+    LOOM_CHECK(table.stage_count() == P, "a table for ", table.stage_count(), " stages on a pipeline of ", P);
+    const int V = static_cast<int>(chunks_.size()), last = P * V - 1;
+    std::vector<MicroBatch> mbs;
+    for (int i = 0; i < m; ++i) {
+      mbs.push_back(micro_batch(i));
+      if constexpr (requires { mbs.back().backward = false; }) mbs.back().backward = false;
+    }
+    for (auto* c : chunks_)
+      if (c->slots() < 1) c->set_slots(1);
+    const std::size_t n = chunks_.front()->io_elements(mbs[0].batch, mbs[0].seq);
+    act_in_.resize(std::size_t(V));
+    bool fresh = false;
+    for (auto& b : act_in_) fresh = resize(b, n) || fresh;
+    if (fresh) computed_on_device(chunks_.front());  // a new block may still be read by queued kernels
+    double loss = 0;
+    for (int micro = 0; micro < m; ++micro) {
+      for (int k = 0; k <= last; ++k) {
+        const auto sc = stage_chunk(schedule_, P, k);
+        if (sc.stage != stage) continue;
+        Model* part = chunks_[static_cast<std::size_t>(sc.chunk)];
+        const T* input = nullptr;
+        if (k > 0) {
+          const auto prev = stage_chunk(schedule_, P, k - 1);
+          if (prev.stage == stage) {
+            input = chunks_[static_cast<std::size_t>(prev.chunk)]->output(0);
+          } else {
+            Buffer& in = act_in_[static_cast<std::size_t>(sc.chunk)];
+            exchange({Transfer{Kind::recv_act, prev.stage, part, -1, &in}}, n).wait();
+            input = in.data();
+          }
+        }
+        const double l = part->forward(0, mbs[static_cast<std::size_t>(micro)], input);
+        if (k == last) loss += l / m;
+        if (k < last) {
+          const auto next = stage_chunk(schedule_, P, k + 1);
+          if (next.stage != stage) {
+            computed_on_device(part);  // the output is written before the exchange reads it
+            exchange({Transfer{Kind::send_act, next.stage, part, 0, nullptr}}, n).wait();
+          }
+        }
+      }
+    }
+    computed_on_device(chunks_.front());  // the forwards' kernels are done (their losses were read)
+    return loss;
+  }
+
   //! The most (micro-batch, chunk) activations this stage held at once in the last run.
   int peak_activations() const { return peak_; }
 

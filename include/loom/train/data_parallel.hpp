@@ -165,6 +165,7 @@ class GradientAverage {
   void reserve([[maybe_unused]] std::size_t n) {
     if constexpr (!std::is_same_v<R, T> && !kernels::is_host_v<Dev>) {
       if (!widen_) return;
+      clear();  // what a failed step left (it did not reach finish())
       MemoryUseScope use(MemoryUse::communication);
       pool_ = Tensor<R, Dev>({static_cast<std::int64_t>(std::max<std::size_t>(n, 1))});
       pool_size_ = n, pool_used_ = 0;
@@ -217,15 +218,19 @@ class GradientAverage {
   //! divided by ep (on the device's stream, in order with what reads them next).
   void finish() {
     for (auto& [to, copy] : wide_) ops_->narrow(copy, to.data(), to.size());
-    wide_.clear();
-    made_.clear();
-    pool_ = Tensor<R, Dev>();
-    pool_size_ = pool_used_ = 0;
     for (auto& [to, by] : scaled_) ops_->scale(to.data(), to.size(), static_cast<R>(by));
-    scaled_.clear();
+    clear();
   }
 
  private:
+  void clear() {
+    wide_.clear();
+    made_.clear();
+    scaled_.clear();
+    pool_ = Tensor<R, Dev>();
+    pool_size_ = pool_used_ = 0;
+  }
+
   bool widen_;
   const Ops* ops_ = nullptr;                             //!< the gradients' device, from the last start
   std::vector<std::pair<std::span<T>, R*>> wide_;        //!< while averaged: each widened buffer and its copy

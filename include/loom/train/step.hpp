@@ -251,7 +251,7 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     const DataSource* training = std::exchange(data_, &data);
     double loss = 0;
     try {
-      loss = Pipelined ? forward_backward(batch) : forward_only(batch);
+      loss = Pipelined ? pipeline_forward_only(batch) : forward_only(batch);
     } catch (...) {
       data_ = training;
       throw;
@@ -363,6 +363,23 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     return l[0];
   }
 
+  //! The loss of the global batch of `step` through the pipeline by forward alone (Executor::forward_only), summed
+  //! over the pipeline and averaged over data parallelism; the gradients untouched.
+  double pipeline_forward_only(std::int64_t step) {
+    std::vector<double> l{0};
+    if constexpr (Pipelined) {
+      fill_micro_batches(step);
+      if constexpr (Zero >= 3)  // every part gathered for the forwards
+        for (auto& z : zero_) z->gather_units();
+      l[0] = exec_->forward_only(table_, [&](int i) { return micro_batch(step, i); });
+      if constexpr (Zero >= 3)
+        for (auto& z : zero_) z->release_units();
+      at_.pp->all_reduce(l, comm::Reduce::sum);
+    }
+    at_.dp->all_reduce(l, comm::Reduce::avg);
+    return l[0];
+  }
+
   //! Rows [row0, row0 + micro_) of the global batch of `step`, for micro-batch i of this rank.
   std::int64_t row0(int i) const { return std::int64_t(at_.dp_rank) * rows_ + std::int64_t(i) * micro_; }
 
@@ -410,16 +427,7 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
   //! table's sum over its two holders (both are sums over other ranks, so their order does not matter).
   double run_pipeline(std::int64_t step) {
     auto& parts = this->parts;
-    // Data only where it is needed: token ids for the embedding, targets for the loss.
-    const bool needs_data =
-        std::any_of(parts.begin(), parts.end(), [](auto& p) { return p->embedding() || p->head(); });
-    for (int i = 0; needs_data && i < cfg_.micro_batches; ++i) {
-      auto& in = in_[std::size_t(i)];
-      auto& tg = tg_[std::size_t(i)];
-      in.resize(std::size_t(micro_) * cfg_.seq);
-      tg.resize(in.size());
-      data_->fill(step, row0(i), micro_, in.data(), tg.data());
-    }
+    fill_micro_batches(step);
     auto& dp = *at_.dp;
     if constexpr (Zero >= 2)  // every bucket is written before the parts are reduce-scattered
       for (auto& z : zero_) z->hold_all();
@@ -434,11 +442,7 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     }
     const double loss = exec_->run(
         table_,
-        [&](int i) {
-          const auto u = std::size_t(i);
-          return typename Model::MicroBatch{needs_data ? in_[u].data() : nullptr, needs_data ? tg_[u].data() : nullptr,
-                                            micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
-        },
+        [&](int i) { return micro_batch(step, i); },
         [&](int chunk) {
           const auto& p = *parts[std::size_t(chunk)];
           return dp.size() > 1 && Zero == 0
@@ -455,6 +459,28 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
         if constexpr (Zero >= 3) z->release_units();
       }
     return loss;
+  }
+
+  //! Whether this rank's parts read data: token ids for the embedding, targets for the loss.
+  bool needs_data() const {
+    return std::any_of(this->parts.begin(), this->parts.end(), [](auto& p) { return p->embedding() || p->head(); });
+  }
+  //! With a pipeline: every micro-batch of this rank's rows of the global batch of `step` read, where needed.
+  void fill_micro_batches(std::int64_t step) {
+    for (int i = 0; needs_data() && i < cfg_.micro_batches; ++i) {
+      auto& in = in_[std::size_t(i)];
+      auto& tg = tg_[std::size_t(i)];
+      in.resize(std::size_t(micro_) * cfg_.seq);
+      tg.resize(in.size());
+      data_->fill(step, row0(i), micro_, in.data(), tg.data());
+    }
+  }
+  //! With a pipeline: micro-batch i of fill_micro_batches(step).
+  typename Model::MicroBatch micro_batch(std::int64_t step, int i) const {
+    const auto u = std::size_t(i);
+    const bool data = needs_data();
+    return typename Model::MicroBatch{data ? in_[u].data() : nullptr, data ? tg_[u].data() : nullptr, micro_,
+                                      cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
   }
 
   //! Sums the tied table's gradient over its two holders: two chunks of one stage, or the first and last stages.
