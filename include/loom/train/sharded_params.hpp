@@ -61,10 +61,23 @@ class ShardedParameters {
     return out;
   }
 
+  //! The mark after a prepare()'s copies: an event on a device (what Model's ops().mark() gives).
+  using Mark = decltype(std::declval<Model&>().ops().mark());
+
   //! Starts the all-gather of each of `us` (charged to the ledger from here; beyond the cap, throws), sending this
-  //! rank's chunk from a copy; finish(us) completes them once the handles have.
+  //! rank's chunk from a copy; finish(us) completes them once the handles have. prepare(us), then launch(us) once
+  //! its mark has passed.
   comm::Handles start(std::span<const std::size_t> us) {
-    comm::Handles hs;
+    prepare(us).wait();
+    return launch(us);
+  }
+  //! The first half of start(us), on the thread that queues the model's kernels: the units charged and marked
+  //! gathered, what their gathers send and receive into made, and this rank's chunks copied into what is sent, on
+  //! the model's stream after the kernels queued so far. The mark it returns follows those copies: once it has
+  //! passed, launch(us) may run the gathers on the communicator's stream (the buffers, made before it was recorded,
+  //! are no longer read by any kernel queued before). On a device this lets a gather wait for the kernels queued
+  //! before it was prepared, not for those the model queues while the gather waits to start.
+  Mark prepare(std::span<const std::size_t> us) {
     const auto& ops = model_.ops();
     for (std::size_t u : us) {
       const auto& p = plan_.pieces[u];
@@ -73,16 +86,25 @@ class ShardedParameters {
       LOOM_CHECK(!gathered_[u], "ZeRO-3: unit ", u, " is gathered twice");
       if constexpr (counted) ledger_->debit(MemoryUse::parameters, other_bytes(u));
       gathered_[u] = 1;
-      const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
-      T* params = model_.params().data();
+      const std::size_t chunk = static_cast<std::size_t>(p.chunk);
+      const T* params = model_.params().data();
       MemoryUseScope use(MemoryUse::communication);
       send_[u] = Buf({std::max<std::int64_t>(1, p.chunk)});
       ops.copy(params + p.own_lo, send_[u].data(), static_cast<std::size_t>(p.own()));
       if (p.own() < p.chunk) ops.fill(send_[u].data() + p.own(), chunk - static_cast<std::size_t>(p.own()), T(0));
-      // Made before the mark: a block freed with a copy still queued (finish() of the unit before, on Compute) is
-      // read by then, before the gather writes it on the communicator's stream.
       if (p.padded(n)) staged_[u] = Buf({p.chunk * n});
-      ops.mark().wait();  // on a device: the copy is written before the collective reads it
+    }
+    return ops.mark();
+  }
+  //! The second half of start(us), once prepare(us)'s mark has passed: the gathers, left running.
+  comm::Handles launch(std::span<const std::size_t> us) {
+    comm::Handles hs;
+    for (std::size_t u : us) {
+      const auto& p = plan_.pieces[u];
+      Comm& comm = p.experts && experts_ ? *experts_ : comm_;
+      const int n = comm.size();
+      const std::size_t chunk = static_cast<std::size_t>(p.chunk), len = static_cast<std::size_t>(p.hi - p.lo);
+      T* params = model_.params().data();
       const std::span<const T> send(send_[u].data(), chunk);
       if (p.padded(n)) {
         hs.all.push_back(comm.all_gather_async(send, std::span<T>(staged_[u].data(), chunk * std::size_t(n))));
@@ -152,7 +174,7 @@ class ShardedParameters {
   std::shared_ptr<MemoryLedger> ledger_;
   //! Whether the ledger counts the parameters: host memory (a device's tensors are not counted, as Tensor's are not).
   static constexpr bool counted = kernels::is_host_v<typename Buf::device>;
-  std::vector<char> gathered_;  //!< per unit: held whole (set on Comm, cleared on Compute, after it was read)
+  std::vector<char> gathered_;  //!< per unit: held whole (set by prepare, cleared by release, after it was read)
   std::vector<Buf> send_, staged_;  //!< per unit being gathered: the chunk sent, and a padded unit's whole copy
 };
 

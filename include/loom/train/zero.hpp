@@ -662,12 +662,22 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
       if (held[u]) drop[std::size_t(last[u])].push_back(u);
     exec::Graph g;
     std::vector<exec::Graph::Id> gather(steps), run(steps);
+    // Step c's gathers are prepared (their chunks copied on the model's stream) once step c - 2 is queued, and start
+    // once its kernels and those copies are done: on a device they then run while step c - 1 computes.
+    std::vector<std::optional<typename ShardedParameters<Model, Comm>::Mark>> prepared(steps);
+    auto prepare = [&](int c) { prepared[std::size_t(c)].emplace(params_->prepare(need[std::size_t(c)])); };
     auto add_gather = [&](int c) {
       std::vector<exec::Graph::Id> after;
       if (c >= 2) after.push_back(run[std::size_t(c - 2)]);
       gather[std::size_t(c)] = g.add<exec::Comm>(
-          "all_gather params", [this, &need, c] { return params_->start(need[std::size_t(c)]); }, std::move(after));
+          "all_gather params",
+          [this, &need, &prepared, c] {
+            prepared[std::size_t(c)]->wait();
+            return params_->launch(need[std::size_t(c)]);
+          },
+          std::move(after));
     };
+    for (int c = 0; c < std::min(n, 2); ++c) prepare(c);
     add_gather(0);
     for (int c = 0; c < n; ++c) {
       if (c + 1 < n) add_gather(c + 1);
@@ -677,6 +687,7 @@ class ShardedDataParallel<Model, Comm, 3> : public detail::ZeroBase<Model, Comm>
             params_->finish(need[std::size_t(c)]);
             step(c);
             for (std::size_t u : drop[std::size_t(c)]) params_->release(u);
+            if (c + 2 < n) prepare(c + 2);
           },
           {gather[std::size_t(c)]});
       if constexpr (!std::is_same_v<Then, std::nullptr_t>)
