@@ -392,8 +392,8 @@ class TrainerCore final : public TrainerBase<AnyPart<T, Dev>, Optimizer> {
     in.resize(std::size_t(micro_) * cfg_.seq);
     tg.resize(in.size());
     data_->fill(step, row0(i), micro_, in.data(), tg.data());
-    typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step), row0(i)};
-    if constexpr (requires { mb.backward = backward; }) mb.backward = backward;
+    const typename Model::MicroBatch mb{in.data(), tg.data(), micro_, cfg_.seq, static_cast<std::uint64_t>(step),
+                                        row0(i), backward};
     if constexpr (Zero > 0) return zero_.front()->forward(0, mb);
     else return this->parts.front()->forward(0, mb, nullptr);
   }
